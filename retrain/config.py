@@ -1,0 +1,121 @@
+"""The typed schema of the primary config, and its registration in Hydra's ConfigStore.
+
+Every group's options are typed by the dataclasses their own package exports as `SCHEMAS`; this
+module registers them all so that a typo or a wrong type fails when the config is composed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+# config group -> module whose SCHEMAS type that group's options
+GROUP_SCHEMA_MODULES: dict[str, str] = {
+    "backend": "retrain.backend.config",
+    "model": "retrain.backend.config",
+    "inference": "retrain.inference.config",
+    "algorithm": "retrain.algorithm.config",
+    "reward": "retrain.reward.config",
+    "data": "retrain.data.config",
+}
+
+
+@dataclass
+class TrainingConfig:
+    """Run-wide optimisation and sampling knobs (seeds' [training] and [optimizer])."""
+
+    seed: int = -1  # -1: draw a seed at start (recorded in the run's state, so resume is exact)
+    max_steps: int = 500
+    batch_size: int = 8  # prompts per step
+    group_size: int = 16  # completions per prompt
+    max_tokens: int = 10240  # new tokens per completion
+    temperature: float = 0.7
+    top_p: float = 0.95
+    lr: float = 4e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0  # 0 disables clipping
+    clip_eps: float = 0.0  # 0: pure importance-sampling loss
+    clip_eps_high: float | None = None  # DAPO clip-higher; None = clip_eps
+    save_every: int = 20  # checkpoint every N steps (and always at the end)
+
+
+@dataclass
+class ScoringConfig:
+    """How a step's completions are scored."""
+
+    timeout_s: float = 30.0  # a reward call that takes longer scores 0 and counts as an error
+    workers: int = 4  # parallel reward workers
+
+
+@dataclass
+class LoggingConfig:
+    """Console, jsonl and wandb logging (seeds' [logging])."""
+
+    wandb_project: str = ""  # set to enable wandb
+    wandb_entity: str = ""
+    wandb_group: str = ""
+    wandb_run_name: str = ""
+    wandb_tags: list[str] = field(default_factory=list)
+    console_groups: int = 2  # per step, print this many "group: k/G correct" lines
+    generations_per_step: int = 4  # completions written to emergence/generations.jsonl per step
+    progress_bar: bool = True
+
+
+@dataclass
+class EvalConfig:
+    """Held-out accuracy before and after training (when the data source has a held-out split)."""
+
+    num_examples: int = 0  # 0 disables evaluation
+    samples: int = 4  # sampled completions per held-out prompt (greedy always uses 1)
+
+
+def _resume_config() -> type:
+    """`resume.from` is a Python keyword, so this dataclass is built by hand (no generated __init__)."""
+    namespace = {"__annotations__": {"from": str}, "from": "", "__doc__": "Where to resume from."}
+    return dataclasses.dataclass(init=False, repr=False, eq=False)(type("ResumeConfig", (), namespace))
+
+
+ResumeConfig = _resume_config()
+
+
+@dataclass
+class RetrainConfig:
+    """The primary config: one option per group plus the run-wide sections."""
+
+    backend: Any = MISSING
+    model: Any = MISSING
+    algorithm: Any = MISSING
+    inference: Any = MISSING
+    reward: Any = MISSING
+    data: Any = MISSING
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    resume: Any = field(default_factory=ResumeConfig)
+    squeeze: Any = None  # campaign auto-squeeze settings (see docs/squeeze.md)
+
+
+def register_configs() -> None:
+    """Store the primary schema and every group's option schemas (idempotent)."""
+    store = ConfigStore.instance()
+    store.store(name="retrain_schema", node=RetrainConfig)
+    for group, module_name in GROUP_SCHEMA_MODULES.items():
+        schemas: dict[str, type] = importlib.import_module(module_name).SCHEMAS
+        for name, node in schemas.items():
+            if _schema_group(name, group, module_name):
+                store.store(group=group, name=name, node=node)
+
+
+def _schema_group(name: str, group: str, module_name: str) -> bool:
+    """backend/config.py types two groups (backend and model): route each schema by its name."""
+    if module_name != "retrain.backend.config":
+        return True
+    return name.startswith("base_model") == (group == "model")

@@ -1,0 +1,117 @@
+"""Composition root: the only place that turns the config into parts and wires them together.
+
+Order matters: everything that can be checked without a model (algorithm preflight against the
+backend's declared capabilities, the reward, the data) is built first, so a bad config fails in
+seconds, before gigabytes of weights load.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from retrain.algorithm.preflight import preflight
+from retrain.backend.base import capabilities_of
+from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.checkpoint import latest_checkpoint, read_state
+from retrain.errors import ConfigError
+from retrain.reward.scorer import RewardScorer
+from retrain.trainer import Trainer, TrainerSettings, WandbSettings
+from retrain.types import SamplingParams
+
+log = logging.getLogger("retrain")
+
+
+def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
+    """Build every part from `cfg` and train; returns the final status."""
+    run_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    training = cfg.training
+
+    algorithm = instantiate(cfg.algorithm)
+    backend_cls = get_class(cfg.backend._target_)
+    capabilities = capabilities_of(backend_cls)
+    engine_returns_entropies = bool(getattr(get_class(cfg.inference._target_), "returns_entropies", False))
+    preflight(algorithm, capabilities, backend_name=backend_cls.__name__,
+              engine_returns_entropies=engine_returns_entropies)
+
+    resume = find_resume_checkpoint(cfg, run_dir)
+    seed = resolve_seed(training.seed, resume)
+    reward_fn = instantiate(cfg.reward)
+    scorer = RewardScorer(reward_fn, name=str(cfg.reward._target_), timeout_s=cfg.scoring.timeout_s,
+                          workers=cfg.scoring.workers)
+    data = instantiate(cfg.data, seed=seed)
+    log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
+
+    model_spec = instantiate(cfg.model)
+    backend = instantiate(
+        cfg.backend, model=model_spec, engine=instantiate(cfg.inference), seed=seed,
+        optim=OptimSettings(lr=training.lr, weight_decay=training.weight_decay,
+                            betas=tuple(training.betas), eps=training.eps,
+                            max_grad_norm=training.max_grad_norm),
+        loss=LossSettings(clip_eps=training.clip_eps,
+                          clip_eps_high=training.clip_eps_high if training.clip_eps_high is not None
+                          else training.clip_eps),
+    )
+    settings = TrainerSettings(
+        max_steps=training.max_steps, batch_size=training.batch_size, group_size=training.group_size,
+        sampling=SamplingParams(max_tokens=training.max_tokens, temperature=training.temperature,
+                                top_p=training.top_p, return_entropies=algorithm.needs_entropies),
+        save_every=training.save_every, seed=seed, condition=algorithm.name, label=algorithm.label,
+        eval_examples=cfg.eval.num_examples, eval_samples=cfg.eval.samples,
+        console_groups=cfg.logging.console_groups, generations_per_step=cfg.logging.generations_per_step,
+        progress_bar=cfg.logging.progress_bar,
+    )
+    trainer = Trainer(backend=backend, capabilities=capabilities, algorithm=algorithm, data=data,
+                      scorer=scorer, settings=settings, run_dir=run_dir, resume_checkpoint=resume,
+                      wandb=wandb_settings(cfg, algorithm.name, seed))
+    try:
+        return trainer.run()
+    finally:
+        scorer.close()
+        backend.close()
+
+
+def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
+    """`resume.from` (a run dir or a checkpoint dir), else this run dir's own latest checkpoint.
+
+    The second case is what makes a requeued cluster job continue where it was killed.
+    """
+    source = str(cfg.resume["from"] or "")
+    if source:
+        path = Path(source).expanduser()
+        if (path / "trainer_state.json").is_file():
+            return path
+        found = latest_checkpoint(path) if path.is_dir() else None
+        if found is None:
+            raise ConfigError(f"resume.from={source!r}: no checkpoint (trainer_state.json) found there")
+        return found
+    return latest_checkpoint(run_dir)
+
+
+def resolve_seed(configured: int, resume: Path | None) -> int:
+    """A resumed run keeps its seed; seed -1 draws one (and the checkpoint records it)."""
+    if resume is not None:
+        return int(read_state(resume)["seed"])
+    if configured >= 0:
+        return configured
+    seed = secrets.randbelow(2**31)
+    log.info("training.seed=-1: drew seed %d", seed)
+    return seed
+
+
+def wandb_settings(cfg: DictConfig, condition: str, seed: int) -> WandbSettings | None:
+    logging_cfg = cfg.logging
+    if not logging_cfg.wandb_project:
+        return None
+    return WandbSettings(
+        project=logging_cfg.wandb_project, entity=logging_cfg.wandb_entity,
+        group=logging_cfg.wandb_group, name=logging_cfg.wandb_run_name or f"{condition}_s{seed}",
+        tags=list(logging_cfg.wandb_tags), config=OmegaConf.to_container(cfg, resolve=True),
+    )

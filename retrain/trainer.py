@@ -1,0 +1,378 @@
+"""The step loop: sample -> score -> advantages -> train -> log -> checkpoint; nothing model-specific.
+
+The trainer talks to its parts only through their small interfaces (Backend, algorithm, DataSource,
+RewardScorer), so any of them can be swapped by config without touching this file.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from retrain.backend.base import Backend, Capabilities
+from retrain.checkpoint import CHECKPOINTS, FINAL, read_state, save_checkpoint, write_json_atomic
+from retrain.data.base import DataSource
+from retrain.logging import JsonlLog, WandbSink, console_line
+from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainResult
+
+log = logging.getLogger("retrain")
+
+CORRECT_THRESHOLD = 0.5  # a completion is correct when its reward is > 0.5 (SPEC §1)
+METRICS = "metrics.jsonl"
+STEPS_LOG = "emergence/steps.jsonl"
+GENERATIONS_LOG = "emergence/generations.jsonl"
+STATUS = "status.json"
+
+
+@dataclass
+class TrainerSettings:
+    """What the loop needs from the config, already typed."""
+
+    max_steps: int
+    batch_size: int
+    group_size: int
+    sampling: SamplingParams
+    save_every: int
+    seed: int
+    condition: str  # the algorithm's name, e.g. maxrl_gtpo_sepa
+    label: str  # the console label, e.g. maxrl+gtpo_sepa
+    eval_examples: int = 0
+    eval_samples: int = 4
+    console_groups: int = 2
+    generations_per_step: int = 4
+    progress_bar: bool = True
+
+
+@dataclass
+class WandbSettings:
+    project: str
+    entity: str
+    group: str
+    name: str
+    tags: list[str]
+    config: dict[str, Any]
+
+
+def step_generator_seed(seed: int, step: int) -> int:
+    """Sampling seed of a step: a resumed run samples exactly what an uninterrupted one would."""
+    return (seed * 1_000_003 + step) % (2**63)
+
+
+class Trainer:
+    """Runs the RLVR loop over a backend, an algorithm, a data source and a reward scorer."""
+
+    def __init__(self, *, backend: Backend, capabilities: Capabilities, algorithm: Any,
+                 data: DataSource, scorer: Any, settings: TrainerSettings, run_dir: Path,
+                 resume_checkpoint: Path | None = None, wandb: WandbSettings | None = None) -> None:
+        self.backend = backend
+        self.capabilities = capabilities
+        self.algorithm = algorithm
+        self.data = data
+        self.scorer = scorer
+        self.settings = settings
+        self.run_dir = run_dir
+        self.resume_checkpoint = resume_checkpoint
+        self.wandb_settings = wandb
+        self.wandb: WandbSink | None = None
+        self.wandb_run_id: str | None = None
+        self.metrics = JsonlLog(run_dir / METRICS)
+        self.steps_log = JsonlLog(run_dir / STEPS_LOG)
+        self.generations_log = JsonlLog(run_dir / GENERATIONS_LOG)
+        self.next_step = 0
+        self.total_correct = 0
+        self.total_completions = 0
+        self.eval_results: dict[str, float] = {}
+        self._prompt_cache: dict[str, list[int]] = {}
+        self._stop = threading.Event()
+        self._last_saved_step = -1
+
+    # ---- control -------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Ask the loop to checkpoint after the current step and return (signal- and thread-safe)."""
+        self._stop.set()
+
+    # ---- the loop ------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train to max_steps (or until a stop request); returns the final status."""
+        if self.resume_checkpoint is not None and self._restore(self.resume_checkpoint):
+            return self._write_status("done")
+        self._start_wandb()
+        try:
+            if self.next_step == 0 and self.settings.eval_examples:
+                self._evaluate("before")
+            self._write_status("running")
+            self._loop()
+            if self._stop.is_set() and self.next_step < self.settings.max_steps:
+                return self._write_status("stopped")
+            if self.settings.eval_examples:
+                self._evaluate("after")
+            self.save(final=True)
+            return self._write_status("done")
+        except BaseException as error:
+            self._write_status("failed", error=f"{type(error).__name__}: {error}")
+            raise
+        finally:
+            if self.wandb is not None:
+                self.wandb.finish()
+
+    def _loop(self) -> None:
+        settings = self.settings
+        with logging_redirect_tqdm(loggers=[log]), tqdm(
+            total=settings.max_steps, initial=self.next_step, desc=settings.condition,
+            disable=not settings.progress_bar, dynamic_ncols=True, leave=False,
+        ) as bar:
+            while self.next_step < settings.max_steps:
+                step = self.next_step
+                record = self.train_step(step)
+                self.next_step = step + 1
+                self._log_step(record)
+                bar.update(1)
+                if settings.save_every > 0 and self.next_step % settings.save_every == 0:
+                    self.save()
+                if self._stop.is_set():
+                    if self._last_saved_step != step:
+                        self.save()
+                    return
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """One RLVR step; returns its metrics record."""
+        settings = self.settings
+        B, G = settings.batch_size, settings.group_size
+        started = time.perf_counter()
+        sepa_lambda = self.algorithm.begin_step(step)
+        examples = self.data.next_batch(B)
+        prompt_ids = self._encode(examples)
+
+        t_sample = time.perf_counter()
+        rollouts = self.backend.sample(prompt_ids, G, settings.sampling, step_generator_seed(settings.seed, step))
+        t_reward = time.perf_counter()
+        row_examples = [example for example in examples for _ in range(G)]
+        scored = self.scorer.score(rollouts.texts, row_examples)
+        rewards = scored.rewards.view(B, G)
+
+        t_advantage = time.perf_counter()
+        planning = None
+        if self.algorithm.needs_planning:
+            planning = self.algorithm.planning_mask(
+                rollouts.completion_ids, rollouts.completion_mask, self.backend.tokenizer)
+        advantage = self.algorithm.compute(
+            rewards, rollouts.logprobs, rollouts.completion_mask, rollouts.entropies, planning)
+        row_mask = advantage.group_has_signal.repeat_interleave(G)
+        batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
+
+        t_train = time.perf_counter()
+        result = self.backend.train(batch) if batch.num_datums else _no_update()
+        t_end = time.perf_counter()
+
+        correct = rewards > CORRECT_THRESHOLD
+        correct_rate = float(correct.float().mean())
+        self.total_correct += int(correct.sum())
+        self.total_completions += correct.numel()
+        self.algorithm.end_step(correct_rate)
+        uniform = ~advantage.group_has_signal
+        all_correct = correct.all(dim=1)
+        timings = {
+            "sample_time_s": t_reward - t_sample,
+            "reward_time_s": t_advantage - t_reward,
+            "advantage_time_s": t_train - t_advantage,
+            "train_time_s": t_end - t_train,
+        }
+        record: dict[str, Any] = {
+            "step": step,
+            "condition": settings.condition,
+            "seed": settings.seed,
+            "loss": result.loss,
+            "mean_reward": float(rewards.mean()),
+            "correct_rate": correct_rate,
+            "running_correct_rate": self.total_correct / self.total_completions,
+            "num_datums": batch.num_datums,
+            "num_tokens": result.num_tokens,
+            "max_token_hit_rate": float(rollouts.hit_max_tokens.float().mean()),
+            "mean_completion_tokens": float(rollouts.completion_mask.sum(dim=1).float().mean()),
+            "batch_size": B,
+            "group_size": G,
+            "sepa_lambda": sepa_lambda,
+            "groups_skipped": int(uniform.sum()),
+            "groups_all_correct": int((uniform & all_correct).sum()),
+            "groups_all_wrong": int((uniform & ~all_correct).sum()),
+            "grad_norm": result.grad_norm,
+            "skipped_nonfinite": result.skipped_nonfinite,
+            "reward/errors": scored.errors,
+            "reward/timeouts": scored.timeouts,
+            **advantage.metrics,
+            **result.metrics,
+            **timings,
+            "other_time_s": (t_end - started) - sum(timings.values()),
+            "step_time_s": t_end - started,
+        }
+        self._log_samples(step, examples, rollouts, rewards, correct, planning)
+        return record
+
+    # ---- logging -------------------------------------------------------------------------
+    def _log_step(self, record: dict[str, Any]) -> None:
+        self.metrics.append(record)
+        if self.wandb is not None:
+            self.wandb.log(record, step=record["step"])
+        log.info(console_line(record, self.settings.label, not self.capabilities.reports_sync_loss))
+        self._write_status("running")
+
+    def _log_samples(self, step: int, examples: list[Example], rollouts: Rollouts,
+                     rewards: torch.Tensor, correct: torch.Tensor, planning: torch.Tensor | None) -> None:
+        G = self.settings.group_size
+        for b in range(min(self.settings.console_groups, len(examples))):
+            log.info("  group: %d/%d correct | answer=%s", int(correct[b].sum()), G, examples[b].reference)
+        for n in range(min(self.settings.generations_per_step, rollouts.num_rows)):
+            example = examples[n // G]
+            self.generations_log.append({
+                "step": step, "example_id": example.id, "prompt": example.prompt,
+                "reference": example.reference, "completion": rollouts.texts[n],
+                "reward": float(rewards.view(-1)[n]), "hit_max_tokens": bool(rollouts.hit_max_tokens[n]),
+            })
+        tokens = rollouts.completion_mask.sum()
+        self.steps_log.append({
+            "step": step,
+            "condition": self.settings.condition,
+            "correct_rate": float(correct.float().mean()),
+            "mean_completion_tokens": float(tokens) / rollouts.num_rows,
+            "planning_token_fraction": None if planning is None else float((planning & rollouts.completion_mask).sum()) / max(float(tokens), 1.0),
+        })
+
+    def _write_status(self, state: str, error: str | None = None) -> dict[str, Any]:
+        status = {
+            "state": state, "step": self.next_step - 1, "max_steps": self.settings.max_steps,
+            "condition": self.settings.condition, "seed": self.settings.seed,
+            "updated_at": time.time(), "pid": os.getpid(), "hostname": socket.gethostname(),
+            "error": error, "eval": self.eval_results,
+        }
+        write_json_atomic(self.run_dir / STATUS, status)
+        return status
+
+    def _start_wandb(self) -> None:
+        if self.wandb_settings is None:
+            return
+        ws = self.wandb_settings
+        self.wandb = WandbSink(project=ws.project, entity=ws.entity, group=ws.group, name=ws.name,
+                               tags=ws.tags, config=ws.config, run_dir=self.run_dir,
+                               run_id=self.wandb_run_id)
+        self.wandb_run_id = self.wandb.run_id
+
+    # ---- evaluation ----------------------------------------------------------------------
+    def _evaluate(self, when: str) -> None:
+        """Held-out accuracy, greedy and sampled, with a fixed sampling seed so before/after pair up."""
+        held_out = getattr(self.data, "held_out", None)
+        if held_out is None:
+            log.warning("eval.num_examples is set but data source %s has no held-out split",
+                        type(self.data).__name__)
+            self.settings.eval_examples = 0
+            return
+        examples = held_out(self.settings.eval_examples)
+        sampling = self.settings.sampling
+        greedy = SamplingParams(max_tokens=sampling.max_tokens, temperature=0.0, top_p=1.0)
+        results = {
+            f"eval/{when}_greedy_accuracy": self._accuracy(examples, greedy, 1),
+            f"eval/{when}_sampled_accuracy": self._accuracy(examples, sampling, self.settings.eval_samples),
+        }
+        self.eval_results.update(results)
+        log.info("Held-out accuracy %s training (%d problems): greedy=%.1f%% sampled=%.1f%%", when,
+                 len(examples), 100 * results[f"eval/{when}_greedy_accuracy"],
+                 100 * results[f"eval/{when}_sampled_accuracy"])
+        if self.wandb is not None:
+            self.wandb.summary(results)
+
+    def _accuracy(self, examples: list[Example], sampling: SamplingParams, samples: int) -> float:
+        correct = 0
+        chunk = max(self.settings.batch_size, 1)
+        for start in range(0, len(examples), chunk):
+            part = examples[start:start + chunk]
+            rollouts = self.backend.sample(self._encode(part), samples, sampling,
+                                           step_generator_seed(self.settings.seed, -1 - start))
+            scored = self.scorer.score(rollouts.texts, [e for e in part for _ in range(samples)])
+            correct += int((scored.rewards > CORRECT_THRESHOLD).sum())
+        return correct / (len(examples) * samples)
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def save(self, final: bool = False) -> Path:
+        """Checkpoint everything a resumed run needs to continue the same trajectory."""
+        completed = self.next_step
+        target = self.run_dir / FINAL if final else self.run_dir / CHECKPOINTS / f"step_{completed}"
+        state = {
+            "step": completed - 1,
+            "completed_steps": completed,
+            "max_steps": self.settings.max_steps,
+            "finished": final,
+            "seed": self.settings.seed,
+            "condition": self.settings.condition,
+            "data": self.data.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
+            "total_correct": self.total_correct,
+            "total_completions": self.total_completions,
+            "batch_size": self.settings.batch_size,
+            "group_size": self.settings.group_size,
+            "eval": self.eval_results,
+            "wandb_run_id": self.wandb_run_id,
+            "rng": _rng_state(),
+        }
+        save_checkpoint(target, self.backend.save, state)
+        self._last_saved_step = completed - 1
+        return target
+
+    def _restore(self, checkpoint: Path) -> bool:
+        """Load a checkpoint; returns True when it is a finished run (nothing left to do)."""
+        state = read_state(checkpoint)
+        if state["completed_steps"] >= self.settings.max_steps:
+            log.info("Run at %s already finished %d/%d steps: nothing to resume.",
+                     checkpoint, state["completed_steps"], self.settings.max_steps)
+            self.next_step = state["completed_steps"]
+            self.eval_results = dict(state.get("eval", {}))
+            return True
+        self.backend.load(checkpoint)
+        self.data.load_state_dict(state["data"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.total_correct = int(state["total_correct"])
+        self.total_completions = int(state["total_completions"])
+        self.eval_results = dict(state.get("eval", {}))
+        self.wandb_run_id = state.get("wandb_run_id")
+        _set_rng_state(state["rng"])
+        self.next_step = state["completed_steps"]
+        self._last_saved_step = state["step"]
+        source_run = _run_dir_of(checkpoint)
+        for log_file in (self.metrics, self.steps_log, self.generations_log):
+            source = source_run / log_file.path.relative_to(self.run_dir)
+            log_file.restore_from(source, last_step=state["step"])
+        log.info("Resumed from %s at step %d", checkpoint, self.next_step)
+        return False
+
+
+def _no_update() -> TrainResult:
+    """A step whose every group was uniform: nothing to train on."""
+    return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0)
+
+
+def _run_dir_of(checkpoint: Path) -> Path:
+    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint.parent
+
+
+def _rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    return {
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+        "python": [version, list(internal), gauss],
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))

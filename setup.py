@@ -1,0 +1,18 @@
+"""Packages: `retrain*`, plus the top-level conf/ tree shipped inside the wheel as `retrain.conf`."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+CONF = Path("conf")
+conf_dirs = [CONF, *sorted(p for p in CONF.rglob("*") if p.is_dir() and p.name != "__pycache__")]
+conf_packages = {".".join(("retrain", *d.parts)): d.as_posix() for d in conf_dirs}
+
+setup(
+    packages=find_packages(include=["retrain", "retrain.*"]) + list(conf_packages),
+    package_dir=conf_packages,
+    package_data={
+        **{name: ["*.yaml"] for name in conf_packages},
+        "retrain.assets": ["*/*.json", "*/*.safetensors", "*/*.md", "*/*.jinja", "*/*.txt"],
+    },
+)
