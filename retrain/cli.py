@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from retrain.config import register_configs
+from retrain.config import config_dir, register_configs
 
 # subcommand -> module with `main(argv) -> int`
 SUBCOMMANDS = {"status": "retrain.status", "squeeze": "retrain.squeeze"}
-
-
-def config_dir() -> str:
-    """conf/ inside an installed wheel, through an editable install, or at the top of a checkout."""
-    packaged = Path(__file__).resolve().parent / "conf"
-    if packaged.is_dir():
-        return str(packaged)
-    spec = importlib.util.find_spec("retrain.conf")
-    if spec is not None and spec.submodule_search_locations:
-        return str(Path(next(iter(spec.submodule_search_locations))).resolve())
-    return str(Path(__file__).resolve().parent.parent / "conf")
 
 
 def _hydra_entry(cfg: DictConfig) -> None:

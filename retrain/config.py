@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import MISSING, DictConfig
 
 # config group -> module whose SCHEMAS type that group's options
 GROUP_SCHEMA_MODULES: dict[str, str] = {
@@ -51,7 +56,7 @@ class ScoringConfig:
     """How a step's completions are scored."""
 
     timeout_s: float = 30.0  # a reward call that takes longer scores 0 and counts as an error
-    workers: int = 4  # parallel reward workers
+    workers: int = 0  # parallel reward worker processes; 0 = one per core (2 to 8)
 
 
 @dataclass
@@ -119,3 +124,22 @@ def _schema_group(name: str, group: str, module_name: str) -> bool:
     if module_name != "retrain.backend.config":
         return True
     return name.startswith("base_model") == (group == "model")
+
+
+def config_dir() -> str:
+    """conf/ inside an installed wheel, through an editable install, or at the top of a checkout."""
+    packaged = Path(__file__).resolve().parent / "conf"
+    if packaged.is_dir():
+        return str(packaged)
+    spec = importlib.util.find_spec("retrain.conf")
+    if spec is not None and spec.submodule_search_locations:
+        return str(Path(next(iter(spec.submodule_search_locations))).resolve())
+    return str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def compose(overrides: list[str] | None = None) -> DictConfig:
+    """The config exactly as `python -m retrain <overrides>` composes it (for notebooks, tests, benchmarks)."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides or [])

@@ -43,11 +43,10 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
 
     resume = find_resume_checkpoint(cfg, run_dir)
     seed = resolve_seed(training.seed, resume)
-    reward_fn = instantiate(cfg.reward)
-    scorer = RewardScorer(reward_fn, name=str(cfg.reward._target_), timeout_s=cfg.scoring.timeout_s,
-                          workers=cfg.scoring.workers)
     data = instantiate(cfg.data, seed=seed)
     log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
+    scorer = RewardScorer(instantiate(cfg.reward), name=str(cfg.reward._target_),
+                          timeout_s=cfg.scoring.timeout_s, workers=cfg.scoring.workers)
 
     model_spec = instantiate(cfg.model)
     backend = instantiate(

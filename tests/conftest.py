@@ -1,4 +1,4 @@
-"""Shared test helpers: compose the real config tree, and run the real CLI in a subprocess."""
+"""Shared test helpers: run the real CLI in a subprocess and read what a run wrote."""
 
 from __future__ import annotations
 
@@ -9,23 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig
-
-from retrain.cli import config_dir
-from retrain.config import register_configs
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-
-
-def compose_config(overrides: list[str] | None = None) -> DictConfig:
-    """The primary config exactly as `python -m retrain <overrides>` composes it."""
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides or [], return_hydra_config=False)
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None,

@@ -1,0 +1,50 @@
+"""`data=gsm8k`: grade-school word problems (Cobbe et al.); the reference follows `####`.
+
+The reference drops thousands separators ("10,000" -> "10000"): models usually write numbers
+without them, and with `reward=match` a separator would turn a right answer into a miss.
+"""
+
+from __future__ import annotations
+
+from retrain.data.config import GSM8K_PATH
+from retrain.data.jsonl import ExampleData, fixed_subset, load_records, require_fields
+from retrain.data.prompts import DEFAULT_PROMPT_TEMPLATE, check_template, fill_template
+from retrain.errors import ConfigError
+from retrain.types import Example
+
+ANSWER_MARKER = "####"
+
+
+def gsm8k_reference(answer: str) -> str:
+    """The final answer after the last `####` of a worked solution, without thousands commas."""
+    if ANSWER_MARKER not in answer:
+        raise ValueError(f"no {ANSWER_MARKER!r} in the GSM8K answer {answer[-120:]!r}")
+    return answer.rsplit(ANSWER_MARKER, 1)[1].strip().replace(",", "")
+
+
+class Gsm8kData(ExampleData):
+    """GSM8K's train split for training and its test split as the held-out set."""
+
+    def __init__(self, seed: int, path: str = GSM8K_PATH, config_name: str = "main", split: str = "train",
+                 held_out_split: str = "test", prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+                 max_examples: int = 0) -> None:
+        check_template(prompt_template, {"question"}, "data.prompt_template")
+
+        def load(which: str, split_setting: str) -> list[Example]:
+            dataset = load_records(path, which, config_name or None, split_setting=split_setting)
+            require_fields(dataset, {"GSM8K's question field": "question", "GSM8K's answer field": "answer"},
+                           f"{path} ({which})")
+            examples = []
+            for index, record in enumerate(dataset):
+                try:
+                    reference = gsm8k_reference(record["answer"])
+                except ValueError as exc:
+                    raise ConfigError(f"data.path={path!r}, {which} record {index}: {exc}") from exc
+                examples.append(Example(
+                    prompt=fill_template(prompt_template, question=record["question"]), reference=reference,
+                    id=f"gsm8k/{which}/{index}", extra={"question": record["question"]}))
+            return examples
+
+        super().__init__(
+            name="gsm8k", train=fixed_subset(load(split, "data.split"), max_examples), seed=seed,
+            held_out=(lambda: load(held_out_split, "data.held_out_split")) if held_out_split else None)

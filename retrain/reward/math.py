@@ -1,0 +1,88 @@
+"""`reward=math`: symbolic equivalence of the last boxed answer and the reference (math-verify).
+
+Failures are not verdicts: a parse or comparison that times out or breaks raises, so the scorer
+scores the completion 0.0 *and* counts it in `reward/errors`. A completion with no boxed answer,
+or whose answer is simply different, is a plain 0.0.
+
+math-verify bounds its own work with SIGALRM, which only works in a process's main thread. The
+scorer's worker processes run rewards in their main thread, so those bounds apply there; called
+from any other thread, this reward runs math-verify without them (math-verify refuses signals
+off the main thread) and relies on the scorer's per-completion timeout alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from math_verify import LatexExtractionConfig, parse, verify
+from math_verify.errors import TimeoutException
+
+from retrain.errors import ConfigError
+from retrain.reward.extract import last_boxed
+
+_EXTRACTION = (LatexExtractionConfig(),)
+
+
+class MathReward:
+    """Callable reward; configured by instance attributes, so it pickles into scoring workers.
+
+    The parsed reference is cached per distinct reference string (a bounded LRU, one per worker):
+    every completion of a group shares its reference, so it is parsed once, not G times.
+    """
+
+    def __init__(self, parse_timeout_s: int = 5, verify_timeout_s: int = 5, cache_size: int = 4096) -> None:
+        for key, value in (("parse_timeout_s", parse_timeout_s), ("verify_timeout_s", verify_timeout_s),
+                           ("cache_size", cache_size)):
+            if value < 1:
+                raise ConfigError(f"reward.{key} must be at least 1, got {value}")
+        # math-verify's alarms take whole seconds.
+        self.parse_timeout_s = int(parse_timeout_s)
+        self.verify_timeout_s = int(verify_timeout_s)
+        self.cache_size = int(cache_size)
+        self._parsed_reference = functools.lru_cache(maxsize=self.cache_size)(self._parse_reference)
+
+    def __call__(self, response: str, reference: str, **extra: Any) -> float:
+        if not reference.strip():
+            return 0.0
+        answer = last_boxed(response)
+        if answer is None or not answer.strip():
+            return 0.0
+        gold = self._parsed_reference(reference)
+        predicted = self._parse(answer)
+        if not predicted:
+            return 0.0
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        try:
+            equal = verify(gold, predicted, timeout_seconds=self.verify_timeout_s if in_main_thread else None,
+                           raise_on_error=True)
+        except TimeoutException as exc:  # a BaseException: make it an ordinary, countable failure
+            raise TimeoutError(f"math-verify could not compare within {self.verify_timeout_s} s") from exc
+        return 1.0 if equal else 0.0
+
+    def _parse_reference(self, reference: str) -> list[Any]:
+        parsed = self._parse(reference)
+        if not parsed:
+            raise ValueError(f"math-verify could not parse the reference {reference!r}")
+        return parsed
+
+    def _parse(self, answer: str) -> list[Any]:
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        try:
+            return parse(f"\\boxed{{{answer}}}", extraction_config=_EXTRACTION,
+                         parsing_timeout=self.parse_timeout_s if in_main_thread else None,
+                         raise_on_error=True)
+        except TimeoutException as exc:
+            raise TimeoutError(f"math-verify could not parse {answer[:80]!r} within "
+                               f"{self.parse_timeout_s} s") from exc
+
+    # The cache holds sympy objects and a bound method: rebuild it, empty, wherever we are unpickled.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_parsed_reference"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._parsed_reference = functools.lru_cache(maxsize=self.cache_size)(self._parse_reference)

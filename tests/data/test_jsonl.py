@@ -1,0 +1,87 @@
+"""`data=jsonl`: any record file or data set directory, field names configured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+from hydra.utils import instantiate
+
+from retrain.config import compose
+from retrain.data.jsonl import JsonlData
+from retrain.errors import ConfigError
+
+RECORDS = [{"problem": f"What is {n} squared?", "final": f" {n * n} ", "uid": f"sq-{n}", "difficulty": n % 3}
+           for n in range(1, 21)]
+FIELDS = {"question_field": "problem", "answer_field": "final", "id_field": "uid", "extra_fields": ["difficulty"]}
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(params=["jsonl", "parquet", "csv"])
+def record_file(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    path = tmp_path / f"squares.{request.param}"
+    if request.param == "jsonl":
+        return write_jsonl(path, RECORDS)
+    dataset = datasets.Dataset.from_list(RECORDS)
+    dataset.to_parquet(str(path)) if request.param == "parquet" else dataset.to_csv(str(path), index=False)
+    return path
+
+
+def test_any_file_type_with_configured_fields(record_file: Path) -> None:
+    data = JsonlData(seed=0, path=str(record_file), prompt_template="Problem: {question}", **FIELDS)
+    by_id = {e.id: e for e in data.train_examples}
+    assert len(data) == 20
+    example = by_id["sq-7"]
+    assert example.prompt == "Problem: What is 7 squared?"
+    assert example.reference == "49"  # stripped
+    assert example.extra == {"question": "What is 7 squared?", "difficulty": 1}
+
+
+def test_a_missing_field_names_its_setting_and_the_fields_there(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "squares.jsonl", RECORDS)
+    with pytest.raises(ConfigError, match=r"data.answer_field='answer': no such field.*'final'"):
+        JsonlData(seed=0, path=str(path), question_field="problem")
+
+
+def test_a_directory_with_split_files_and_a_held_out_split(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "train.jsonl", RECORDS[:15])
+    write_jsonl(tmp_path / "test.jsonl", RECORDS[15:])
+    data = JsonlData(seed=0, path=str(tmp_path), held_out_split="test", **FIELDS)
+    assert len(data) == 15
+    assert sorted(e.id for e in data.held_out(5)) == [f"sq-{n}" for n in range(16, 21)]
+    with pytest.raises(ConfigError, match="no held-out split: set data.held_out_split"):
+        JsonlData(seed=0, path=str(tmp_path), **FIELDS).held_out(1)
+    with pytest.raises(ConfigError, match="data.split='validation'"):
+        JsonlData(seed=0, path=str(tmp_path), split="validation", **FIELDS)
+
+
+@pytest.mark.parametrize(("path", "message"), [("missing.jsonl", "data.path='missing.jsonl': no such file"),
+                                               ("./nowhere", "data.path='./nowhere': no such file")])
+def test_paths_that_do_not_exist_are_not_looked_up_on_the_hub(path: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        JsonlData(seed=0, path=path)
+
+
+def test_unsupported_files_and_templates_are_refused(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.md"
+    notes.write_text("# not data\n")
+    with pytest.raises(ConfigError, match="unsupported file type '.md'"):
+        JsonlData(seed=0, path=str(notes))
+    path = write_jsonl(tmp_path / "squares.jsonl", RECORDS)
+    with pytest.raises(ConfigError, match=r"data.prompt_template must contain \{question\}"):
+        JsonlData(seed=0, path=str(path), prompt_template="no slot", **FIELDS)
+
+
+def test_data_jsonl_needs_a_path_and_composes_with_one(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "squares.jsonl", RECORDS)
+    with pytest.raises(Exception, match="data=jsonl needs data.path"):
+        instantiate(compose(["data=jsonl"]).data, seed=0)
+    cfg = compose(["data=jsonl", f"data.path={path}", "data.question_field=problem", "data.answer_field=final",
+                   "data.extra_fields=[difficulty]"])
+    assert len(instantiate(cfg.data, seed=0)) == 20

@@ -1,0 +1,83 @@
+"""Reward plugins as users write them (good and buggy), plugged in by `reward._target_=...`.
+
+Each misbehaves only on completions that contain a trigger word, so one call can mix good rows
+with bad ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from retrain.reward.match import match_reward
+
+
+def my_reward(response: str, reference: str, **extra: Any) -> float:
+    """1.0 when the reference appears anywhere in the response."""
+    return 1.0 if reference and reference in response else 0.0
+
+
+def subject_reward(response: str, reference: str, *, subject: str = "", **extra: Any) -> float:
+    """Reads the example's `extra`: 1.0 for algebra problems only."""
+    return 1.0 if subject == "algebra" else 0.0
+
+
+async def async_reward(response: str, reference: str, **extra: Any) -> float:
+    """Waits like a remote verifier would (0.2 s), then checks containment; "hang" never answers."""
+    await asyncio.sleep(3600 if "hang" in response else 0.2)
+    return 1.0 if reference in response else 0.0
+
+
+class LibraryTimeout(BaseException):
+    """Some libraries (math-verify among them) signal their timeouts with a BaseException."""
+
+
+async def blocking_async_reward(response: str, reference: str, **extra: Any) -> float:
+    """A common async bug: a blocking call inside `async def` stalls the whole event loop."""
+    if "hang" in response:
+        time.sleep(3600)
+    return 1.0
+
+
+def flaky_reward(response: str, reference: str, **extra: Any) -> float:
+    if "boom" in response:
+        raise RuntimeError("boom")
+    if "stall" in response:
+        raise LibraryTimeout("gave up")
+    return 1.0
+
+
+def hanging_reward(response: str, reference: str, **extra: Any) -> float:
+    if "hang" in response:
+        time.sleep(3600)
+    return 1.0
+
+
+def crashing_reward(response: str, reference: str, **extra: Any) -> float:
+    if "crash" in response:
+        os._exit(3)  # a native library taking the process down
+    return 1.0
+
+
+def nan_reward(response: str, reference: str, **extra: Any) -> float:
+    return float("nan") if "nan" in response else 1.0
+
+
+def list_reward(response: str, reference: str, **extra: Any) -> Any:
+    return [1.0, 0.0] if "list" in response else 1.0
+
+
+def string_reward(response: str, reference: str, **extra: Any) -> Any:
+    return "1.0" if "string" in response else 1.0
+
+
+class ScaledMatchReward:
+    """A class-based reward: configured in __init__ (`_partial_: false`), called per completion."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def __call__(self, response: str, reference: str, **extra: Any) -> float:
+        return self.scale * match_reward(response, reference)

@@ -1,0 +1,16 @@
+"""User plugins as a researcher would write them, plugged in from the command line by `_target_`."""
+
+from __future__ import annotations
+
+
+def digit_count_reward(response: str, reference: str, **extra: object) -> float:
+    """Partial credit: the share of the reference's digits that appear in the response."""
+    digits = [c for c in reference if c.isdigit()]
+    return sum(c in response for c in digits) / len(digits) if digits else 0.0
+
+
+def flaky_reward(response: str, reference: str, **extra: object) -> float:
+    """Raises on every completion that does not contain the reference (a buggy user reward)."""
+    if reference not in response:
+        raise RuntimeError("flaky reward exploded")
+    return 1.0

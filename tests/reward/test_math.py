@@ -1,0 +1,99 @@
+"""`reward=math`: math-verify equivalence, cached reference parses, bounded work (SPEC §8)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import pytest
+from hydra.utils import instantiate
+
+from retrain.config import compose
+from retrain.errors import ConfigError
+from retrain.reward.math import MathReward
+from retrain.reward.scorer import RewardScorer
+from retrain.types import Example
+
+# Two expressions that math-verify cannot compare within a second (sympy expands the power).
+SLOW_RESPONSE, SLOW_REFERENCE = "\\boxed{(x+1)^{100000}}", "x^{100000}"
+
+
+@pytest.fixture(scope="module")
+def reward() -> MathReward:
+    return MathReward()
+
+
+@pytest.mark.parametrize(("response", "reference"), [
+    ("so \\boxed{0.5}", "\\frac{1}{2}"),
+    ("\\boxed{\\dfrac{1}{2}}", "\\frac12"),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
+    ("\\boxed{\\{2, 1\\}}", "\\{1,2\\}"),
+    ("\\boxed{x = 3}", "3"),
+    ("\\boxed{10,000}", "10000"),
+    ("first \\boxed{7}, finally \\boxed{\\frac{\\pi}{2}}", "\\pi/2"),
+])
+def test_equivalent_answers_score_one(reward: MathReward, response: str, reference: str) -> None:
+    assert reward(response, reference) == 1.0
+
+
+@pytest.mark.parametrize(("response", "reference"), [
+    ("\\boxed{0.51}", "\\frac{1}{2}"),
+    ("\\boxed{\\frac{1}{2}} wait, \\boxed{3}", "\\frac{1}{2}"),  # only the last box counts
+    ("the answer is 1/2", "\\frac{1}{2}"),  # no box, no verdict
+    ("\\boxed{}", "1"),
+    ("\\boxed{%$#@}", "1"),  # garbage is a wrong answer, not a failure
+    ("\\boxed{1}", ""),  # an empty reference never matches
+])
+def test_other_answers_score_zero(reward: MathReward, response: str, reference: str) -> None:
+    assert reward(response, reference) == 0.0
+
+
+def test_the_reference_is_parsed_once_per_distinct_string() -> None:
+    reward = MathReward(cache_size=2)
+    for _ in range(8):
+        reward("\\boxed{1/2}", "\\frac{1}{2}")
+    info = reward._parsed_reference.cache_info()
+    assert (info.misses, info.hits) == (1, 7)
+    for reference in ["1", "2", "3"]:
+        reward("\\boxed{1}", reference)
+    assert reward._parsed_reference.cache_info().currsize == 2  # bounded
+
+
+def test_it_pickles_into_workers_with_an_empty_cache(reward: MathReward) -> None:
+    reward("\\boxed{1}", "1")
+    copy = pickle.loads(pickle.dumps(reward))
+    assert copy._parsed_reference.cache_info().currsize == 0
+    assert copy("\\boxed{0.5}", "\\frac{1}{2}") == 1.0
+
+
+def test_it_works_off_the_main_thread_without_signals(reward: MathReward) -> None:
+    results: list[float] = []
+    worker = threading.Thread(target=lambda: results.append(reward("\\boxed{0.5}", "\\frac{1}{2}")))
+    worker.start()
+    worker.join(60)
+    assert results == [1.0]
+
+
+def test_a_comparison_past_its_bound_raises_and_the_scorer_counts_it() -> None:
+    reward = MathReward(verify_timeout_s=1)
+    with pytest.raises(TimeoutError, match="could not compare within 1 s"):
+        reward(SLOW_RESPONSE, SLOW_REFERENCE)
+    rows = [Example("q", SLOW_REFERENCE, "slow"), Example("q", "\\frac{1}{2}", "fine")]
+    with RewardScorer(reward, timeout_s=20, workers=2) as scorer:
+        result = scorer.score([SLOW_RESPONSE, "\\boxed{0.5}"], rows)
+    assert result.rewards.tolist() == [0.0, 1.0]
+    assert (result.errors, result.timeouts) == (1, 0)  # math-verify's own bound fired, not the scorer's
+    assert result.failures[0] == "TimeoutError: math-verify could not compare within 1 s"
+
+
+def test_reward_math_composes_and_instantiates() -> None:
+    cfg = compose(["reward=math", "reward.verify_timeout_s=2"])
+    reward = instantiate(cfg.reward)
+    assert isinstance(reward, MathReward) and reward.verify_timeout_s == 2
+    assert reward("\\boxed{0.5}", "1/2") == 1.0
+
+
+@pytest.mark.parametrize("key", ["parse_timeout_s", "verify_timeout_s", "cache_size"])
+def test_bad_settings_name_their_key(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"reward.{key}"):
+        MathReward(**{key: 0})

@@ -1,0 +1,183 @@
+"""The parallel scorer with real worker processes and real (good and buggy) reward plugins."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import sys
+import time
+import types
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from retrain.config import compose
+from retrain.errors import ConfigError, RewardOutputError, RewardWorkerError
+from retrain.reward.match import match_reward
+from retrain.reward.scorer import RewardScorer, is_async_reward, reward_name
+from retrain.types import Example
+from tests.plugins import reward_plugins as plugins
+
+
+def examples(references: list[str], **extra: object) -> list[Example]:
+    return [Example(prompt=f"q{n}", reference=ref, id=str(n), extra=dict(extra))
+            for n, ref in enumerate(references)]
+
+
+def test_rows_come_back_aligned_and_match_in_process_scores() -> None:
+    references = [str(n % 7) for n in range(64)]
+    responses = [f"so \\boxed{{{n % 5}}}" if n % 3 else "no box" for n in range(64)]
+    with RewardScorer(match_reward, timeout_s=5, workers=2) as scorer:
+        result = scorer.score(responses, examples(references))
+    expected = [match_reward(r, ref) for r, ref in zip(responses, references)]
+    assert result.rewards.dtype == torch.float32 and result.rewards.shape == (64,)
+    assert result.rewards.tolist() == expected
+    assert 0 < sum(expected) < 64
+    assert (result.errors, result.timeouts, result.failures) == (0, 0, {})
+
+
+def test_raising_rows_score_zero_and_are_counted() -> None:
+    responses = ["fine", "boom", "fine", "stall", "fine"]
+    with RewardScorer(plugins.flaky_reward, timeout_s=5, workers=2) as scorer:
+        result = scorer.score(responses, examples(["x"] * 5))
+    assert result.rewards.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert (result.errors, result.timeouts) == (2, 0)
+    assert result.failures == {1: "RuntimeError: boom", 3: "LibraryTimeout: gave up"}
+
+
+def test_a_hung_reward_is_bounded_by_the_timeout_and_the_pool_recovers() -> None:
+    responses = ["ok", "hang", "ok", "ok", "hang", "ok", "ok", "ok"]
+    with RewardScorer(plugins.hanging_reward, timeout_s=1.0, workers=2) as scorer:
+        started = time.monotonic()
+        result = scorer.score(responses, examples(["x"] * 8))
+        elapsed = time.monotonic() - started
+        assert result.rewards.tolist() == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+        assert (result.errors, result.timeouts) == (2, 2)
+        assert "no result after 1 s" in result.failures[1]
+        assert elapsed < 6.0  # two hung rows on two workers: ~1-2 s, not an hour
+        # The next step finds a full pool of live workers.
+        again = scorer.score(["ok"] * 16, examples(["x"] * 16))
+        assert again.rewards.tolist() == [1.0] * 16 and again.errors == 0
+
+
+def test_async_rewards_run_concurrently_and_time_out_per_row() -> None:
+    assert is_async_reward(plugins.async_reward)
+    responses = [f"answer {n}" for n in range(31)] + ["hang"]
+    references = [str(n) for n in range(32)]
+    with RewardScorer(plugins.async_reward, timeout_s=1.5, workers=2) as scorer:
+        started = time.monotonic()
+        result = scorer.score(responses, examples(references))
+        elapsed = time.monotonic() - started
+    assert result.rewards.tolist() == [1.0] * 31 + [0.0]
+    assert (result.errors, result.timeouts) == (1, 1)
+    # 31 calls of 0.2 s in sequence would take 6 s; concurrently they take one timeout at most.
+    assert elapsed < 4.0
+
+
+def test_an_async_reward_that_blocks_its_event_loop_is_killed() -> None:
+    # The worker's per-row timer cannot fire on a blocked loop: the parent kills the worker after
+    # timeout_s plus a grace period, and every row of its chunk counts as timed out.
+    with RewardScorer(plugins.blocking_async_reward, timeout_s=0.5, workers=2) as scorer:
+        started = time.monotonic()
+        result = scorer.score(["ok", "hang", "ok", "ok"], examples(["x"] * 4))
+        assert time.monotonic() - started < 8.0
+        assert result.rewards.tolist() == [0.0, 0.0, 1.0, 1.0]  # rows 0-1 shared the blocked worker
+        assert (result.errors, result.timeouts) == (2, 2)
+        assert scorer.score(["ok"] * 4, examples(["x"] * 4)).rewards.tolist() == [1.0] * 4
+
+
+def test_a_crashed_worker_costs_one_row_and_is_replaced() -> None:
+    responses = ["ok", "ok", "crash", "ok", "ok", "ok"]
+    with RewardScorer(plugins.crashing_reward, timeout_s=5, workers=2) as scorer:
+        result = scorer.score(responses, examples(["x"] * 6))
+        assert result.rewards.tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+        assert (result.errors, result.timeouts) == (1, 0)
+        assert "exit code 3" in result.failures[2]
+        assert scorer.score(["ok"] * 4, examples(["x"] * 4)).rewards.tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize(("reward", "trigger", "shown"), [
+    (plugins.nan_reward, "nan", "returned nan"),
+    (plugins.list_reward, "list", "a list of 2 values ([1.0, 0.0])"),
+    (plugins.string_reward, "string", "'1.0' of type str"),
+])
+def test_a_wrong_output_is_a_clear_error_naming_reward_and_value(reward, trigger: str, shown: str) -> None:
+    with RewardScorer(reward, timeout_s=5, workers=2) as scorer:
+        with pytest.raises(RewardOutputError) as caught:
+            scorer.score(["fine", trigger, "fine"], examples(["x"] * 3))
+        message = str(caught.value)
+        assert f"tests.plugins.reward_plugins.{reward.__name__}" in message
+        assert shown in message and "row 1" in message
+        # A bug in the reward stops the step, but does not poison the scorer.
+        assert scorer.score(["fine"] * 3, examples(["x"] * 3)).rewards.tolist() == [1.0] * 3
+
+
+def test_extra_reaches_the_reward_as_keyword_arguments() -> None:
+    rows = examples(["x", "x"], subject="algebra") + examples(["x"], subject="geometry")
+    with RewardScorer(plugins.subject_reward, timeout_s=5, workers=2) as scorer:
+        assert scorer.score(["a", "b", "c"], rows).rewards.tolist() == [1.0, 1.0, 0.0]
+
+
+def test_plugins_swap_in_from_the_command_line() -> None:
+    function_cfg = compose(["reward._target_=tests.plugins.reward_plugins.my_reward"])
+    class_cfg = compose(["reward._target_=tests.plugins.reward_plugins.ScaledMatchReward",
+                         "reward._partial_=false", "+reward.scale=0.5"])
+    responses = ["it is 12", "\\boxed{12}", "nothing"]
+    with RewardScorer(instantiate(function_cfg.reward), name=function_cfg.reward._target_, workers=2) as scorer:
+        assert scorer.score(responses, examples(["12"] * 3)).rewards.tolist() == [1.0, 1.0, 0.0]
+    with RewardScorer(instantiate(class_cfg.reward), workers=2) as scorer:
+        assert scorer.name == "tests.plugins.reward_plugins.ScaledMatchReward"
+        assert scorer.score(responses, examples(["12"] * 3)).rewards.tolist() == [0.0, 0.5, 0.0]
+
+
+def test_unpicklable_rewards_are_refused_before_any_worker_starts() -> None:
+    with pytest.raises(ConfigError, match="cannot be sent to the scoring worker processes"):
+        RewardScorer(lambda response, reference, **extra: 1.0, name="my_lambda", workers=1)
+
+
+def test_a_reward_the_workers_cannot_import_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A module that exists only in this process: the reward pickles by name, workers cannot import it.
+    module = types.ModuleType("only_in_the_parent")
+    exec("def reward(response, reference, **extra):\n    return 1.0", module.__dict__)
+    monkeypatch.setitem(sys.modules, "only_in_the_parent", module)
+    with pytest.raises(RewardWorkerError, match="could not load reward only_in_the_parent.reward"):
+        RewardScorer(module.reward, workers=1)
+
+
+@pytest.mark.parametrize(("kwargs", "key"), [({"timeout_s": 0}, "scoring.timeout_s"),
+                                             ({"workers": -1}, "scoring.workers")])
+def test_bad_scoring_settings_name_their_key(kwargs: dict, key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        RewardScorer(match_reward, **kwargs)
+
+
+def test_misaligned_rows_and_closed_scorers_are_refused() -> None:
+    scorer = RewardScorer(match_reward, workers=1)
+    with pytest.raises(ValueError, match="row-aligned"):
+        scorer.score(["a", "b"], examples(["1"]))
+    assert scorer.score([], []).rewards.shape == (0,)
+    scorer.close()
+    scorer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        scorer.score(["a"], examples(["1"]))
+
+
+def test_names_of_functions_partials_and_instances() -> None:
+    assert reward_name(match_reward) == "retrain.reward.match.match_reward"
+    assert reward_name(functools.partial(plugins.my_reward)) == "tests.plugins.reward_plugins.my_reward"
+    assert reward_name(plugins.ScaledMatchReward()) == "tests.plugins.reward_plugins.ScaledMatchReward"
+
+
+def test_overhead_for_a_cheap_reward_stays_small() -> None:
+    """256 completions of a cheap reward: a few ms of IPC, small next to a ~0.1 s demo step."""
+    references = [str(n) for n in range(256)]
+    responses = [f"\\boxed{{{n}}}" for n in range(256)]
+    with RewardScorer(match_reward, timeout_s=5, workers=2) as scorer:
+        timings = []
+        for _ in range(5):
+            started = time.perf_counter()
+            result = scorer.score(responses, examples(references))
+            timings.append(time.perf_counter() - started)
+    assert result.rewards.sum().item() == 256
+    assert statistics.median(timings) < 0.1  # measured ~5 ms on 2 shared cores

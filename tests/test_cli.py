@@ -1,0 +1,31 @@
+"""The command line as a user meets it: help, the composed config, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import run_cli
+
+
+def test_help_lists_every_group(tmp_path: Path) -> None:
+    out = run_cli(["--help"], cwd=tmp_path).stdout
+    for group in ["backend", "model", "algorithm", "inference", "reward", "data", "experiment"]:
+        assert f"{group}:" in out, f"--help does not list group {group}"
+    assert "maxrl_gtpo_sepa" in out and "quickstart" in out
+
+
+def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
+    out = run_cli(["--cfg", "job", "experiment=quickstart", "training.lr=0.002"], cwd=tmp_path).stdout
+    assert "lr: 0.002" in out
+    assert "_target_: retrain.data.arithmetic.ArithmeticData" in out
+
+
+def test_compose_errors_name_the_offending_key_or_option(tmp_path: Path) -> None:
+    unknown = run_cli(["training.lrr=1"], cwd=tmp_path, check=False)
+    assert unknown.returncode != 0 and "lrr" in unknown.stderr
+    wrong_type = run_cli(["training.batch_size=eight"], cwd=tmp_path, check=False)
+    assert wrong_type.returncode != 0 and "training.batch_size" in wrong_type.stderr
+    unknown_option = run_cli(["algorithm=no_such_algorithm"], cwd=tmp_path, check=False)
+    assert unknown_option.returncode != 0 and "algorithm/no_such_algorithm" in unknown_option.stderr
+    # nothing was trained: no run dir was created for a config that does not compose
+    assert not (tmp_path / "outputs").exists()

@@ -1,0 +1,162 @@
+"""LoRA-Squeeze on real PEFT adapters of a tiny randomly initialised Qwen3 (SPEC §10)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from retrain.squeeze import (
+    ADAPTER_WEIGHTS,
+    SqueezeError,
+    SqueezeSettings,
+    analyse,
+    compress,
+    default_target_ranks,
+    lora_modules,
+    main,
+    read_adapter,
+)
+
+RANK = 8
+ALPHA = 16
+TARGETS = ["q_proj", "v_proj", "down_proj"]
+
+
+def tiny_base(seed: int = 0) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    return Qwen3ForCausalLM(config).eval()
+
+
+def save_adapter(path: Path, use_rslora: bool = False) -> Path:
+    """A real PEFT adapter whose B factors are non-zero (init_lora_weights=False draws both at random)."""
+    model = get_peft_model(tiny_base(), LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS,
+                                                   init_lora_weights=False, use_rslora=use_rslora))
+    model.save_pretrained(str(path))
+    return path
+
+
+def delta_weights(adapter_dir: Path) -> dict[str, torch.Tensor]:
+    """ΔW of every targeted linear layer, as PEFT itself computes it after loading the adapter."""
+    model = PeftModel.from_pretrained(tiny_base(), str(adapter_dir))
+    deltas = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "get_delta_weight") and "default" in getattr(module, "lora_A", {}):
+            deltas[name] = module.get_delta_weight("default").detach().double()
+    assert deltas, "PEFT loaded no LoRA layers"
+    return deltas
+
+
+@pytest.fixture
+def adapter(tmp_path: Path) -> Path:
+    return save_adapter(tmp_path / "adapter")
+
+
+def test_singular_values_and_retention_match_a_direct_svd(adapter: Path) -> None:
+    report = analyse(adapter, min_variance_retention=0.9)
+    _, weights = read_adapter(adapter)
+    modules = lora_modules(weights)
+    assert report.num_modules == len(modules) == 2 * len(TARGETS)
+    assert report.target_ranks == [1, 2, 4, 8] == default_target_ranks(RANK)
+    for module in modules:
+        s = torch.linalg.svdvals(module.B.double() @ module.A.double())
+        energy = s.square() / s.square().sum()
+        for k in report.target_ranks:
+            assert report.module_retention[module.name][k] == pytest.approx(float(energy[:k].sum()), abs=1e-9)
+    means = [report.mean_retention[k] for k in report.target_ranks]
+    assert means == sorted(means) and means[-1] == pytest.approx(1.0)
+    expected = next(k for k in report.target_ranks if report.mean_retention[k] >= 0.9)
+    assert report.recommended_rank == expected
+
+
+def test_compressing_to_full_rank_reproduces_delta_w(adapter: Path, tmp_path: Path) -> None:
+    out = compress(adapter, RANK, tmp_path / "full")
+    original, squeezed = delta_weights(adapter), delta_weights(out)
+    assert original.keys() == squeezed.keys()
+    for name in original:
+        torch.testing.assert_close(squeezed[name], original[name], rtol=1e-5, atol=1e-6)
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["r"] == RANK and config["lora_alpha"] == pytest.approx(ALPHA)
+
+
+@pytest.mark.parametrize("use_rslora", [False, True])
+def test_compression_keeps_the_best_rank_k_approximation(tmp_path: Path, use_rslora: bool) -> None:
+    adapter = save_adapter(tmp_path / "adapter", use_rslora=use_rslora)
+    k = 2
+    out = compress(adapter, k, tmp_path / "r2")
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["r"] == k
+    expected_alpha = ALPHA * ((k / RANK) ** 0.5 if use_rslora else k / RANK)
+    assert config["lora_alpha"] == pytest.approx(expected_alpha)
+    for factor in load_file(str(out / ADAPTER_WEIGHTS)).values():
+        assert k in factor.shape
+    original, squeezed = delta_weights(adapter), delta_weights(out)
+    for name, delta in original.items():
+        # Eckart–Young: the best rank-k approximation leaves exactly the tail singular values
+        s = torch.linalg.svdvals(delta)
+        error = torch.linalg.matrix_norm(delta - squeezed[name]).square()
+        assert float(error) == pytest.approx(float(s[k:].square().sum()), rel=1e-4, abs=1e-10)
+        assert torch.linalg.matrix_rank(squeezed[name], rtol=1e-6) <= k
+
+
+def test_recommends_the_rank_the_update_really_has(tmp_path: Path) -> None:
+    adapter = save_adapter(tmp_path / "adapter")
+    weights = load_file(str(adapter / ADAPTER_WEIGHTS))
+    for key in [k for k in weights if k.endswith("lora_B.weight")]:
+        weights[key] = weights[key].clone()
+        weights[key][:, 2:] = 0.0  # B·A now has rank 2 in every module
+    save_file(weights, str(adapter / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    report = analyse(adapter, min_variance_retention=0.999)
+    assert report.mean_retention[2] == pytest.approx(1.0)
+    assert report.mean_retention[1] < 0.999
+    assert report.recommended_rank == 2
+
+
+def test_a_zero_update_retains_everything_at_rank_one(tmp_path: Path) -> None:
+    adapter = tmp_path / "zero"
+    get_peft_model(tiny_base(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])).save_pretrained(str(adapter))
+    report = analyse(adapter)  # PEFT's default init: B = 0, so ΔW = 0
+    assert all(v == 1.0 for v in report.mean_retention.values())
+    assert report.recommended_rank == 1
+
+
+def test_cli_prints_table_and_writes_a_loadable_adapter(adapter: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "final").mkdir(parents=True)
+    for file in adapter.iterdir():
+        (run_dir / "final" / file.name).write_bytes(file.read_bytes())
+    out = tmp_path / "squeezed"
+    assert main([str(run_dir), "--compress-to", "4", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| rank | mean variance retained |" in printed and "Recommended rank" in printed
+    assert f"Wrote the rank-4 adapter to {out}" in printed
+    model = PeftModel.from_pretrained(tiny_base(), str(out))
+    assert model.peft_config["default"].r == 4
+    report = json.loads((out / "squeeze.json").read_text())
+    assert report["compressed_rank"] == 4 and report["source_rank"] == RANK
+
+    assert main([str(adapter), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["recommended_rank"] in payload["target_ranks"] and payload["output"] is None
+
+
+def test_bad_input_gets_a_clear_error(adapter: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert "no PEFT adapter here" in capsys.readouterr().err
+    assert main([str(adapter), "--compress-to", "16", "--output", str(tmp_path / "x")]) == 2
+    assert "between 1 and the adapter's rank 8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(adapter), "--compress-to", "2"])
+    assert "--compress-to needs --output" in capsys.readouterr().err
+    with pytest.raises(SqueezeError, match="unknown key.*'retention'"):
+        SqueezeSettings.from_mapping({"retention": 0.9})
+    with pytest.raises(SqueezeError, match="min_variance_retention=1.5"):
+        SqueezeSettings(min_variance_retention=1.5)

@@ -1,0 +1,75 @@
+"""`retrain status` on run dirs, sweep dirs and folders of them, while running and after."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from retrain.campaign.manifest import CampaignSettings, start_manifest
+from retrain.campaign.plan import expand
+from retrain.status import main
+from tests.campaign.rundirs import dead_pid, simulate_run
+
+
+def test_a_live_run_is_running_and_a_vanished_one_dead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    live = simulate_run(tmp_path, "grpo_none", 1, 0.5, state="running", pid=os.getpid())
+    assert main([str(live.dir)]) == 0
+    text = capsys.readouterr().out
+    assert "state: running" in text and "condition: grpo_none  seed: 1" in text
+    assert f"last step {live.draws[-1].mean():.3f}" in text
+
+    gone = simulate_run(tmp_path, "grpo_none", 2, 0.5, state="running", pid=dead_pid())
+    assert main([str(gone.dir), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["state"] == "dead" and report["seed"] == 2
+
+
+def test_sweep_status_prints_the_summary_and_can_rewrite_it(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_dir = tmp_path / "sweep"
+    plan = expand(["algorithm=grpo_none,maxrl_gtpo_sepa", "training.seed=1,2"])
+    start_manifest(sweep_dir, plan, CampaignSettings(last_k=3), "BasicLauncher", None)
+    for job in plan[:3]:
+        simulate_run(sweep_dir, job.condition, job.seed, 0.4, num=job.num)
+    # the fourth run is still training in a live process
+    simulate_run(sweep_dir, "maxrl_gtpo_sepa", 2, 0.4, state="running", num=3, pid=os.getpid())
+    assert main([str(sweep_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "state: **running** (3 done, 1 running)" in text
+    assert "`maxrl_gtpo_sepa_s2` | running" in text
+    assert not (sweep_dir / "summary.md").exists()  # read-only unless --write
+
+    assert main([str(sweep_dir), "--write", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["state"] == "running" and (sweep_dir / "summary.md").is_file()
+    assert {row["condition"]: row["done"] for row in summary["conditions"]} == {"grpo_none": 2, "maxrl_gtpo_sepa": 1}
+
+
+def test_folder_overview_and_bad_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_dir = tmp_path / "sweeps" / "a"
+    start_manifest(sweep_dir, expand(["algorithm=grpo_none", "training.seed=1"]), CampaignSettings(),
+                   "BasicLauncher", None)
+    simulate_run(sweep_dir, "grpo_none", 1, 0.4, num=0)
+    simulate_run(tmp_path / "runs", "maxrl_none", 5, 0.4, state="failed", error="ValueError: bad")
+    assert main([str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("sweep  done") and line.rstrip().endswith("(1 done)") for line in lines)
+    assert any(line.startswith("run    failed") and "maxrl_none_s5" in line for line in lines)
+
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty")]) == 1
+
+
+def test_the_cli_dispatches_status(tmp_path: Path) -> None:
+    run = simulate_run(tmp_path, "grpo_none", 3, 0.5)
+    result = subprocess.run([sys.executable, "-m", "retrain", "status", str(run.dir)],
+                            capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+    assert result.returncode == 0, result.stderr
+    assert "state: done" in result.stdout

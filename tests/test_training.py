@@ -1,0 +1,143 @@
+"""End to end through `python -m retrain`: the real CLI, the tiny model, real files on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, read_metrics, run_cli, without_timing
+
+SMALL = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
+
+
+def small_run(tmp_path: Path, name: str, *extra: str, steps: int = 4) -> Path:
+    run_dir = tmp_path / name
+    run_cli([*SMALL, f"training.max_steps={steps}", f"hydra.run.dir={run_dir}", *extra], cwd=tmp_path)
+    return run_dir
+
+
+def test_quickstart_writes_the_run_dir_contract(tmp_path: Path) -> None:
+    run_dir = small_run(tmp_path, "run", "training.save_every=2")
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    for key in ["step", "condition", "loss", "mean_reward", "correct_rate", "running_correct_rate",
+                "num_datums", "max_token_hit_rate", "step_time_s", "batch_size", "group_size",
+                "sepa_lambda", "reward/errors"]:
+        assert key in records[0], key
+    assert records[0]["batch_size"] == 8 and records[0]["group_size"] == 8
+    assert (run_dir / "emergence" / "steps.jsonl").is_file()
+    assert (run_dir / "emergence" / "generations.jsonl").is_file()
+    assert (run_dir / ".hydra" / "config.yaml").is_file() and (run_dir / "run.log").is_file()
+    for checkpoint in ["checkpoints/step_2", "checkpoints/step_4", "final"]:
+        assert (run_dir / checkpoint / "adapter_model.safetensors").is_file(), checkpoint
+        assert (run_dir / checkpoint / "trainer_state.json").is_file(), checkpoint
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "done" and status["step"] == 3
+    assert "Step 3 [" in (run_dir / "run.log").read_text()
+
+
+def test_same_seed_gives_identical_metrics(tmp_path: Path) -> None:
+    first = without_timing(read_metrics(small_run(tmp_path, "a", "training.seed=7")))
+    second = without_timing(read_metrics(small_run(tmp_path, "b", "training.seed=7")))
+    other = without_timing(read_metrics(small_run(tmp_path, "c", "training.seed=8")))
+    assert first == second
+    assert first != other
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
+    steps = 6
+    reference = without_timing(read_metrics(small_run(tmp_path, "full", "training.save_every=1", steps=steps)))
+
+    run_dir = tmp_path / "killed"
+    args = [sys.executable, "-m", "retrain", *SMALL, f"training.max_steps={steps}",
+            "training.save_every=1", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (run_dir / "checkpoints" / "step_3").is_dir():
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (run_dir / "final").exists(), "the run finished before it could be killed"
+
+    # same run dir, no resume flag: a requeued job resumes by itself
+    run_cli([*SMALL, f"training.max_steps={steps}", "training.save_every=1", f"hydra.run.dir={run_dir}"],
+            cwd=tmp_path)
+    assert without_timing(read_metrics(run_dir)) == reference
+
+    # explicit resume.from=<run dir> into a new run dir continues the same trajectory too
+    partial = tmp_path / "partial"
+    small_run(tmp_path, "partial", "training.save_every=1", steps=3)
+    resumed = small_run(tmp_path, "resumed", "training.save_every=1", f"resume.from={partial}", steps=steps)
+    assert without_timing(read_metrics(resumed)) == reference
+
+
+def test_resuming_a_finished_run_is_a_clear_no_op(tmp_path: Path) -> None:
+    run_dir = small_run(tmp_path, "done", steps=2)
+    before = read_metrics(run_dir)
+    out = run_cli([*SMALL, "training.max_steps=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path).stdout
+    assert "already finished" in out
+    assert read_metrics(run_dir) == before
+
+
+def test_custom_reward_plugin_from_the_command_line(tmp_path: Path) -> None:
+    run_dir = small_run(tmp_path, "plugin", "reward._target_=tests.plugins.training_plugins.digit_count_reward",
+                        steps=2)
+    records = read_metrics(run_dir)
+    assert len(records) == 2 and records[0]["reward/errors"] == 0
+    assert 0.0 < records[0]["mean_reward"] < 1.0
+
+
+def test_a_crashing_reward_is_counted_and_survived(tmp_path: Path) -> None:
+    run_dir = small_run(tmp_path, "crash", "reward._target_=tests.plugins.training_plugins.flaky_reward",
+                        steps=2)
+    records = read_metrics(run_dir)
+    assert len(records) == 2
+    assert all(r["reward/errors"] > 0 for r in records)
+
+
+def test_wandb_offline_run_holds_the_metrics(tmp_path: Path) -> None:
+    run_dir = tmp_path / "wandb"
+    run_cli([*SMALL, "training.max_steps=2", f"hydra.run.dir={run_dir}", "logging.wandb_project=retrain-test"],
+            cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    summaries = list(run_dir.glob("wandb/offline-run-*/files/wandb-summary.json"))
+    assert summaries, "no offline wandb run was written"
+    summary = json.loads(summaries[0].read_text())
+    last = read_metrics(run_dir)[-1]
+    assert summary["train/correct_rate"] == pytest.approx(last["correct_rate"])
+    assert summary["train/loss"] == pytest.approx(last["loss"])
+
+
+def test_local_data_file_works_like_a_hub_id(tmp_path: Path, shared_data: Path) -> None:
+    run_dir = small_run(tmp_path, "gsm8k", "data=gsm8k", f"data.path={shared_data / 'gsm8k' / 'test.jsonl'}",
+                        steps=1)
+    assert read_metrics(run_dir)[0]["step"] == 0
+
+
+def test_default_run_offline_fails_fast_and_points_at_quickstart(tmp_path: Path) -> None:
+    started = time.time()
+    result = run_cli(["training.max_steps=1", f"hydra.run.dir={tmp_path / 'default'}"], cwd=tmp_path,
+                     check=False, timeout=120, env={"HF_HUB_OFFLINE": "0"})
+    assert result.returncode != 0
+    message = result.stdout + result.stderr
+    assert "experiment=quickstart" in message
+    assert "hendrycks_math" in message or "Qwen/Qwen3-4B-Instruct-2507" in message
+    assert time.time() - started < 60
+
+
+@pytest.mark.slow
+def test_quickstart_learns(tmp_path: Path) -> None:
+    """The embedded default: held-out sampled accuracy rises by >= 15 points on CPU."""
+    run_dir = tmp_path / "quickstart"
+    run_cli(["experiment=quickstart", f"hydra.run.dir={run_dir}", "logging.progress_bar=false"], cwd=tmp_path)
+    evaluation = json.loads((run_dir / "status.json").read_text())["eval"]
+    gain = evaluation["eval/after_sampled_accuracy"] - evaluation["eval/before_sampled_accuracy"]
+    assert gain >= 0.15, evaluation
