@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from retrain.config import config_dir, register_configs
+from retrain.errors import ConfigError, HubFetchError
 
 # subcommand -> module with `main(argv) -> int`
 SUBCOMMANDS = {"status": "retrain.status", "squeeze": "retrain.squeeze"}
@@ -17,7 +21,24 @@ SUBCOMMANDS = {"status": "retrain.status", "squeeze": "retrain.squeeze"}
 def _hydra_entry(cfg: DictConfig) -> None:
     from retrain.run import run
 
-    run(cfg)
+    try:
+        run(cfg)
+    except Exception as error:
+        user_error = _user_error(error)
+        if user_error is None or HydraConfig.get().mode != RunMode.RUN:
+            raise
+        # a mistake in the config or an unreachable Hub: the message says what to do, no traceback
+        logging.getLogger("retrain").error("retrain: %s", user_error)
+        raise SystemExit(1) from None
+
+
+def _user_error(error: BaseException | None) -> BaseException | None:
+    """The ConfigError/HubFetchError behind an error (Hydra wraps errors raised in instantiate)."""
+    while error is not None:
+        if isinstance(error, (ConfigError, HubFetchError)):
+            return error
+        error = error.__cause__
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 # config group -> module whose SCHEMAS type that group's options
 GROUP_SCHEMA_MODULES: dict[str, str] = {
@@ -110,6 +110,8 @@ class RetrainConfig:
 
 def register_configs() -> None:
     """Store the primary schema and every group's option schemas (idempotent)."""
+    if not OmegaConf.has_resolver("retrain_config_groups"):
+        OmegaConf.register_new_resolver("retrain_config_groups", config_groups_help)
     store = ConfigStore.instance()
     store.store(name="retrain_schema", node=RetrainConfig)
     for group, module_name in GROUP_SCHEMA_MODULES.items():
@@ -143,3 +145,13 @@ def compose(overrides: list[str] | None = None) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=overrides or [])
+
+
+def config_groups_help() -> str:
+    """`--help`: each group with its YAML options (the schemas behind them are not choices)."""
+    root = Path(config_dir())
+    lines = []
+    for group in sorted(p for p in root.rglob("*") if p.is_dir() and any(p.glob("*.yaml"))):
+        options = ", ".join(sorted(f.stem for f in group.glob("*.yaml")))
+        lines.append(f"{group.relative_to(root).as_posix()}: {options}")
+    return "\n".join(lines)

@@ -49,8 +49,9 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
                           timeout_s=cfg.scoring.timeout_s, workers=cfg.scoring.workers)
 
     model_spec = instantiate(cfg.model)
-    backend = instantiate(
-        cfg.backend, model=model_spec, engine=instantiate(cfg.inference), seed=seed,
+    # a partial first: Hydra would turn dataclass kwargs back into configs
+    backend = instantiate(cfg.backend, _partial_=True)(
+        model=model_spec, engine=instantiate(cfg.inference), seed=seed,
         optim=OptimSettings(lr=training.lr, weight_decay=training.weight_decay,
                             betas=tuple(training.betas), eps=training.eps,
                             max_grad_norm=training.max_grad_norm),

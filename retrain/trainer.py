@@ -21,6 +21,8 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from retrain.algorithm.checks import check_algorithm_output
+from retrain.algorithm.pipeline import Algorithm
 from retrain.backend.base import Backend, Capabilities
 from retrain.checkpoint import CHECKPOINTS, FINAL, read_state, save_checkpoint, write_json_atomic
 from retrain.data.base import DataSource
@@ -129,7 +131,7 @@ class Trainer:
 
     def _loop(self) -> None:
         settings = self.settings
-        with logging_redirect_tqdm(loggers=[log]), tqdm(
+        with logging_redirect_tqdm(loggers=[logging.root]), tqdm(
             total=settings.max_steps, initial=self.next_step, desc=settings.condition,
             disable=not settings.progress_bar, dynamic_ncols=True, leave=False,
         ) as bar:
@@ -169,6 +171,8 @@ class Trainer:
                 rollouts.completion_ids, rollouts.completion_mask, self.backend.tokenizer)
         advantage = self.algorithm.compute(
             rewards, rollouts.logprobs, rollouts.completion_mask, rollouts.entropies, planning)
+        if not isinstance(self.algorithm, Algorithm):  # a whole-algorithm plugin: check its contract
+            check_algorithm_output(self.algorithm, advantage, B, rollouts.completion_mask)
         row_mask = advantage.group_has_signal.repeat_interleave(G)
         batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
 
@@ -219,6 +223,13 @@ class Trainer:
         }
         self._log_samples(step, examples, rollouts, rewards, correct, planning)
         return record
+
+    def _encode(self, examples: list[Example]) -> list[list[int]]:
+        """Chat-templated prompt ids, encoded once per distinct prompt for the whole run."""
+        missing = list(dict.fromkeys(e.prompt for e in examples if e.prompt not in self._prompt_cache))
+        if missing:
+            self._prompt_cache.update(zip(missing, self.backend.encode_prompts(missing)))
+        return [self._prompt_cache[e.prompt] for e in examples]
 
     # ---- logging -------------------------------------------------------------------------
     def _log_step(self, record: dict[str, Any]) -> None:
