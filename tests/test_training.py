@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, read_metrics, run_cli, without_timing
+from tests.wandb_records import offline_history
 
 SMALL = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
 
@@ -108,12 +109,16 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path: Path) -> None:
     run_dir = tmp_path / "wandb"
     run_cli([*SMALL, "training.max_steps=2", f"hydra.run.dir={run_dir}", "logging.wandb_project=retrain-test"],
             cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-    summaries = list(run_dir.glob("wandb/offline-run-*/files/wandb-summary.json"))
-    assert summaries, "no offline wandb run was written"
-    summary = json.loads(summaries[0].read_text())
-    last = read_metrics(run_dir)[-1]
-    assert summary["train/correct_rate"] == pytest.approx(last["correct_rate"])
-    assert summary["train/loss"] == pytest.approx(last["loss"])
+    run_files = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(run_files) == 1, "no offline wandb run was written"
+    history = offline_history(run_files[0])
+    metrics = read_metrics(run_dir)
+    assert [h["_step"] for h in history] == [0, 1]
+    for logged, record in zip(history, metrics):
+        assert logged["train/correct_rate"] == pytest.approx(record["correct_rate"])
+        assert logged["train/loss"] == pytest.approx(record["loss"])
+        assert logged["train/reward/errors"] == record["reward/errors"]
+        assert any(key.startswith("train/surprisal/") for key in logged)
 
 
 def test_local_data_file_works_like_a_hub_id(tmp_path: Path, shared_data: Path) -> None:
