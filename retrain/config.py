@@ -40,7 +40,7 @@ class TrainingConfig:
     group_size: int = 16  # completions per prompt
     max_tokens: int = 10240  # new tokens per completion
     temperature: float = 0.7
-    top_p: float = 0.95
+    top_p: float = 0.95  # nucleus sampling; old log-probs stay those of the full tempered distribution
     lr: float = 4e-5
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -106,6 +106,30 @@ class RetrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     resume: Any = field(default_factory=ResumeConfig)
     squeeze: Any = None  # campaign auto-squeeze settings (see docs/squeeze.md)
+
+
+RUN_WIDE_SCHEMAS: dict[str, type] = {
+    "training": TrainingConfig, "scoring": ScoringConfig, "logging": LoggingConfig, "eval": EvalConfig,
+}
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse keys a `+key=value` override slipped past the schema (`+training.lrr=1` is a typo).
+
+    Group nodes may grow keys on purpose (plugin arguments: `+reward.scale=2`); the run-wide
+    sections and the top level may not, since nothing would ever read them.
+    """
+    from retrain.errors import ConfigError
+
+    known_top = {f.name for f in dataclasses.fields(RetrainConfig)}
+    for key in cfg:
+        if key not in known_top:
+            raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(known_top))})")
+    for section, schema in RUN_WIDE_SCHEMAS.items():
+        known = {f.name for f in dataclasses.fields(schema)}
+        for key in cfg[section]:
+            if key not in known:
+                raise ConfigError(f"unknown config key '{section}.{key}' (known: {', '.join(sorted(known))})")
 
 
 def register_configs() -> None:

@@ -7,8 +7,11 @@ seconds, before gigabytes of weights load.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from retrain.algorithm.preflight import preflight
 from retrain.backend.base import capabilities_of
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.checkpoint import latest_checkpoint, read_state
+from retrain.config import check_known_keys
 from retrain.errors import ConfigError
 from retrain.reward.scorer import RewardScorer
 from retrain.trainer import Trainer, TrainerSettings, WandbSettings
@@ -32,6 +36,12 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """Build every part from `cfg` and train; returns the final status."""
     run_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    check_known_keys(cfg)
+    with exclusive_run_dir(run_dir):
+        return _run(cfg, run_dir)
+
+
+def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     training = cfg.training
 
     algorithm = instantiate(cfg.algorithm)
@@ -42,6 +52,9 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
               engine_returns_entropies=engine_returns_entropies)
 
     resume = find_resume_checkpoint(cfg, run_dir)
+    identity = config_identity(cfg)
+    if resume is not None and not cfg.resume["from"]:
+        check_same_run(read_state(resume).get("config_identity", {}), identity, run_dir)
     seed = resolve_seed(training.seed, resume)
     data = instantiate(cfg.data, seed=seed)
     log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
@@ -70,12 +83,56 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     )
     trainer = Trainer(backend=backend, capabilities=capabilities, algorithm=algorithm, data=data,
                       scorer=scorer, settings=settings, run_dir=run_dir, resume_checkpoint=resume,
-                      wandb=wandb_settings(cfg, algorithm.name, seed))
+                      wandb=wandb_settings(cfg, algorithm.name, seed), config_identity=identity)
     try:
         return trainer.run()
     finally:
         scorer.close()
         backend.close()
+
+
+@contextmanager
+def exclusive_run_dir(run_dir: Path) -> Iterator[None]:
+    """One process per run dir: two jobs that resolve to the same dir must not interleave writes."""
+    with open(run_dir / ".retrain.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"run dir {run_dir} is in use by another retrain process; in a sweep that "
+                              "varies more than algorithm and training.seed, add the varied keys to "
+                              "hydra.sweep.subdir (see docs/configuration.md)") from None
+        yield
+
+
+# what may differ when a run dir is entered again: how long it runs, what it logs, where it reports
+NOT_IDENTITY = {"resume", "logging", "eval", "scoring", "squeeze"}
+NOT_IDENTITY_TRAINING = {"max_steps", "save_every"}
+
+
+def config_identity(cfg: DictConfig) -> dict[str, Any]:
+    """The settings that define a run's trajectory, flattened to dotted keys."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        else:
+            flat[prefix] = node
+
+    walk({k: v for k, v in container.items() if k not in NOT_IDENTITY}, "")
+    return {k: v for k, v in flat.items()
+            if not (k.startswith("training.") and k.split(".", 1)[1] in NOT_IDENTITY_TRAINING)}
+
+
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], run_dir: Path) -> None:
+    """Entering a run dir again continues that run only if it is the same run (else a clear error)."""
+    differing = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
+    if differing and saved:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differing[:5])
+        raise ConfigError(f"run dir {run_dir} holds a run with a different config ({shown}); use a new "
+                          "hydra.run.dir, or resume.from=<that dir> to continue it with the new settings")
 
 
 def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:

@@ -77,7 +77,8 @@ class Trainer:
 
     def __init__(self, *, backend: Backend, capabilities: Capabilities, algorithm: Any,
                  data: DataSource, scorer: Any, settings: TrainerSettings, run_dir: Path,
-                 resume_checkpoint: Path | None = None, wandb: WandbSettings | None = None) -> None:
+                 resume_checkpoint: Path | None = None, wandb: WandbSettings | None = None,
+                 config_identity: dict[str, Any] | None = None) -> None:
         self.backend = backend
         self.capabilities = capabilities
         self.algorithm = algorithm
@@ -87,6 +88,7 @@ class Trainer:
         self.run_dir = run_dir
         self.resume_checkpoint = resume_checkpoint
         self.wandb_settings = wandb
+        self.config_identity = config_identity or {}
         self.wandb: WandbSink | None = None
         self.wandb_run_id: str | None = None
         self.metrics = JsonlLog(run_dir / METRICS)
@@ -334,6 +336,7 @@ class Trainer:
             "eval": self.eval_results,
             "wandb_run_id": self.wandb_run_id,
             "rng": _rng_state(),
+            "config_identity": self.config_identity,
         }
         save_checkpoint(target, self.backend.save, state)
         self._last_saved_step = completed - 1

@@ -29,3 +29,11 @@ def test_compose_errors_name_the_offending_key_or_option(tmp_path: Path) -> None
     assert unknown_option.returncode != 0 and "algorithm/no_such_algorithm" in unknown_option.stderr
     # nothing was trained: no run dir was created for a config that does not compose
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_typo_added_with_plus_is_refused_before_anything_loads(tmp_path: Path) -> None:
+    result = run_cli(["experiment=quickstart", "+training.lrr=1e-4", f"hydra.run.dir={tmp_path / 'run'}"],
+                     cwd=tmp_path, check=False)
+    assert result.returncode != 0
+    assert "unknown config key 'training.lrr'" in result.stdout + result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -89,6 +89,15 @@ def test_resuming_a_finished_run_is_a_clear_no_op(tmp_path: Path) -> None:
     assert read_metrics(run_dir) == before
 
 
+def test_a_run_dir_holding_a_different_run_is_not_silently_reused(tmp_path: Path) -> None:
+    run_dir = small_run(tmp_path, "taken", steps=1)
+    result = run_cli([*SMALL, "training.max_steps=2", "training.lr=0.002", f"hydra.run.dir={run_dir}"],
+                     cwd=tmp_path, check=False)
+    assert result.returncode != 0
+    assert "different config" in result.stdout and "training.lr" in result.stdout
+    assert len(read_metrics(run_dir)) == 1
+
+
 def test_custom_reward_plugin_from_the_command_line(tmp_path: Path) -> None:
     run_dir = small_run(tmp_path, "plugin", "reward._target_=tests.plugins.training_plugins.digit_count_reward",
                         steps=2)
