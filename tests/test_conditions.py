@@ -1,0 +1,31 @@
+"""The five campaign conditions each train on the quickstart experiment, in one real --multirun."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_metrics, run_cli
+
+CONDITIONS = ["grpo_none", "maxrl_none", "maxrl_gtpo", "maxrl_gtpo_hicra", "maxrl_gtpo_sepa"]
+
+
+@pytest.mark.slow
+def test_each_condition_runs_three_quickstart_steps(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    run_cli(["--multirun", "experiment=quickstart", f"algorithm={','.join(CONDITIONS)}", "training.seed=3",
+             "training.max_steps=3", "eval.num_examples=0", "logging.progress_bar=false",
+             # SEPA on from the first step, so that its pooling really runs in these 3 steps
+             "algorithm.sepa.delay_steps=0", "algorithm.sepa.steps=2", "algorithm.sepa.correct_rate_gate=0",
+             f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    for condition in CONDITIONS:
+        run_dir = sweep / f"{condition}_s3"
+        records = read_metrics(run_dir)
+        assert [r["step"] for r in records] == [0, 1, 2], condition
+        assert all(r["condition"] == condition for r in records)
+        assert (run_dir / "final" / "adapter_model.safetensors").is_file()
+        assert all("exec_entropy_var" in r and "surprisal/exec_var_after" in r for r in records)
+    sepa = read_metrics(sweep / "maxrl_gtpo_sepa_s3")
+    assert [r["sepa_lambda"] for r in sepa] == [0.0, 0.5, 1.0]
+    assert all(r["sepa_lambda"] == 0.0 for r in read_metrics(sweep / "maxrl_gtpo_hicra_s3"))
