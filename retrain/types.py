@@ -45,6 +45,8 @@ class Rollouts:
     group_size: int
     hit_max_tokens: torch.Tensor  # [N] bool: stopped by max_tokens, not EOS
     entropies: torch.Tensor | None = None  # [N, T] float32 Shannon entropy of the sampled distribution
+    temperature: float = 1.0  # what the log-probs were taken at (training recomputes them at the same T)
+    metrics: dict[str, float] = field(default_factory=dict)  # sampler statistics, e.g. policy/top_p_mass
 
     @property
     def batch_size(self) -> int:

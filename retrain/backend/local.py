@@ -1,0 +1,230 @@
+"""backend=local: a Hugging Face causal LM with a PEFT LoRA adapter, trained with PyTorch here.
+
+Sampling goes through the configured inference engine, built on the same model object (the
+in-process engine therefore shares the weights). Training follows SPEC §6: the sampler's log-probs
+are the old log-probs, new log-probs use the sampler's temperature, the loss is a global token mean
+over the whole step (exact across micro-batches), one AdamW step per `train`, and a non-finite loss
+or gradient skips the step without touching the adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import set_peft_model_state_dict
+from peft.utils import load_peft_weights
+
+from retrain.backend.base import Capabilities
+from retrain.backend.model import ModelSpec, resolve_device
+from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.errors import ConfigError
+from retrain.inference.base import InferenceEngine
+from retrain.inference.logprobs import completion_logprobs
+from retrain.types import Rollouts, SamplingParams, TrainBatch, TrainResult
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.pt"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+
+
+@dataclass
+class TokenLoss:
+    """Per-token policy loss of one micro-batch, with what the metrics need."""
+
+    loss: torch.Tensor  # [R, T] differentiable
+    ratio: torch.Tensor  # [R, T] detached
+    clipped: torch.Tensor  # [R, T] bool: the clipped branch of the objective was taken
+
+
+def policy_token_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                      settings: LossSettings) -> TokenLoss:
+    """−ratio·A, or with clip_eps > 0 the pessimistic −min(ratio·A, clip(ratio, 1−ε, 1+ε_high)·A)."""
+    ratio = torch.exp(new_logprobs - old_logprobs)
+    unclipped = ratio * advantages
+    if not settings.clipped:
+        return TokenLoss(loss=-unclipped, ratio=ratio.detach(), clipped=torch.zeros_like(ratio, dtype=torch.bool))
+    bounded = ratio.clamp(1.0 - settings.clip_eps, 1.0 + settings.upper_eps) * advantages
+    return TokenLoss(loss=-torch.minimum(unclipped, bounded), ratio=ratio.detach(),
+                     clipped=(bounded < unclipped).detach())
+
+
+class LocalBackend:
+    """Satisfies retrain.backend.base.Backend; see the module docstring."""
+
+    capabilities = Capabilities(reports_sync_loss=True, preserves_token_advantages=True,
+                                supports_checkpoint_resume=True, resume_runtime_dependent=False,
+                                returns_entropies=True)
+
+    def __init__(self, model: ModelSpec, engine: Callable[..., InferenceEngine], optim: OptimSettings,
+                 loss: LossSettings, seed: int, devices: str = "gpu:0", micro_batch_size: int = 2,
+                 gradient_checkpointing: bool = False) -> None:
+        if micro_batch_size < 0:
+            raise ConfigError(f"backend.micro_batch_size must be >= 0 (0 = all rows), got {micro_batch_size}")
+        self.spec = model
+        self.device = resolve_device(devices)
+        self.micro_batch_size = micro_batch_size
+        self.loss_settings = loss
+        self.optim_settings = optim
+        log.info("Loading train model: %s on %s...", model.name_or_path, self.device)
+        self.tokenizer = model.load_tokenizer()
+        self.model = model.load_lora_model(self.device, seed)
+        self.activation_checkpointing = gradient_checkpointing
+        if gradient_checkpointing:
+            _enable_activation_checkpointing(self.model)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=optim.lr, betas=optim.betas, eps=optim.eps,
+                                           weight_decay=optim.weight_decay)
+        self.engine = engine(model=self.model, tokenizer=self.tokenizer, device=self.device)
+        self.weights_version = 0
+        log.info(self.trainable_parameters)
+        log.info("LocalBackend ready (engine=%s, device=%s, dtype=%s).", type(self.engine).__name__, self.device,
+                 str(self.model.dtype).removeprefix("torch."))
+
+    @property
+    def trainable_parameters(self) -> str:
+        trainable, total = self.model.get_nb_trainable_parameters()
+        return (f"trainable params: {trainable:,d} || all params: {total:,d} || "
+                f"trainable%: {100 * trainable / total:.4f}")
+
+    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError(f"model.name_or_path={self.spec.name_or_path!r}: its tokenizer has no chat template")
+        conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
+        encoded = self.tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    def sample(self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams,
+               generator_seed: int | None) -> Rollouts:
+        return self.engine.generate(prompt_ids, group_size, sampling, generator_seed)
+
+    def train(self, batch: TrainBatch) -> TrainResult:
+        if batch.rollouts.temperature <= 0:
+            raise ValueError("greedy rollouts (temperature 0) have no sampling distribution to train on")
+        rollouts = _on_device(batch.rollouts, self.device)
+        advantages = batch.advantages.to(self.device)
+        row_mask = batch.row_mask.to(self.device)
+        # Tokens with advantage exactly 0 carry no gradient: they leave the loss and its normaliser.
+        contributing = rollouts.completion_mask & (advantages != 0) & row_mask.unsqueeze(1)
+        num_tokens = int(contributing.sum())
+        metrics = dict(rollouts.metrics)
+        if num_tokens == 0:
+            return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0, metrics=metrics)
+
+        rows = contributing.any(dim=1).nonzero().squeeze(-1)
+        # Rows of similar length share a micro-batch, so little compute goes to padding.
+        lengths = rollouts.completion_mask[rows].sum(dim=1)
+        rows = rows[lengths.argsort(stable=True)]
+        step_size = self.micro_batch_size or len(rows)
+        if not self.model.training:  # the engine leaves the shared model in eval mode
+            self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_total = 0.0
+        ratio_sum, ratio_max, clipped = 0.0, -math.inf, 0
+        for chunk in rows.split(step_size):
+            token_loss, mask = self._micro_batch_loss(rollouts, advantages, contributing, chunk)
+            micro_loss = (token_loss.loss * mask).sum() / num_tokens
+            micro_loss.backward()
+            loss_total += float(micro_loss.detach())
+            ratio_sum += float(token_loss.ratio[mask].sum())
+            ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
+            clipped += int(token_loss.clipped[mask].sum())
+        metrics.update({"policy/ratio_mean": ratio_sum / num_tokens, "policy/ratio_max": ratio_max,
+                        "policy/clip_frac": clipped / num_tokens})
+
+        grad_norm = self._clip_gradients()
+        skipped = not (math.isfinite(loss_total) and math.isfinite(grad_norm))
+        if skipped:
+            log.warning("non-finite loss (%s) or grad norm (%s): optimizer step skipped", loss_total, grad_norm)
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if not skipped:
+            self.weights_version += 1
+            self.engine.sync_weights(self.weights_version)
+        return TrainResult(loss=loss_total, grad_norm=grad_norm, skipped_nonfinite=skipped,
+                           num_tokens=num_tokens, metrics=metrics)
+
+    def _micro_batch_loss(self, rollouts: Rollouts, advantages: torch.Tensor, contributing: torch.Tensor,
+                          rows: torch.Tensor) -> tuple[TokenLoss, torch.Tensor]:
+        """Forward the chosen rows exactly as the sampler saw them (trimmed of all-padding columns)."""
+        prompts, prompt_index = (rows // rollouts.group_size).unique(return_inverse=True)
+        prompt_mask = rollouts.prompt_mask[prompts]
+        completion_mask = rollouts.completion_mask[rows]
+        first = int(prompt_mask.any(dim=0).nonzero()[0])
+        width = int(completion_mask.any(dim=0).nonzero()[-1]) + 1
+        new_logprobs = completion_logprobs(
+            self.model, rollouts.prompt_ids[prompts, first:], prompt_mask[:, first:], prompt_index,
+            rollouts.completion_ids[rows, :width], completion_mask[:, :width], rollouts.temperature,
+            share_prompts=not self.activation_checkpointing)
+        old_logprobs = rollouts.logprobs[rows, :width]
+        token_loss = policy_token_loss(new_logprobs, old_logprobs, advantages[rows, :width], self.loss_settings)
+        return token_loss, contributing[rows, :width]
+
+    def _clip_gradients(self) -> float:
+        """Total gradient norm before clipping (clipping only when max_grad_norm > 0)."""
+        if self.optim_settings.max_grad_norm > 0:
+            return float(torch.nn.utils.clip_grad_norm_(self.trainable, self.optim_settings.max_grad_norm))
+        return float(torch.nn.utils.get_total_norm([p.grad for p in self.trainable if p.grad is not None]))
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(path))
+        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+
+    def load(self, path: Path) -> None:
+        path = Path(path)
+        self._check_adapter_matches(path)
+        weights = load_peft_weights(str(path), device=str(self.device))
+        result = set_peft_model_state_dict(self.model, weights)
+        missing = [key for key in result.missing_keys if "lora_" in key]
+        if result.unexpected_keys or missing:
+            raise ValueError(f"adapter in {path} does not fit this model: unexpected weights "
+                             f"{result.unexpected_keys[:5]}, missing LoRA weights {missing[:5]}")
+        optimizer_file = path / OPTIMIZER_FILE
+        if optimizer_file.exists():
+            self.optimizer.load_state_dict(torch.load(optimizer_file, map_location=self.device, weights_only=True))
+        else:
+            log.warning("no %s in %s: the optimizer restarts from scratch", OPTIMIZER_FILE, path)
+        self.engine.sync_weights(self.weights_version)
+
+    def _check_adapter_matches(self, path: Path) -> None:
+        config_file = path / ADAPTER_CONFIG_FILE
+        if not config_file.exists():
+            raise FileNotFoundError(f"no PEFT adapter in {path} (missing {ADAPTER_CONFIG_FILE})")
+        saved = json.loads(config_file.read_text())
+        expected = {"r": self.spec.lora_rank, "lora_alpha": self.spec.effective_alpha}
+        mismatched = {key: (saved.get(key), value) for key, value in expected.items() if saved.get(key) != value}
+        if mismatched:
+            details = ", ".join(f"{key}: checkpoint {old} vs config {new}" for key, (old, new) in mismatched.items())
+            raise ConfigError(f"adapter in {path} does not match model.lora_rank/lora_alpha ({details})")
+
+    def close(self) -> None:
+        self.engine.close()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _on_device(rollouts: Rollouts, device: torch.device) -> Rollouts:
+    """The tensors training reads, moved to the training device once per step."""
+    return replace(rollouts, prompt_ids=rollouts.prompt_ids.to(device), prompt_mask=rollouts.prompt_mask.to(device),
+                   completion_ids=rollouts.completion_ids.to(device),
+                   completion_mask=rollouts.completion_mask.to(device), logprobs=rollouts.logprobs.to(device))
+
+
+def _enable_activation_checkpointing(model: Any) -> None:
+    """Recompute activations in backward (transformers 5 renamed the switch; older releases lack it)."""
+    options = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)

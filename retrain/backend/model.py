@@ -1,0 +1,140 @@
+"""Which causal LM to train, where it runs, and how its LoRA adapter is built.
+
+`ModelSpec` is what `conf/model/*.yaml` instantiates. `name_or_path` is a Hugging Face Hub id, a
+local directory, or `retrain:<name>`, a model bundled in `retrain/assets/<name>/` (the offline tiny
+model is `retrain:tiny_qwen3`), so configs never hold machine-specific paths.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from retrain.errors import ConfigError
+from retrain.hub import hub_fetch, local_path
+
+ASSET_PREFIX = "retrain:"
+# Every attention and MLP projection of Qwen/Llama-style decoders.
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class ModelSpec:
+    """The base model and its LoRA adapter (rank, alpha 0 = auto 2·rank, dropout, targets)."""
+
+    name_or_path: str = "Qwen/Qwen3-4B-Instruct-2507"
+    revision: str | None = None
+    lora_rank: int = 32
+    lora_alpha: int = 0
+    lora_dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
+    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
+
+    def __post_init__(self) -> None:
+        if not self.name_or_path:
+            raise ConfigError("model.name_or_path is empty: give a Hub id, a local directory or retrain:<asset>")
+        if self.lora_rank <= 0:
+            raise ConfigError(f"model.lora_rank must be > 0, got {self.lora_rank}")
+        if self.lora_alpha < 0:
+            raise ConfigError(f"model.lora_alpha must be >= 0 (0 = auto 2·rank), got {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"model.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not self.target_modules:
+            raise ConfigError("model.target_modules is empty: LoRA needs at least one module to adapt")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ConfigError(f"model.dtype={self.dtype!r} is not one of auto, {', '.join(DTYPES)}")
+        self.target_modules = list(self.target_modules)
+
+    @property
+    def effective_alpha(self) -> int:
+        return self.lora_alpha or 2 * self.lora_rank
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        """bf16 on GPU and fp32 on CPU unless a dtype is forced."""
+        if self.dtype != "auto":
+            return DTYPES[self.dtype]
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+    def source(self) -> tuple[str, bool]:
+        """(directory or Hub id to load from, whether it is a Hub id)."""
+        if self.name_or_path.startswith(ASSET_PREFIX):
+            return str(bundled_asset_dir(self.name_or_path[len(ASSET_PREFIX):])), False
+        local = local_path(self.name_or_path, "model.name_or_path")
+        if local is None:
+            return self.name_or_path, True
+        if not local.is_dir():
+            raise ConfigError(f"model.name_or_path={self.name_or_path!r} is a file; give the model's directory")
+        return str(local), False
+
+    def load_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        path, from_hub = self.source()
+        with self._fetching(from_hub):
+            tokenizer = AutoTokenizer.from_pretrained(path, revision=self.revision)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+
+    def load_lora_model(self, device: torch.device, seed: int) -> Any:
+        """The base model on `device` in its dtype, wrapped in a fresh LoRA adapter whose
+        initialisation depends only on `seed` (the global RNG is left untouched)."""
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        path, from_hub = self.source()
+        with self._fetching(from_hub):
+            base = AutoModelForCausalLM.from_pretrained(path, revision=self.revision, dtype=self.torch_dtype(device))
+        base.to(device)
+        lora = LoraConfig(r=self.lora_rank, lora_alpha=self.effective_alpha, lora_dropout=self.lora_dropout,
+                          target_modules=self.target_modules, bias="none", task_type="CAUSAL_LM")
+        cuda_devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda_devices):
+            torch.manual_seed(seed)
+            try:
+                return get_peft_model(base, lora)
+            except ValueError as error:
+                raise ConfigError(f"model.target_modules={self.target_modules} do not fit "
+                                  f"{self.name_or_path}: {error}") from error
+
+    def _fetching(self, from_hub: bool) -> AbstractContextManager[None]:
+        """Hub downloads fail fast, naming the model and the offline demo, when the Hub is unreachable."""
+        return hub_fetch(self.name_or_path, "model", "model.name_or_path") if from_hub else nullcontext()
+
+
+def bundled_asset_dir(name: str) -> Path:
+    """Directory of a model shipped in retrain/assets/ (the `retrain:<name>` form of name_or_path)."""
+    directory = Path(str(resources.files("retrain.assets").joinpath(name)))
+    if not directory.is_dir():
+        raise ConfigError(f"model.name_or_path={ASSET_PREFIX}{name}: no bundled model at {directory} "
+                          "(is the retrain package installed completely?)")
+    return directory
+
+
+def resolve_device(devices: str) -> torch.device:
+    """`backend.devices` → the torch device: "cpu", or "gpu:N" (CPU with a warning when CUDA is absent)."""
+    specs = [spec.strip() for spec in devices.split(",") if spec.strip()]
+    if len(specs) > 1:
+        raise ConfigError(
+            f"backend.devices={devices!r}: split mode (inference and training on different GPUs) is not "
+            "supported by backend=local yet; give one device, e.g. backend.devices=gpu:0")
+    spec = specs[0] if specs else ""
+    if spec == "cpu":
+        return torch.device("cpu")
+    kind, _, index = spec.partition(":")
+    if kind != "gpu" or not index.isdigit():
+        raise ConfigError(f"backend.devices={devices!r} is not 'cpu' or 'gpu:N'")
+    if not torch.cuda.is_available():
+        warnings.warn(f"backend.devices={devices!r} but CUDA is not available: falling back to CPU (fp32)",
+                      RuntimeWarning, stacklevel=2)
+        return torch.device("cpu")
+    if int(index) >= torch.cuda.device_count():
+        raise ConfigError(f"backend.devices={devices!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device("cuda", int(index))

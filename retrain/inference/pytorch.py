@@ -1,0 +1,257 @@
+"""In-process sampling on the very model object the backend trains (no second copy of the weights).
+
+One prefill per prompt, whose KV cache is repeated G times; then all B×G rows are decoded together,
+one token per forward. A row leaves the batch (and the cache) when it emits EOS, and the loop stops
+when no row is left or max_tokens is reached.
+
+Log-prob semantics: the recorded log-prob of a sampled token is log_softmax(logits / T) of the full
+temperature-scaled distribution, before top-p truncation — the quantity the trainer recomputes, so
+the first-update importance ratio is 1. The token itself is drawn from the top-p nucleus of that
+distribution; the mean probability mass the nucleus kept is reported as `policy/top_p_mass`.
+Temperature 0 is greedy (argmax); its log-probs and entropies are those of the T = 1 distribution.
+Rollouts come back as CPU tensors whatever the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from transformers import DynamicCache
+
+from retrain.inference.base import StaleWeightsError
+from retrain.inference.logprobs import completion_logprobs, left_pad, positions_from_mask, scaled_log_softmax
+from retrain.types import Rollouts, SamplingParams
+
+PROBE_TEXT = "retrain weight probe: 3 + 4 = 7."
+# Max mean |Δ log-prob| between the decode path and the training forward on the probe.
+PROBE_TOLERANCE = {torch.float32: 1e-3}
+PROBE_TOLERANCE_HALF = 0.1
+
+
+@dataclass
+class TokenChoice:
+    """What the sampler picked at one decode step, for every active row."""
+
+    tokens: torch.Tensor  # [R] long
+    logprobs: torch.Tensor  # [R] float32, from the full temperature-scaled distribution
+    kept_mass: torch.Tensor  # [R] float32, probability mass of the top-p nucleus (1 without top-p)
+    entropies: torch.Tensor | None  # [R] float32
+
+
+def choose_tokens(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
+                  with_entropy: bool) -> TokenChoice:
+    """Pick one token per row from [R, V] logits: argmax at T = 0, else top-p sampling."""
+    logp = scaled_log_softmax(logits, sampling.temperature)
+    rows = logp.shape[0]
+    kept_mass = torch.ones(rows, device=logp.device)
+    if sampling.temperature == 0:
+        tokens = logp.argmax(dim=-1)
+    elif sampling.top_p >= 1.0:
+        tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    else:
+        sorted_logp, order = logp.sort(dim=-1, descending=True)
+        sorted_probs = sorted_logp.exp()
+        # Keep a token while the mass strictly before it is below top_p: the top token always stays.
+        in_nucleus = (sorted_probs.cumsum(dim=-1) - sorted_probs) < sampling.top_p
+        nucleus = sorted_probs * in_nucleus
+        kept_mass = nucleus.sum(dim=-1)
+        picked = torch.multinomial(nucleus, 1, generator=generator)
+        tokens = order.gather(-1, picked).squeeze(-1)
+    entropies = -(logp.exp() * logp).sum(dim=-1) if with_entropy else None
+    return TokenChoice(tokens=tokens, logprobs=logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
+                       kept_mass=kept_mass, entropies=entropies)
+
+
+class Decoded(NamedTuple):
+    """Per-row results of the decode loop, [N, max_tokens] on the engine's device."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    logprobs: torch.Tensor
+    entropies: torch.Tensor | None
+    kept_mass: torch.Tensor
+    finished: torch.Tensor  # [N] stopped at EOS
+
+
+class PytorchEngine:
+    """Samples with the shared (PEFT-wrapped) training model; see the module docstring."""
+
+    returns_entropies = True
+
+    def __init__(self, model: Any, tokenizer: Any, device: torch.device, prefix_caching: bool = True) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.prefix_caching = prefix_caching
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = torch.tensor(sorted(_eos_token_ids(model, tokenizer)), device=self.device)
+        if self.pad_id is None or not len(self.eos_ids):
+            raise ValueError("the tokenizer defines no EOS/pad token: completions could never stop")
+        self.weights_version = 0
+        self.last_probe_logprob: float | None = None
+
+    def generate(self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams,
+                 generator_seed: int | None) -> Rollouts:
+        _check_sampling(group_size, sampling)
+        prompts, prompt_mask = left_pad(prompt_ids, self.pad_id, self.device)
+        generator = None
+        if generator_seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(generator_seed)
+        _eval_mode(self.model)
+        with torch.inference_mode():
+            decoded = self._decode(prompts, prompt_mask, group_size, sampling, generator)
+        ids, mask, logprobs, entropies, kept_mass, finished = decoded
+        width = int(mask.sum(dim=1).max())
+        completion_ids, completion_mask = _export(ids[:, :width]), _export(mask[:, :width])
+        return Rollouts(
+            prompt_ids=_export(prompts), prompt_mask=_export(prompt_mask),
+            completion_ids=completion_ids, completion_mask=completion_mask,
+            logprobs=_export(logprobs[:, :width]),
+            texts=self.tokenizer.batch_decode(
+                [row[row_mask].tolist() for row, row_mask in zip(completion_ids, completion_mask)],
+                skip_special_tokens=True),
+            group_size=group_size,
+            hit_max_tokens=_export(~finished),
+            entropies=_export(entropies[:, :width]) if entropies is not None else None,
+            temperature=sampling.temperature,
+            metrics={"policy/top_p_mass": float(kept_mass[mask].mean())} if sampling.temperature > 0 else {},
+        )
+
+    def _decode(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                sampling: SamplingParams, generator: torch.Generator | None) -> Decoded:
+        rows = prompts.shape[0] * group_size
+        steps = sampling.max_tokens
+        ids = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros((rows, steps), dtype=torch.bool, device=self.device)
+        logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=self.device)
+        kept_mass = torch.ones((rows, steps), dtype=torch.float32, device=self.device)
+        entropies = torch.zeros((rows, steps), dtype=torch.float32, device=self.device) \
+            if sampling.return_entropies else None
+        finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
+
+        logits, cache, attention = self._prefill(prompts, prompt_mask, group_size)
+        active = torch.arange(rows, device=self.device)  # row index of each cache entry
+        positions = prompt_mask.sum(dim=1).repeat_interleave(group_size)
+        for step in range(steps):
+            choice = choose_tokens(logits, sampling, generator, entropies is not None)
+            ids[active, step] = choice.tokens
+            mask[active, step] = True
+            logprobs[active, step] = choice.logprobs
+            kept_mass[active, step] = choice.kept_mass
+            if entropies is not None:
+                entropies[active, step] = choice.entropies
+            done = torch.isin(choice.tokens, self.eos_ids)
+            finished[active[done]] = True
+            num_done = int(done.sum())  # the one host-device sync per step
+            if step == steps - 1 or num_done == len(active):
+                break
+            tokens = choice.tokens
+            if num_done:
+                # Finished rows leave the batch so later steps only compute live rows.
+                keep = (~done).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                active, attention, positions, tokens = active[keep], attention[keep], positions[keep], tokens[keep]
+            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+            output = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=attention,
+                                position_ids=positions.unsqueeze(-1), past_key_values=cache, use_cache=True)
+            positions = positions + 1
+            logits = output.logits[:, -1]
+        return Decoded(ids, mask, logprobs, entropies, kept_mass, finished)
+
+    def _prefill(self, prompts: torch.Tensor, prompt_mask: torch.Tensor,
+                 group_size: int) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """Run the prompts once and return (next-token logits, KV cache, attention mask) for all B·G rows."""
+        if not self.prefix_caching:
+            prompts = prompts.repeat_interleave(group_size, dim=0)
+            prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
+        cache = DynamicCache(config=self.model.config)
+        attention = prompt_mask.long()
+        output = self.model(input_ids=prompts, attention_mask=attention,
+                            position_ids=positions_from_mask(prompt_mask), past_key_values=cache,
+                            use_cache=True, logits_to_keep=1)
+        logits = output.logits[:, -1]
+        if self.prefix_caching:
+            cache.batch_repeat_interleave(group_size)
+            logits = logits.repeat_interleave(group_size, dim=0)
+            attention = attention.repeat_interleave(group_size, dim=0)
+        return logits, cache, attention
+
+    def sync_weights(self, version: int) -> None:
+        """The shared model already holds the new weights; the probe checks that the decode path
+        (KV cache, positions) yields the training forward's log-probs under them."""
+        if version < self.weights_version:
+            raise StaleWeightsError(f"asked to sync to weights version {version}, but the engine already "
+                                    f"serves version {self.weights_version}")
+        decoded, reference = self._probe()
+        gap = float((decoded - reference).abs().mean())
+        tolerance = PROBE_TOLERANCE.get(self.model.dtype, PROBE_TOLERANCE_HALF)
+        if not gap <= tolerance:
+            raise StaleWeightsError(f"weights version {version}: the sampler's log-probs on the probe differ "
+                                    f"from the trainer's by {gap:.3g} (tolerance {tolerance})")
+        self.weights_version = version
+        self.last_probe_logprob = float(decoded.mean())
+
+    def _probe(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of the last two tokens of a fixed text, through prefill + one cached decode
+        step and through one full training-style forward."""
+        token_ids = self.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+        prompt = torch.tensor([token_ids[:-2]], device=self.device)
+        completion = torch.tensor([token_ids[-2:]], device=self.device)
+        _eval_mode(self.model)
+        with torch.inference_mode():
+            cache = DynamicCache(config=self.model.config)
+            prefill = self.model(input_ids=prompt, attention_mask=torch.ones_like(prompt),
+                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+            decode = self.model(input_ids=completion[:, :1],
+                                attention_mask=torch.ones((1, prompt.shape[1] + 1), device=self.device,
+                                                          dtype=torch.long),
+                                position_ids=torch.tensor([[prompt.shape[1]]], device=self.device),
+                                past_key_values=cache, use_cache=True)
+            logits = torch.cat([prefill.logits[:, -1], decode.logits[:, -1]])
+            decoded = scaled_log_softmax(logits, 1.0).gather(-1, completion.T).squeeze(-1)
+            everything = torch.ones_like(prompt, dtype=torch.bool), torch.ones_like(completion, dtype=torch.bool)
+            reference = completion_logprobs(self.model, prompt, everything[0], torch.zeros_like(prompt[:, 0]),
+                                            completion, everything[1], 1.0, share_prompts=False)
+        return decoded, reference[0]
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to the backend."""
+
+
+def _check_sampling(group_size: int, sampling: SamplingParams) -> None:
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if sampling.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
+    if sampling.temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {sampling.temperature}")
+    if not 0 < sampling.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+
+
+def _eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends a completion: the tokenizer's EOS plus the model's generation-config EOS list
+    (chat models such as Qwen end turns with <|im_end|>, which may differ from the tokenizer's EOS)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(int(i) for i in configured)
+    return ids
+
+
+def _export(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy made outside inference mode, so the trainer can use it next to autograd tensors."""
+    return tensor.to("cpu", copy=True)
+
+
+def _eval_mode(model: Any) -> None:
+    """Sampling runs in eval mode (no dropout). The model stays there until the backend trains:
+    switching walks every module, which costs more than a tiny model's forward pass."""
+    if model.training:
+        model.eval()

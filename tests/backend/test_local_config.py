@@ -1,0 +1,52 @@
+"""conf/backend/local.yaml, conf/model/*.yaml and conf/inference/pytorch.yaml build working parts."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hydra.utils import instantiate
+
+from retrain.backend.local import LocalBackend
+from retrain.backend.model import ModelSpec
+from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.config import compose
+from retrain.errors import ConfigError
+from retrain.inference.pytorch import PytorchEngine
+
+
+def test_default_model_is_qwen3_4b_with_rank_32_and_auto_alpha():
+    spec = instantiate(compose([]).model)
+    assert isinstance(spec, ModelSpec)
+    assert spec.name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
+    assert (spec.lora_rank, spec.effective_alpha, spec.lora_dropout) == (32, 64, 0.0)
+    assert "q_proj" in spec.target_modules and "down_proj" in spec.target_modules
+
+
+def test_tiny_model_names_the_bundled_asset():
+    assert instantiate(compose(["model=tiny"]).model).name_or_path == "retrain:tiny_qwen3"
+
+
+def test_model_values_are_type_checked_at_compose_time():
+    with pytest.raises(Exception, match="lora_rank"):
+        compose(["model.lora_rank=many"])
+
+
+def test_backend_and_engine_build_from_the_config(tiny_model_dir):
+    cfg = compose(["backend.devices=cpu", f"model.name_or_path={tiny_model_dir}", "model.lora_rank=4",
+                   "inference.prefix_caching=false"])
+    engine_factory = instantiate(cfg.inference)
+    assert isinstance(engine_factory, functools.partial) and engine_factory.func is PytorchEngine
+    # As the composition root does: runtime objects are bound to the partial, not merged into the config.
+    backend = instantiate(cfg.backend, _partial_=True)(
+        model=instantiate(cfg.model), engine=engine_factory, seed=0, optim=OptimSettings(), loss=LossSettings())
+    assert isinstance(backend, LocalBackend)
+    assert backend.micro_batch_size == cfg.backend.micro_batch_size
+    assert backend.engine.prefix_caching is False
+
+
+def test_bad_value_from_the_config_is_named(tiny_model_dir):
+    cfg = compose(["backend.devices='gpu:0,gpu:1'", f"model.name_or_path={tiny_model_dir}"])
+    with pytest.raises(ConfigError, match="backend.devices"):
+        instantiate(cfg.backend, _partial_=True)(model=instantiate(cfg.model), engine=instantiate(cfg.inference),
+                                                 seed=0, optim=OptimSettings(), loss=LossSettings())

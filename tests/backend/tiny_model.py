@@ -1,0 +1,37 @@
+"""The tiny causal LM that backend and engine tests run on: the Qwen3 bundled with retrain
+(retrain/assets/tiny_qwen3, ~0.8M params, byte-level tokenizer, ChatML template), loaded from its
+directory through the same code path as any local model."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from retrain.assets import TINY_MODEL_DIR
+from retrain.backend.local import LocalBackend
+from retrain.backend.model import ModelSpec
+from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.inference.pytorch import PytorchEngine
+
+PROMPTS = ["What is 12+35?", "What is 7+8?", "What is 40+2?", "What is 99+1?"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    return TINY_MODEL_DIR
+
+
+@pytest.fixture
+def tiny_spec() -> ModelSpec:
+    return ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4)
+
+
+def make_backend(spec: ModelSpec, seed: int = 0, lr: float = 1e-2, max_grad_norm: float = 1.0,
+                 loss: LossSettings | None = None, devices: str = "cpu", micro_batch_size: int = 0,
+                 **options) -> LocalBackend:
+    """A CPU LocalBackend with the in-process engine, built the way the composition root builds it."""
+    return LocalBackend(model=spec, engine=functools.partial(PytorchEngine), seed=seed,
+                        optim=OptimSettings(lr=lr, max_grad_norm=max_grad_norm), loss=loss or LossSettings(),
+                        devices=devices, micro_batch_size=micro_batch_size, **options)
