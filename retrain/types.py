@@ -7,9 +7,10 @@ Rows are flattened group-major: row n = b * group_size + g.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # annotations only: the config schemas import this module, keep it light
+    import torch
 
 
 @dataclass

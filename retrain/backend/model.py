@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
+from retrain.backend.config import DEFAULT_TARGET_MODULES
 from retrain.errors import ConfigError
 from retrain.hub import hub_fetch, local_path
 
 ASSET_PREFIX = "retrain:"
 # Every attention and MLP projection of Qwen/Llama-style decoders.
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-import torch
-
 from retrain.types import Example
 
 
@@ -39,6 +37,8 @@ class ShuffledExamples:
         self._order = self._permutation(0)
 
     def _permutation(self, epoch: int) -> list[int]:
+        import torch  # here, not at module level: the config schemas import this module, and --help should be quick
+
         generator = torch.Generator().manual_seed(self.seed + epoch)
         return torch.randperm(len(self.examples), generator=generator).tolist()
 
