@@ -99,7 +99,9 @@ class ModelSpec:
         with torch.random.fork_rng(devices=cuda_devices):
             torch.manual_seed(seed)
             try:
-                return get_peft_model(base, lora)
+                with warnings.catch_warnings():  # PEFT calls a transformers API deprecated in v5
+                    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                    return get_peft_model(base, lora)
             except ValueError as error:
                 raise ConfigError(f"model.target_modules={self.target_modules} do not fit "
                                   f"{self.name_or_path}: {error}") from error
