@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from retrain.assets import TINY_MODEL_DIR
 from tests.conftest import REPO, read_metrics, run_cli, without_timing
 from tests.wandb_records import offline_history
 
@@ -130,10 +131,16 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path: Path) -> None:
         assert any(key.startswith("train/surprisal/") for key in logged)
 
 
-def test_local_data_file_works_like_a_hub_id(tmp_path: Path, shared_data: Path) -> None:
-    run_dir = small_run(tmp_path, "gsm8k", "data=gsm8k", f"data.path={shared_data / 'gsm8k' / 'test.jsonl'}",
-                        steps=1)
-    assert read_metrics(run_dir)[0]["step"] == 0
+def test_local_model_dir_and_data_files_work_like_hub_ids(tmp_path: Path, shared_data: Path) -> None:
+    gsm8k = small_run(tmp_path, "gsm8k", "data=gsm8k", f"data.path={shared_data / 'gsm8k' / 'test.jsonl'}",
+                      steps=1)
+    assert read_metrics(gsm8k)[0]["step"] == 0
+    math500 = small_run(tmp_path, "math", "data=math", f"data.path={shared_data / 'math' / 'test.jsonl'}",
+                        f"model.name_or_path={TINY_MODEL_DIR}", "reward=math", steps=1)
+    record = read_metrics(math500)[0]
+    assert record["step"] == 0 and record["reward/errors"] == 0
+    generation = json.loads((math500 / "emergence" / "generations.jsonl").read_text().splitlines()[0])
+    assert generation["example_id"].startswith("test/")  # a MATH-500 problem, e.g. test/algebra/1.json
 
 
 def test_default_run_offline_fails_fast_and_points_at_quickstart(tmp_path: Path) -> None:
