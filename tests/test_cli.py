@@ -37,3 +37,13 @@ def test_a_typo_added_with_plus_is_refused_before_anything_loads(tmp_path: Path)
     assert result.returncode != 0
     assert "unknown config key 'training.lrr'" in result.stdout + result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_preflight_refuses_token_credit_on_a_backend_that_aggregates_it(tmp_path: Path) -> None:
+    result = run_cli(["experiment=quickstart", "algorithm=maxrl_gtpo_sepa",
+                      "backend._target_=tests.plugins.training_plugins.ScalarAdvantageBackend",
+                      f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False)
+    message = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "maxrl_gtpo_sepa" in message and "ScalarAdvantageBackend" in message
+    assert "preflight should have stopped" not in message

@@ -14,3 +14,16 @@ def flaky_reward(response: str, reference: str, **extra: object) -> float:
     if reference not in response:
         raise RuntimeError("flaky reward exploded")
     return 1.0
+
+
+class ScalarAdvantageBackend:
+    """A user's backend that ships one advantage per completion (like PRIME-RL's transport).
+
+    It declares so; preflight must then refuse token-varying algorithms before anything loads.
+    """
+
+    capabilities = {"reports_sync_loss": False, "preserves_token_advantages": False,
+                    "supports_checkpoint_resume": True, "resume_runtime_dependent": False}
+
+    def __init__(self, **settings: object) -> None:
+        raise RuntimeError("preflight should have stopped this run before the backend was built")
