@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from retrain.algorithm.preflight import preflight
 from retrain.backend.base import capabilities_of
 from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.campaign.preemption import requeue_on_preemption
 from retrain.checkpoint import latest_checkpoint, read_state
 from retrain.config import check_known_keys
 from retrain.errors import ConfigError
@@ -85,7 +86,8 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                       scorer=scorer, settings=settings, run_dir=run_dir, resume_checkpoint=resume,
                       wandb=wandb_settings(cfg, algorithm.name, seed), config_identity=identity)
     try:
-        return trainer.run()
+        with requeue_on_preemption(trainer):  # a cluster's pre-emption signal: finish the step, checkpoint, requeue
+            return trainer.run()
     finally:
         scorer.close()
         backend.close()

@@ -37,8 +37,10 @@ _PASS_THROUGH = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)
 
 def main(argv: list[str]) -> None:
     """Entry point: `python -m retrain.reward.worker FD`, FD being this end of the socket."""
-    # Ctrl-C in the terminal reaches the whole process group: the trainer handles it and stops us.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C in the terminal, and a scheduler's SIGTERM/SIGUSR1/SIGUSR2 (SLURM signals every process
+    # of a job), are for the trainer: it finishes its step, checkpoints, then stops us.
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(number, signal.SIG_IGN)
     serve(Connection(int(argv[0])))
 
 

@@ -1,0 +1,129 @@
+"""Hydra callback that turns a `--multirun` into a campaign with a manifest and a summary.
+
+    hydra:
+      callbacks:
+        campaign:
+          _target_: retrain.campaign.callbacks.CampaignCallback
+          baseline: grpo_none      # optional: last_k, entropy_pair, confidence
+
+Where each hook runs matters: on_multirun_* run in the driver (the `python -m retrain --multirun`
+process); on_job_* run inside each job — on SLURM that is another process, possibly another node.
+So every job leaves its own files (job.json at start, exit.json at the end) and refreshes the
+sweep's manifest and summary itself, under a lock: the summary is current even if the driver is
+killed, or if Hydra stops before `on_multirun_end` (it does when a job fails).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_settings
+from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
+from retrain.campaign.plan import planned_jobs
+from retrain.campaign.report import refresh
+from retrain.campaign.runs import EXIT_FILE, JOB_FILE, read_json
+from retrain.checkpoint import write_json_atomic
+
+log = logging.getLogger("retrain.campaign")
+
+
+def sweep_dir_of(config: DictConfig) -> Path:
+    """The sweep dir as the driver resolved it (jobs may run in another working directory)."""
+    output_dir = Path(str(config.hydra.runtime.output_dir))
+    depth = len(Path(str(config.hydra.sweep.subdir)).parts)
+    return output_dir.parents[depth - 1]
+
+
+def _multirun(config: DictConfig) -> bool:
+    return config.hydra.mode == RunMode.MULTIRUN
+
+
+def _slurm_ids() -> dict[str, Any]:
+    names = {"job_id": "SLURM_JOB_ID", "array_job_id": "SLURM_ARRAY_JOB_ID",
+             "array_task_id": "SLURM_ARRAY_TASK_ID", "restart_count": "SLURM_RESTART_COUNT"}
+    return {key: os.environ[var] for key, var in names.items() if var in os.environ}
+
+
+class CampaignCallback(Callback):
+    """Manifest at the start, per-job files, live summary; LoRA-Squeeze of the first finished run."""
+
+    def __init__(self, baseline: str = "grpo_none", last_k: int = 10,
+                 entropy_pair: list[str] | None = None, confidence: float = 0.95) -> None:
+        pair = list(entropy_pair) if entropy_pair is not None else CampaignSettings().entropy_pair
+        self.settings = CampaignSettings(baseline=baseline, last_k=last_k, entropy_pair=pair, confidence=confidence)
+        self._sweep_dir: Path | None = None
+        self._ended = False
+
+    # ---- driver --------------------------------------------------------------------------
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        squeeze = squeeze_settings(config)  # a bad squeeze block fails now, not after the first run
+        self._sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        launcher = str(config.hydra.launcher.get("_target_", "")).rsplit(".", 1)[-1]
+        plan = planned_jobs(config)
+        start_manifest(self._sweep_dir, plan, self.settings, launcher,
+                       None if squeeze is None else OmegaConf.to_container(config.squeeze, resolve=True))
+        log.info("Campaign: %s jobs, manifest at %s", "?" if plan is None else len(plan),
+                 self._sweep_dir / "manifest.json")
+        # Hydra skips on_multirun_end when a job fails or the driver is interrupted: refresh anyway.
+        atexit.register(self._refresh_at_exit)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        campaign = refresh(Path(str(config.hydra.sweep.dir)).resolve())
+        self._ended = True
+        log.info("Campaign %s: %s. Summary: %s", campaign.sweep_dir.name, campaign.state,
+                 campaign.sweep_dir / "summary.md")
+
+    def _refresh_at_exit(self) -> None:
+        if self._ended or self._sweep_dir is None:
+            return
+        try:
+            refresh(self._sweep_dir)
+        except Exception as error:  # the driver is exiting anyway: report, do not mask its own error
+            log.warning("Could not refresh the campaign summary at exit: %s", error)
+
+    # ---- each job (possibly on a cluster node) -------------------------------------------
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = Path(str(config.hydra.runtime.output_dir))
+        (run_dir / EXIT_FILE).unlink(missing_ok=True)  # an earlier attempt's ending is not this one's
+        write_json_atomic(run_dir / JOB_FILE, {
+            "num": int(config.hydra.job.num) if _multirun(config) else None,
+            "overrides": list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False)),
+            "pid": os.getpid(), "hostname": socket.gethostname(), "started_at": time.time(),
+            "slurm": _slurm_ids(),
+        })
+        if _multirun(config):
+            refresh(sweep_dir_of(config), with_summary=False)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        run_dir = Path(str(config.hydra.runtime.output_dir))
+        failed = job_return.status == JobStatus.FAILED
+        value = getattr(job_return, "_return_value", None)  # .return_value re-raises a job's exception
+        write_json_atomic(run_dir / EXIT_FILE, {
+            "status": "failed" if failed else "completed",
+            "error": f"{type(value).__name__}: {value}" if failed else None,
+            "finished_at": time.time(), "pid": os.getpid(), "hostname": socket.gethostname(),
+            "slurm": _slurm_ids(),
+        })
+        if not _multirun(config):
+            return
+        sweep_dir = sweep_dir_of(config)
+        settings = squeeze_settings(config)
+        status = read_json(run_dir / "status.json") or {}
+        if settings is not None and not failed and status.get("state") == "done":
+            with sweep_lock(sweep_dir):
+                try:
+                    squeeze_first_finished(sweep_dir, run_dir, settings, config)
+                except Exception as error:  # the run itself succeeded; the analysis is a report
+                    log.warning("Auto-squeeze of %s failed: %s", run_dir, error)
+        refresh(sweep_dir)

@@ -1,0 +1,32 @@
+"""Rewrite a sweep's manifest, summary and plot from its files (under the sweep's lock)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from retrain.campaign.manifest import Campaign, collect, sweep_lock, write_manifest
+from retrain.campaign.plots import CURVES_PNG, plot_learning_curves
+from retrain.campaign.summary import SUMMARY_JSON, SUMMARY_MD, build_summary, render_markdown
+from retrain.checkpoint import write_json_atomic
+
+
+def write_summary(campaign: Campaign) -> dict[str, Any]:
+    png = plot_learning_curves(campaign.runs, campaign.conditions, campaign.sweep_dir / CURVES_PNG,
+                               title=campaign.sweep_dir.name)
+    summary = build_summary(campaign, plot=png.name if png else None)
+    write_json_atomic(campaign.sweep_dir / SUMMARY_JSON, summary)
+    tmp = campaign.sweep_dir / f".{SUMMARY_MD}.tmp"
+    tmp.write_text(render_markdown(summary))
+    tmp.replace(campaign.sweep_dir / SUMMARY_MD)
+    return summary
+
+
+def refresh(sweep_dir: Path, with_summary: bool = True) -> Campaign:
+    """Re-derive everything; `with_summary=False` only rewrites the (cheap) manifest."""
+    with sweep_lock(sweep_dir):
+        campaign = collect(sweep_dir)
+        write_manifest(campaign)
+        if with_summary:
+            write_summary(campaign)
+    return campaign

@@ -1,0 +1,145 @@
+"""`retrain status <dir>`: where a run, a sweep, or a folder of them stands — also while they run.
+
+    retrain status outputs/sweeps/2025-01-01/12-00-00      # a sweep: the campaign summary
+    retrain status outputs/sweeps/.../maxrl_gtpo_sepa_s42  # one run
+    retrain status outputs                                 # one line per sweep and run found below
+
+Everything is derived from the files the runs write, and each process's (or SLURM job's) liveness:
+a run that says "running" but whose process is gone is reported `dead`. A sweep is `running`,
+`done`, `partial` (finished, some runs not done) or `dead` (finished, none done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from retrain.campaign.manifest import MANIFEST, collect, state_counts
+from retrain.campaign.report import refresh
+from retrain.campaign.runs import RunInfo, describe_age, is_run_dir, read_json, read_run
+from retrain.campaign.stats import run_scores
+from retrain.campaign.summary import build_summary, render_markdown
+
+SWEEP_MARKERS = (MANIFEST, "multirun.yaml")
+LAST_K = 10
+
+
+def is_sweep_dir(path: Path) -> bool:
+    return any((path / marker).is_file() for marker in SWEEP_MARKERS)
+
+
+def run_report(run: RunInfo) -> dict[str, Any]:
+    scores = run_scores(run.metrics, LAST_K)
+    last = run.metrics[-1] if run.metrics else {}
+    checkpoints = sorted((run.dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1])) \
+        if run.dir is not None else []
+    status = read_json(run.dir / "status.json") or {} if run.dir is not None else {}
+    return {
+        "dir": str(run.dir), "condition": run.condition, "seed": run.seed, "state": run.state,
+        "step": run.step, "max_steps": run.max_steps, "updated_at": run.updated_at, "error": run.error,
+        "final_correct_rate": scores.final, f"last_{LAST_K}_correct_rate": scores.last_k,
+        "running_correct_rate": last.get("running_correct_rate"), "last_step_time_s": last.get("step_time_s"),
+        "checkpoints": [p.name for p in checkpoints], "final_adapter": run.has_adapter,
+        "eval": status.get("eval") or {}, "job": run.job,
+    }
+
+
+def render_run(report: dict[str, Any]) -> str:
+    step = report["step"] + 1
+    progress = f"{step}/{report['max_steps']}" if report["max_steps"] else str(step)
+    lines = [
+        f"{report['dir']}",
+        f"  state: {report['state']}  (steps {progress}, updated {describe_age(report['updated_at'])})",
+        f"  condition: {report['condition']}  seed: {report['seed']}",
+    ]
+    if report["final_correct_rate"] is not None:
+        lines.append(f"  correct rate: last step {report['final_correct_rate']:.3f}, "
+                     f"last {LAST_K} steps {report[f'last_{LAST_K}_correct_rate']:.3f}, "
+                     f"running {report['running_correct_rate']:.3f}")
+    if report["last_step_time_s"] is not None:
+        lines.append(f"  last step took {report['last_step_time_s']:.2f} s")
+    for key, value in sorted(report["eval"].items()):
+        lines.append(f"  {key}: {value:.3f}" if isinstance(value, float) else f"  {key}: {value}")
+    lines.append(f"  checkpoints: {', '.join(report['checkpoints']) or 'none'}; "
+                 f"final adapter: {'yes' if report['final_adapter'] else 'no'}")
+    job = report["job"]
+    if job.get("hostname"):
+        slurm = job.get("slurm") or {}
+        where = f"pid {job.get('pid')} on {job['hostname']}"
+        if slurm.get("job_id"):
+            where += f", SLURM job {slurm['job_id']} (restarts: {slurm.get('restart_count', '0')})"
+        lines.append(f"  process: {where}")
+    if report["error"]:
+        lines.append(f"  error: {report['error']}")
+    return "\n".join(lines)
+
+
+def overview(root: Path) -> list[dict[str, Any]]:
+    """One entry per sweep and per stand-alone run below `root`."""
+    entries = []
+    for dirpath, dirs, _ in os.walk(root):
+        path = Path(dirpath)
+        if is_sweep_dir(path):
+            campaign = collect(path)
+            entries.append({"kind": "sweep", "dir": str(path), "state": campaign.state,
+                            "counts": state_counts(campaign.runs)})
+            dirs.clear()
+        elif is_run_dir(path):
+            run = read_run(path)
+            entries.append({"kind": "run", "dir": str(path), "state": run.state, "step": run.step,
+                            "max_steps": run.max_steps, "condition": run.condition, "seed": run.seed})
+            dirs.clear()
+        else:
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    return entries
+
+
+def render_overview(entries: list[dict[str, Any]]) -> str:
+    lines = []
+    for entry in entries:
+        if entry["kind"] == "sweep":
+            counts = ", ".join(f"{n} {s}" for s, n in sorted(entry["counts"].items()))
+            lines.append(f"sweep  {entry['state']:<8} {entry['dir']}  ({counts})")
+        else:
+            lines.append(f"run    {entry['state']:<8} {entry['dir']}  ({entry['condition']}, seed {entry['seed']}, "
+                         f"step {entry['step'] + 1}/{entry['max_steps']})")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="retrain status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", type=Path, nargs="?", default=Path("outputs"),
+                        help="a run dir, a sweep dir, or a folder holding them (default: outputs)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--write", action="store_true",
+                        help="sweeps: also rewrite manifest.json, summary.md/json and the plot")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    path: Path = args.path
+    if not path.is_dir():
+        print(f"retrain status: {path} is not a directory", file=sys.stderr)
+        return 2
+    path = path.resolve()
+    if is_sweep_dir(path):
+        campaign = refresh(path) if args.write else collect(path)
+        summary = build_summary(campaign, plot="learning_curves.png" if (path / "learning_curves.png").is_file()
+                                else None)
+        print(json.dumps(summary, indent=2, default=str) if args.json else render_markdown(summary), end="")
+        return 0
+    if is_run_dir(path):
+        report = run_report(read_run(path))
+        print(json.dumps(report, indent=2, default=str) if args.json else render_run(report))
+        return 0
+    entries = overview(path)
+    if not entries:
+        print(f"retrain status: no runs or sweeps under {path}", file=sys.stderr)
+        return 1
+    print(json.dumps(entries, indent=2, default=str) if args.json else render_overview(entries))
+    return 0

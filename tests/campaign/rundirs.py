@@ -1,0 +1,70 @@
+"""Run dirs as the trainer writes them (run-dir contract), filled from small real simulations.
+
+Each simulated run draws Bernoulli completions at a condition's success probability, so the tests can
+recompute every statistic independently from the raw draws and compare with scipy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+
+@dataclass
+class SimulatedRun:
+    dir: Path
+    condition: str
+    seed: int
+    draws: np.ndarray  # [steps, completions] bool: which completions were correct
+    entropy_var: np.ndarray  # [steps]
+
+
+def simulate_run(sweep_dir: Path, condition: str, seed: int, p_correct: float, steps: int = 12,
+                 batch_size: int = 4, group_size: int = 4, state: str = "done", entropy_scale: float = 1.0,
+                 num: int | None = None, pid: int | None = None, error: str | None = None) -> SimulatedRun:
+    """Write `<sweep>/<condition>_s<seed>` with metrics.jsonl, status.json, job.json and .hydra/."""
+    rng = np.random.default_rng([seed, zlib.crc32(condition.encode())])
+    completions = batch_size * group_size
+    draws = rng.random((steps, completions)) < p_correct
+    entropy = rng.gamma(4.0, entropy_scale / 4.0, size=steps)
+    run_dir = sweep_dir / f"{condition}_s{seed}"
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    total_correct = 0
+    with open(run_dir / "metrics.jsonl", "w") as handle:
+        for step in range(steps):
+            total_correct += int(draws[step].sum())
+            handle.write(json.dumps({
+                "step": step, "condition": condition, "seed": seed, "loss": float(rng.normal()),
+                "mean_reward": float(draws[step].mean()), "correct_rate": float(draws[step].mean()),
+                "running_correct_rate": total_correct / ((step + 1) * completions),
+                "batch_size": batch_size, "group_size": group_size, "exec_entropy_var": float(entropy[step]),
+                "step_time_s": 0.1,
+            }) + "\n")
+    status = {"state": state, "step": steps - 1, "max_steps": steps, "condition": condition, "seed": seed,
+              "updated_at": time.time(), "pid": pid or os.getpid(), "hostname": socket.gethostname(),
+              "error": error, "eval": {}}
+    (run_dir / "status.json").write_text(json.dumps(status))
+    if num is not None:
+        (run_dir / "job.json").write_text(json.dumps({"num": num, "pid": pid or os.getpid(),
+                                                      "hostname": socket.gethostname(), "slurm": {}}))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+        {"algorithm": {"name": condition}, "training": {"seed": seed, "max_steps": steps}}))
+    return SimulatedRun(run_dir, condition, seed, draws, entropy)
+
+
+def dead_pid() -> int:
+    """A pid that belonged to a process that has exited."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid

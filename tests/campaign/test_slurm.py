@@ -1,0 +1,201 @@
+"""Campaigns on the real one-node SLURM cluster of launchers/slurm/cluster.sh.
+
+    bash launchers/slurm/cluster.sh install && bash launchers/slurm/cluster.sh start
+    python -m pytest -m slurm tests/campaign/test_slurm.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from retrain.campaign.runs import slurm_job_id
+from tests.conftest import REPO, read_metrics, run_cli, without_timing
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+QUICK = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
+# CPU-only node: no GPUs, one core and a little memory per job, one thread per process
+SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1",
+         "hydra.launcher.mem_gb=3", "hydra.launcher.array_parallelism=2",
+         "hydra.launcher.setup=['export OMP_NUM_THREADS=1']"]
+
+
+def _cluster_problem() -> str | None:
+    if shutil.which("sinfo") is None or shutil.which("sacct") is None:
+        return "SLURM is not installed: bash launchers/slurm/cluster.sh install && bash launchers/slurm/cluster.sh start"
+    try:
+        nodes = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=15)
+        accounting = subprocess.run(["sacct", "-n", "-X", "-S", "now"], capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        return "the SLURM controller does not answer: bash launchers/slurm/cluster.sh start"
+    if nodes.returncode != 0:
+        return f"sinfo fails ({nodes.stderr.strip()[:200]}): bash launchers/slurm/cluster.sh start"
+    if not any(state.startswith(("idle", "mix", "alloc")) for state in nodes.stdout.split()):
+        return f"no usable SLURM node (states: {nodes.stdout.split()})"
+    if accounting.returncode != 0:
+        return f"SLURM accounting (slurmdbd) does not answer: {accounting.stderr.strip()[:200]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> None:
+    problem = _cluster_problem()
+    if problem:
+        pytest.skip(problem)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "OMP_NUM_THREADS": "1"}
+
+
+def test_campaign_of_two_conditions_by_two_seeds_on_slurm(slurm_cluster: None, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    started = time.monotonic()
+    run_cli(["--multirun", "+campaign=ablation", *QUICK, *SLURM, "training.max_steps=3", "training.save_every=0",
+             "algorithm=grpo_none,maxrl_gtpo_sepa", "training.seed=1,2", "hydra.launcher.timeout_min=15",
+             f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, timeout=900)
+    print(f"2x2 SLURM campaign took {time.monotonic() - started:.0f} s")
+    names = [f"{c}_s{s}" for c in ("grpo_none", "maxrl_gtpo_sepa") for s in (1, 2)]
+    for name in names:
+        run_dir = sweep_dir / name
+        assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2], name
+        assert (run_dir / "final" / "adapter_model.safetensors").is_file(), name
+        job = json.loads((run_dir / "job.json").read_text())
+        assert job["slurm"].get("array_job_id"), f"{name} did not run as a SLURM array task: {job}"
+    manifest = json.loads((sweep_dir / "manifest.json").read_text())
+    assert manifest["launcher"] == "SlurmLauncher" and manifest["state"] == "done"
+    assert sorted(r["name"] for r in manifest["runs"]) == sorted(names)
+    assert all(r["state"] == "done" for r in manifest["runs"])
+    summary = (sweep_dir / "summary.md").read_text()
+    for name in names:
+        assert f"`{name}`" in summary
+    assert json.loads((sweep_dir / "summary.json").read_text())["state"] == "done"
+
+
+def _wait_for(predicate, timeout: float, what: str, poll: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _release_requeued(job_id: str) -> bool:
+    """SLURM holds a requeued job for a fixed 120 s; let it start now (the test is about what happens next)."""
+    state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+    if state == "PENDING":
+        subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True)
+        return True
+    return False
+
+
+def _steps_logged(run_dir: Path) -> int:
+    return len(read_metrics(run_dir)) if (run_dir / "metrics.jsonl").is_file() else 0
+
+
+INTERRUPTIONS = {
+    # what a pre-empting scheduler sends (and submitit's own tests): SIGTERM, then the warning signal
+    "preempted": dict(steps=40, launcher=["hydra.launcher.timeout_min=15"]),
+    # an admin's requeue: SIGTERM, then SIGKILL after KillWait; the run checkpoints after its step in
+    # flight (or, had that not fitted in KillWait, would resume from its last periodic checkpoint)
+    "requeued": dict(steps=40, launcher=["hydra.launcher.timeout_min=15"], save_every=5),
+    # a real time limit: SLURM warns 60 s before the 2-minute limit (its timer is coarse: ±30 s),
+    # and the run is longer than that, so one job cannot finish it
+    "time_limit": dict(steps=600, launcher=["hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"]),
+}
+
+
+def _interrupt(kind: str, job_id: str, run_dir: Path) -> None:
+    if kind == "time_limit":
+        return  # SLURM does it
+    _wait_for(lambda: _steps_logged(run_dir) >= 3, 300, "three steps")
+    if kind == "preempted":
+        subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    else:
+        subprocess.run(["scontrol", "requeue", job_id], check=True)
+
+
+@pytest.mark.parametrize("kind", list(INTERRUPTIONS))
+def test_interrupted_job_is_requeued_and_resumes_the_same_trajectory(slurm_cluster: None, tmp_path: Path,
+                                                                     kind: str) -> None:
+    spec = INTERRUPTIONS[kind]
+    steps, save_every = spec["steps"], spec.get("save_every", 0)
+    common = [*QUICK, f"training.max_steps={steps}", f"training.save_every={save_every}", "training.seed=5",
+              "algorithm=maxrl_gtpo_sepa"]
+    # the uninterrupted reference trains at the same time, on the other core
+    reference_dir = tmp_path / "reference"
+    reference = subprocess.Popen([sys.executable, "-m", "retrain", *common, f"hydra.run.dir={reference_dir}"],
+                                 cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sweep_dir = tmp_path / "sweep"
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "retrain", "--multirun", "+campaign=ablation", *common, *SLURM, *spec["launcher"],
+         "hydra.launcher.max_num_timeout=10", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = sweep_dir / "maxrl_gtpo_sepa_s5"
+    try:
+        job = _wait_for(lambda: json.loads((run_dir / "job.json").read_text()) if (run_dir / "job.json").is_file()
+                        else None, 300, "the job to start")
+        job_id = slurm_job_id(job)  # a sweep of one run is a plain job, not an array
+        _interrupt(kind, job_id, run_dir)
+        deadline = time.monotonic() + 600
+        while driver.poll() is None and time.monotonic() < deadline:
+            _release_requeued(job_id)
+            time.sleep(2)
+        output = driver.communicate(timeout=60)[0]
+        reference_error = reference.communicate(timeout=600)[1]
+    finally:
+        for process in (driver, reference):
+            if process.poll() is None:
+                process.kill()
+    assert reference.returncode == 0, reference_error[-4000:]
+    assert driver.returncode == 0, output[-4000:]
+
+    job = json.loads((run_dir / "job.json").read_text())
+    assert int(job["slurm"].get("restart_count", 0)) >= 1, f"the job was never requeued: {job}"
+    log = (run_dir / "run.log").read_text()
+    assert "Resumed from" in log
+    checkpoints = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*"))
+    if kind == "requeued":
+        assert "Received SIGTERM: stopping after this step to checkpoint." in log
+        assert set(range(save_every, steps + 1, save_every)) <= set(checkpoints)
+    else:  # save_every=0: the only checkpoints are the ones written on the signal
+        assert "Received SIGUSR2: stopping after this step to checkpoint and requeue." in log
+        assert checkpoints and all(0 < step < steps for step in checkpoints)
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
+    assert without_timing(read_metrics(run_dir)) == without_timing(read_metrics(reference_dir))
+
+
+def test_a_cancelled_job_ends_the_sweep_and_is_reported_dead(slurm_cluster: None, tmp_path: Path) -> None:
+    """Accounting at work: submitit sees the cancellation (no endless wait) and status says dead."""
+    sweep_dir = tmp_path / "sweep"
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "retrain", "--multirun", "+campaign=ablation", *QUICK, *SLURM, "training.max_steps=2000",
+         "training.save_every=0", "algorithm=grpo_none", "training.seed=3", "hydra.launcher.timeout_min=15",
+         f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    run_dir = sweep_dir / "grpo_none_s3"
+    try:
+        _wait_for(lambda: _steps_logged(run_dir) >= 2, 300, "two steps")
+        job_id = slurm_job_id(json.loads((run_dir / "job.json").read_text()))
+        subprocess.run(["scancel", job_id], check=True)
+        output = driver.communicate(timeout=180)[0]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode != 0, output[-3000:]
+    status = json.loads(run_cli(["status", str(sweep_dir), "--json"], cwd=tmp_path).stdout)
+    assert status["state"] == "dead"
+    assert [(r["name"], r["state"]) for r in status["runs"]] == [("grpo_none_s3", "dead")]
+    assert "`grpo_none_s3` (dead)" in (sweep_dir / "summary.md").read_text()

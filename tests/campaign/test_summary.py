@@ -1,0 +1,129 @@
+"""Manifest, summary and plot of a sweep of simulated runs; every number recomputed from raw draws."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from retrain.campaign.manifest import MANIFEST, CampaignSettings, collect, start_manifest
+from retrain.campaign.plan import expand
+from retrain.campaign.report import refresh
+from retrain.campaign.summary import SUMMARY_JSON, SUMMARY_MD
+from tests.campaign.rundirs import SimulatedRun, dead_pid, simulate_run
+
+CONDITIONS = {"grpo_none": (0.3, 1.0), "maxrl_gtpo_hicra": (0.45, 2.0), "maxrl_gtpo_sepa": (0.55, 0.5)}
+DONE_SEEDS = [1, 2, 3]
+LAST_K = 4
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> tuple[Path, dict[str, list[SimulatedRun]]]:
+    """3 conditions × 4 seeds planned: seeds 1-3 done; seed 4 failed / dead / never started."""
+    sweep_dir = tmp_path / "sweep"
+    plan = expand([f"algorithm={','.join(CONDITIONS)}", "training.seed=1,2,3,4", "training.max_steps=12"])
+    start_manifest(sweep_dir, plan, CampaignSettings(last_k=LAST_K), "BasicLauncher", None)
+    num = {(job.condition, job.seed): job.num for job in plan}
+    runs: dict[str, list[SimulatedRun]] = {c: [] for c in CONDITIONS}
+    for condition, (p, scale) in CONDITIONS.items():
+        for seed in DONE_SEEDS:
+            runs[condition].append(simulate_run(sweep_dir, condition, seed, p, entropy_scale=scale,
+                                                num=num[(condition, seed)]))
+    simulate_run(sweep_dir, "grpo_none", 4, 0.3, state="failed", error="RuntimeError: CUDA out of memory",
+                 num=num[("grpo_none", 4)])
+    simulate_run(sweep_dir, "maxrl_gtpo_hicra", 4, 0.3, state="running", pid=dead_pid(),
+                 num=num[("maxrl_gtpo_hicra", 4)])
+    manifest = json.loads((sweep_dir / MANIFEST).read_text())
+    manifest["driver"] = {"pid": dead_pid(), "hostname": socket.gethostname()}  # the driver is gone
+    (sweep_dir / MANIFEST).write_text(json.dumps(manifest))
+    return sweep_dir, runs
+
+
+def test_states_of_runs_and_sweep(sweep: tuple[Path, dict[str, list[SimulatedRun]]]) -> None:
+    sweep_dir, _ = sweep
+    campaign = collect(sweep_dir)
+    states = {run.name: run.state for run in campaign.runs}
+    assert len(states) == 12
+    assert states["grpo_none_s4"] == "failed"
+    assert states["maxrl_gtpo_hicra_s4"] == "dead"  # said running, but its process is gone
+    assert states["maxrl_gtpo_sepa_s4"] == "missing"  # planned, never started, launcher gone
+    assert sum(s == "done" for s in states.values()) == 9
+    assert campaign.state == "partial"
+    assert campaign.conditions == list(CONDITIONS) and campaign.seeds == [1, 2, 3, 4]
+
+
+def test_a_live_driver_keeps_unstarted_runs_pending(sweep: tuple[Path, dict[str, list[SimulatedRun]]]) -> None:
+    sweep_dir, _ = sweep
+    manifest = json.loads((sweep_dir / MANIFEST).read_text())
+    manifest["driver"] = {"pid": os.getpid(), "hostname": socket.gethostname()}
+    (sweep_dir / MANIFEST).write_text(json.dumps(manifest))
+    campaign = collect(sweep_dir)
+    assert {r.name: r.state for r in campaign.runs}["maxrl_gtpo_sepa_s4"] == "pending"
+    assert campaign.state == "running"
+
+
+def test_summary_statistics_match_scipy_on_the_raw_draws(sweep: tuple[Path, dict[str, list[SimulatedRun]]]) -> None:
+    sweep_dir, runs = sweep
+    refresh(sweep_dir)
+    summary = json.loads((sweep_dir / SUMMARY_JSON).read_text())
+    assert summary["baseline"] == "grpo_none" and summary["state"] == "partial"
+    rows = {row["condition"]: row for row in summary["conditions"]}
+    last_k = {c: [float(r.draws[-LAST_K:].mean()) for r in rs] for c, rs in runs.items()}
+    pooled = {c: (sum(int(r.draws[-LAST_K:].sum()) for r in rs), sum(r.draws[-LAST_K:].size for r in rs))
+              for c, rs in runs.items()}
+    for condition, row in rows.items():
+        assert (row["done"], row["runs"]) == (3, 4)
+        finals = [float(r.draws[-1].mean()) for r in runs[condition]]
+        assert row["final"]["mean"] == pytest.approx(np.mean(finals))
+        assert row["last_k"]["mean"] == pytest.approx(np.mean(last_k[condition]))
+        assert row["last_k"]["std"] == pytest.approx(np.std(last_k[condition], ddof=1))
+        low, high = scipy_stats.t.interval(0.95, 2, loc=np.mean(last_k[condition]),
+                                           scale=scipy_stats.sem(last_k[condition]))
+        assert (row["last_k"]["ci_low"], row["last_k"]["ci_high"]) == (pytest.approx(low), pytest.approx(high))
+        assert (row["pooled"]["correct"], row["pooled"]["total"]) == pooled[condition]
+    for condition in ("maxrl_gtpo_hicra", "maxrl_gtpo_sepa"):
+        (c1, t1), (c0, t0) = pooled[condition], pooled["grpo_none"]
+        fisher = scipy_stats.fisher_exact([[c1, t1 - c1], [c0, t0 - c0]])
+        assert rows[condition]["fisher_vs_baseline"]["p_value"] == pytest.approx(fisher.pvalue)
+        welch = scipy_stats.ttest_ind(last_k[condition], last_k["grpo_none"], equal_var=False)
+        assert rows[condition]["welch_vs_baseline"]["p_value"] == pytest.approx(welch.pvalue)
+    assert rows["grpo_none"]["fisher_vs_baseline"] is None  # the baseline is not tested against itself
+
+    comparison = summary["entropy_comparison"]
+    entropy = {c: [float(r.entropy_var[-LAST_K:].mean()) for r in runs[c]] for c in comparison["conditions"]}
+    assert comparison["conditions"] == ["maxrl_gtpo_sepa", "maxrl_gtpo_hicra"]
+    for condition, values in entropy.items():
+        assert comparison[condition]["mean"] == pytest.approx(np.mean(values))
+    welch = scipy_stats.ttest_ind(*entropy.values(), equal_var=False)
+    assert comparison["welch"]["p_value"] == pytest.approx(welch.pvalue)
+
+
+def test_markdown_names_every_run_and_reports_failures(sweep: tuple[Path, dict[str, list[SimulatedRun]]]) -> None:
+    sweep_dir, _ = sweep
+    refresh(sweep_dir)
+    text = (sweep_dir / SUMMARY_MD).read_text()
+    for condition in CONDITIONS:
+        for seed in [*DONE_SEEDS, 4]:
+            assert f"`{condition}_s{seed}`" in text
+    assert "## Failed or lost runs" in text
+    assert "`grpo_none_s4` (failed): RuntimeError: CUDA out of memory" in text
+    assert "`maxrl_gtpo_hicra_s4` (dead)" in text and "`maxrl_gtpo_sepa_s4` (missing)" in text
+    assert "state: **partial**" in text
+    manifest = json.loads((sweep_dir / MANIFEST).read_text())
+    assert manifest["conditions"] == list(CONDITIONS) and manifest["seeds"] == [1, 2, 3, 4]
+    assert {r["name"]: r["state"] for r in manifest["runs"]}["grpo_none_s4"] == "failed"
+    assert len(manifest["plan"]) == 12
+
+
+def test_learning_curves_png_has_a_band_per_condition(sweep: tuple[Path, dict[str, list[SimulatedRun]]]) -> None:
+    sweep_dir, _ = sweep
+    refresh(sweep_dir)
+    image = matplotlib.image.imread(sweep_dir / "learning_curves.png")
+    assert image.shape[0] > 300 and image.shape[1] > 1000  # three panels side by side
+    assert "![learning curves](learning_curves.png)" in (sweep_dir / SUMMARY_MD).read_text()
