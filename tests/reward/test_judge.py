@@ -49,7 +49,10 @@ class JudgeServer(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), JudgeServer)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), JudgeServer, bind_and_activate=False)
+    server.request_queue_size = 128  # the default backlog of 5 resets some of 16 concurrent connections
+    server.server_bind()
+    server.server_activate()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
