@@ -80,10 +80,3 @@ class TrainResult:
     skipped_nonfinite: bool
     num_tokens: int
     metrics: dict[str, float] = field(default_factory=dict)  # policy/ratio_mean, policy/clip_frac, ...
-
-
-@dataclass
-class StepMetrics:
-    """One line of metrics.jsonl (timing fields end in `_s`)."""
-
-    values: dict[str, Any]
