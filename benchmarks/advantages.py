@@ -4,8 +4,9 @@
 
 One full-size step: B=8 prompts x G=16 completions x T=10240 tokens (1.3M tokens), MaxRL episode
 advantages, GTPO, and SEPA pooling (lambda 0.5) or HICRA, with the step's uncertainty metrics.
-The reference below applies the same formulas completion by completion on Python lists, the way
-the original tool did; both results are compared before any time is reported. Times are the best
+The baseline is the test suite's oracle (tests/algorithm/reference.py): the same formulas applied
+completion by completion on Python lists, the way the original tool did; both results are compared
+before any time is reported. Times are the best
 of several runs: on a shared machine, other processes only ever make a run slower. With
 --threads 2, both cores must be idle (a busy core stalls every parallel kernel).
 """
@@ -14,15 +15,23 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from hydra.utils import instantiate
 
-from retrain.config import compose
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the oracle lives in tests/, run from a checkout
 
+from retrain.config import compose
+from tests.algorithm import reference
+
+T = TypeVar("T")
 BATCH, GROUP = 8, 16
-MAX_U, BETA, ALPHA, LAMBDA = 50.0, 0.1, 0.2, 0.5
+BETA, ALPHA, LAMBDA = 0.1, 0.2, 0.5  # the presets' GTPO beta and HICRA alpha; SEPA's lambda once ramped
 
 
 def synthetic_step(tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -37,44 +46,15 @@ def synthetic_step(tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
             "planning": planning}
 
 
-# ---- the reference: one completion at a time, Python lists -------------------------------------
 def reference_step(rewards: list[list[float]], logprobs: list[list[float]], planning: list[list[bool]],
                    transform: str) -> tuple[list[list[float]], dict[str, float]]:
-    token_advantages: list[list[float]] = []
-    before = {"exec": [], "plan": []}
-    after = {"exec": [], "plan": []}
-    for b, group in enumerate(rewards):
-        mean_r = sum(group) / len(group)
-        episode = [(r - mean_r) / (mean_r + 1e-6) if mean_r > 1e-6 else 0.0 for r in group]
-        for g, advantage in enumerate(episode):
-            row = b * len(group) + g
-            plan = planning[row]
-            u = [min(-lp, MAX_U) for lp in logprobs[row]]
-            for value, is_plan in zip(u, plan):
-                before["plan" if is_plan else "exec"].append(value)
-            if transform == "sepa":
-                execution = [value for value, is_plan in zip(u, plan) if not is_plan]
-                if execution:
-                    mu = sum(execution) / len(execution)
-                    u = [value if is_plan else LAMBDA * mu + (1 - LAMBDA) * value for value, is_plan in zip(u, plan)]
-            for value, is_plan in zip(u, plan):
-                after["plan" if is_plan else "exec"].append(value)
-            mean_u = sum(u) / len(u)
-            if mean_u < 1e-7:
-                weighted = [advantage] * len(u)
-            else:
-                weighted = [advantage * max(0.0, 1 + BETA * (value / (mean_u + 1e-8) - 1)) for value in u]
-            if transform == "hicra":
-                weighted = [a + ALPHA * abs(a) if is_plan else a for a, is_plan in zip(weighted, plan)]
-            token_advantages.append(weighted)
-    metrics = {}
-    for when, values in (("before", before), ("after", after)):
-        for kind in ("exec", "plan"):
-            data = values[kind]
-            mean = sum(data) / len(data)
-            metrics[f"{kind}_mean_{when}"] = mean
-            metrics[f"{kind}_var_{when}"] = sum((x - mean) ** 2 for x in data) / len(data)
-    return token_advantages, metrics
+    """The test oracle on the step: token advantages and the uncertainty metrics, completion by completion."""
+    lam = LAMBDA if "sepa" in transform else 0.0
+    advantages = reference.token_advantages(advantage="maxrl", transform=transform, rewards=rewards,
+                                            logprobs=logprobs, planning=planning, entropies=None, lam=lam,
+                                            beta=BETA, alpha=ALPHA)
+    return advantages, reference.uncertainty_moments(transform=transform, logprobs=logprobs, planning=planning,
+                                                     lam=lam)
 
 
 def vectorized(name: str):
@@ -84,11 +64,12 @@ def vectorized(name: str):
     return algorithm
 
 
-def best_of(repeats: int, fn) -> tuple[float, object]:
-    times, result = [], None
+def best_of(repeats: int, fn: Callable[..., T], *args: Any) -> tuple[float, T]:
+    """The fastest of `repeats` timed calls of fn(*args), and its result."""
+    times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        result = fn()
+        result = fn(*args)
         times.append(time.perf_counter() - started)
     return min(times), result
 
@@ -106,11 +87,11 @@ def main() -> None:
     lists = (step["rewards"].tolist(), step["logprobs"].tolist(), step["planning"].tolist())
     print(f"B={BATCH} G={GROUP} T={args.tokens}: {total:,} tokens, torch threads={args.threads}")
     print(f"{'algorithm':<18}{'vectorized ms':>15}{'tokens/s':>14}{'python s':>10}{'speed-up':>10}")
-    for name, transform in (("maxrl_gtpo_sepa", "sepa"), ("maxrl_gtpo_hicra", "hicra")):
+    for name, transform in (("maxrl_gtpo_sepa", "gtpo_sepa"), ("maxrl_gtpo_hicra", "gtpo_hicra")):
         algorithm = vectorized(name)
-        fast_s, output = best_of(args.repeats, lambda: algorithm.compute(
-            step["rewards"], step["logprobs"], step["mask"], None, step["planning"]))
-        slow_s, (expected, metrics) = best_of(args.python_repeats, lambda: reference_step(*lists, transform))
+        fast_s, output = best_of(args.repeats, algorithm.compute, step["rewards"], step["logprobs"], step["mask"],
+                                 None, step["planning"])
+        slow_s, (expected, metrics) = best_of(args.python_repeats, reference_step, *lists, transform)
         torch.testing.assert_close(output.token_advantages, torch.tensor(expected), rtol=1e-4, atol=1e-5)
         for key, value in metrics.items():
             got = output.metrics[f"surprisal/{key}"]

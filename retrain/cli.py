@@ -1,21 +1,33 @@
-"""Thin entry: tool subcommands (`status`, `squeeze`) by name, everything else through Hydra."""
+"""Thin entry: tool subcommands (`status`, `squeeze`) by name, everything else through Hydra.
+
+An error the user caused (a `retrain.errors.UserError`: config, data, plugin, Hub) ends a run with
+its message on one line and exit code 1; its traceback goes to the run's log file only. Any other
+error is a bug in retrain and keeps Hydra's report, traceback included.
+"""
 
 from __future__ import annotations
 
 import importlib
 import logging
+import re
 import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from retrain.config import config_dir, register_configs
-from retrain.errors import ConfigError, HubFetchError
+from retrain.errors import ConfigError, UserError
+
+log = logging.getLogger("retrain")
 
 # subcommand -> module with `main(argv) -> int`
 SUBCOMMANDS = {"status": "retrain.status", "squeeze": "retrain.squeeze"}
+# Hydra's words when a `_target_` does not import: "Error locating target 'x', ...\nfull_key: reward"
+UNLOCATABLE_TARGET = re.compile(r"Error locating target '(?P<target>[^']*)'.*?(?:\nfull_key: (?P<key>\S+))?\s*$",
+                                re.DOTALL)
 
 
 def _hydra_entry(cfg: DictConfig) -> None:
@@ -24,21 +36,47 @@ def _hydra_entry(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except Exception as error:
-        user_error = _user_error(error)
+        user_error = user_error_behind(error)
         if user_error is None or HydraConfig.get().mode != RunMode.RUN:
             raise
-        # a mistake in the config or an unreachable Hub: the message says what to do, no traceback
-        logging.getLogger("retrain").error("retrain: %s", user_error)
+        report_user_error(user_error, error)
         raise SystemExit(1) from None
 
 
-def _user_error(error: BaseException | None) -> BaseException | None:
-    """The ConfigError/HubFetchError behind an error (Hydra wraps errors raised in instantiate)."""
+def user_error_behind(error: BaseException | None) -> UserError | None:
+    """The UserError an error is, or was raised from (Hydra wraps errors raised in instantiate)."""
     while error is not None:
-        if isinstance(error, (ConfigError, HubFetchError)):
+        if isinstance(error, UserError):
             return error
+        unlocatable = _unlocatable_target(error)
+        if unlocatable is not None:
+            return unlocatable
         error = error.__cause__
     return None
+
+
+def _unlocatable_target(error: BaseException) -> ConfigError | None:
+    """A `_target_` that does not import (a typo, a module not on the path) is a config mistake."""
+    match = UNLOCATABLE_TARGET.match(str(error)) if isinstance(error, InstantiationException) else None
+    if match is None:
+        return None
+    key = f"{match['key']}._target_" if match["key"] else "_target_"
+    why = " ".join(str(error.__cause__).splitlines()[1:]) or str(error.__cause__)
+    return ConfigError(f"{key}={match['target']!r} cannot be imported: {why}")
+
+
+def report_user_error(user_error: UserError, raised: BaseException) -> None:
+    """The message, on one line, on the console and in the log files; the traceback (and the error's
+    details) in the log files only."""
+    files = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
+    where = f" (traceback in {files[0].baseFilename})" if files else ""
+    log.error("retrain: %s%s", " ".join(line.strip() for line in str(user_error).splitlines() if line.strip()), where)
+    details = f"\n{user_error.details.rstrip()}" if user_error.details else ""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "traceback of the error above:%s", (details,),
+                            (type(raised), raised, raised.__traceback__))
+    for handler in files:
+        if record.levelno >= handler.level:
+            handler.handle(record)
 
 
 def main(argv: list[str] | None = None) -> int:

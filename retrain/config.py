@@ -7,8 +7,10 @@ module registers them all so that a typo or a wrong type fails when the config i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from retrain.algorithm.config import LABEL_RESOLVER, NAME_RESOLVER, Conditions
 
 # config group -> module whose SCHEMAS type that group's options
 GROUP_SCHEMA_MODULES: dict[str, str] = {
@@ -32,7 +36,11 @@ GROUP_SCHEMA_MODULES: dict[str, str] = {
 
 @dataclass
 class TrainingConfig:
-    """Run-wide optimisation and sampling knobs (seeds' [training] and [optimizer])."""
+    """Run-wide optimisation and sampling knobs (seeds' [training] and [optimizer]).
+
+    The only home of their defaults: OptimSettings, LossSettings and SamplingParams are built from
+    this section (`from_config`), the batch size by the batching part (retrain/batching.py).
+    """
 
     seed: int = -1  # -1: draw a seed at start (recorded in the run's state, so resume is exact)
     max_steps: int = 500
@@ -49,6 +57,7 @@ class TrainingConfig:
     clip_eps: float = 0.0  # 0: pure importance-sampling loss
     clip_eps_high: float | None = None  # DAPO clip-higher; None = clip_eps
     save_every: int = 20  # checkpoint every N steps (and always at the end)
+    deterministic: bool = False  # also bit-exact on GPU: deterministic kernels, slower (docs/reproducibility.md)
 
 
 @dataclass
@@ -133,16 +142,41 @@ def check_known_keys(cfg: DictConfig) -> None:
 
 
 def register_configs() -> None:
-    """Store the primary schema and every group's option schemas (idempotent)."""
-    if not OmegaConf.has_resolver("retrain_config_groups"):
-        OmegaConf.register_new_resolver("retrain_config_groups", config_groups_help)
+    """Store the primary schema, every group's option schemas and the named conditions (idempotent)."""
+    register_resolvers()
     store = ConfigStore.instance()
+    if "retrain_schema.yaml" in store.list(""):  # stored already: storing converts every node again
+        return
     store.store(name="retrain_schema", node=RetrainConfig)
     for group, module_name in GROUP_SCHEMA_MODULES.items():
         schemas: dict[str, type] = importlib.import_module(module_name).SCHEMAS
         for name, node in schemas.items():
             if _schema_group(name, group, module_name):
                 store.store(group=group, name=name, node=node)
+    for name, preset in algorithm_conditions().presets().items():  # algorithm=maxrl_gtpo_sepa, ...
+        store.store(group="algorithm", name=name, node=preset)
+
+
+def register_resolvers() -> None:
+    """The resolvers the composed config uses (idempotent).
+
+    Also run when this module is imported: a submitit job resolves its run dir (`${algorithm.name}`)
+    in a fresh process, after unpickling retrain's entry point but before any of retrain's code runs.
+    """
+    resolvers: dict[str, Callable[..., str]] = {
+        "retrain_config_groups": config_groups_help,
+        NAME_RESOLVER: lambda advantage, transforms: algorithm_conditions().name(advantage, transforms),
+        LABEL_RESOLVER: lambda advantage, transforms: algorithm_conditions().label(advantage, transforms),
+    }
+    for name, resolver in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
+
+
+@functools.cache
+def algorithm_conditions() -> Conditions:
+    """The named conditions of conf/algorithm/ and the namer of composed algorithms."""
+    return Conditions(Path(config_dir()) / "algorithm")
 
 
 def _schema_group(name: str, group: str, module_name: str) -> bool:
@@ -163,19 +197,29 @@ def config_dir() -> str:
     return str(Path(__file__).resolve().parent.parent / "conf")
 
 
-def compose(overrides: list[str] | None = None) -> DictConfig:
-    """The config exactly as `python -m retrain <overrides>` composes it (for notebooks, tests, benchmarks)."""
+def compose(overrides: list[str] | None = None, return_hydra_config: bool = False) -> DictConfig:
+    """The config exactly as `python -m retrain <overrides>` composes it (for notebooks, tests, benchmarks).
+
+    `return_hydra_config` keeps the `hydra` node (launcher, sweeper, callbacks), e.g. to check
+    `hydra/launcher=slurm` where no cluster answers.
+    """
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides or [])
+        return hydra_compose(config_name="config", overrides=overrides or [], return_hydra_config=return_hydra_config)
+
+
+def config_groups() -> dict[str, list[str]]:
+    """Every group and sub-group of conf/ with its options: YAML files and the generated named conditions."""
+    root = Path(config_dir())
+    groups = {p.relative_to(root).as_posix(): [f.stem for f in p.glob("*.yaml")] for p in root.rglob("*") if p.is_dir()}
+    groups["algorithm"] += algorithm_conditions().presets()
+    return {group: sorted(options) for group, options in sorted(groups.items()) if options}
 
 
 def config_groups_help() -> str:
-    """`--help`: each group with its YAML options (the schemas behind them are not choices)."""
-    root = Path(config_dir())
-    lines = []
-    for group in sorted(p for p in root.rglob("*") if p.is_dir() and any(p.glob("*.yaml"))):
-        options = ", ".join(sorted(f.stem for f in group.glob("*.yaml")))
-        lines.append(f"{group.relative_to(root).as_posix()}: {options}")
-    return "\n".join(lines)
+    """`--help`: each group with its options (the schemas behind them are not choices)."""
+    return "\n".join(f"{group}: {', '.join(options)}" for group, options in config_groups().items())
+
+
+register_resolvers()

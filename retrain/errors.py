@@ -1,19 +1,36 @@
-"""The project's own error types, so callers can tell a user's mistake from a bug or an outage."""
+"""The project's own error types, so callers can tell a user's mistake from a bug or an outage.
+
+A `UserError` is caused by the user's config, data, plugin or network, and its message says what to
+fix: the command line prints that message alone and exits 1, and writes the traceback to the run's
+log (retrain/cli.py). Anything else is a bug in retrain and keeps its traceback on the console.
+"""
 
 from __future__ import annotations
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """Base of every error the user can fix without touching retrain (see the module docstring)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details  # more than the message needs (e.g. a worker's traceback): logged, not printed
+
+
+class ConfigError(UserError, ValueError):
     """A configured value is wrong; the message names the key (e.g. `data.path`) and the value."""
 
 
-class RewardOutputError(ValueError):
+class DataError(UserError, ValueError):
+    """A data file or data set could not be read (malformed records, an unreadable file)."""
+
+
+class RewardOutputError(UserError, ValueError):
     """A reward returned something other than one finite real number: a bug in the reward itself."""
 
 
-class RewardWorkerError(RuntimeError):
+class RewardWorkerError(UserError, RuntimeError):
     """A scoring worker process could not load the reward (raised when the scorer starts)."""
 
 
-class HubFetchError(RuntimeError):
+class HubFetchError(UserError, RuntimeError):
     """Something could not be fetched from the Hugging Face Hub (offline, unknown id, ...)."""

@@ -1,17 +1,21 @@
 """Composition root: the only place that turns the config into parts and wires them together.
 
 Order matters: everything that can be checked without a model (algorithm preflight against the
-backend's declared capabilities, the reward, the data) is built first, so a bad config fails in
-seconds, before gigabytes of weights load.
+backend's declared capabilities, the reward, the data and its held-out split, the tokenizer's chat
+template) is built first, so a bad config fails in seconds, before gigabytes of weights load.
+Settings objects are built from their typed config section in one step each; parts that are not
+retrain's own are wrapped so their outputs are checked against their contract (retrain.plugins).
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +23,24 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from retrain.algorithm.base import Algorithm
+from retrain.algorithm.checks import checked_algorithm
 from retrain.algorithm.preflight import preflight
-from retrain.backend.base import capabilities_of
+from retrain.backend.base import BACKEND_CHECKS, Backend, Capabilities, capabilities_of
+from retrain.backend.model import ChatPrompts, ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.batching import FixedBatching
 from retrain.campaign.preemption import requeue_on_preemption
 from retrain.checkpoint import latest_checkpoint, read_state
-from retrain.config import check_known_keys
+from retrain.config import EvalConfig, LoggingConfig, TrainingConfig, check_known_keys
+from retrain.determinism import reproducible_torch
 from retrain.errors import ConfigError
+from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
+from retrain.inference.freshness import Probe
+from retrain.plugins import checked, plugin_name
 from retrain.reward.scorer import RewardScorer
-from retrain.trainer import Trainer, TrainerSettings, WandbSettings
-from retrain.types import SamplingParams
+from retrain.trainer import PlanningDetection, Trainer
+from retrain.types import Example
 
 log = logging.getLogger("retrain")
 
@@ -38,59 +50,87 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     run_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     check_known_keys(cfg)
-    with exclusive_run_dir(run_dir):
-        return _run(cfg, run_dir)
+    with exclusive_run_dir(run_dir), ExitStack() as parts:
+        trainer = build_trainer(cfg, run_dir, parts)
+        # a cluster's pre-emption signal: finish the step, checkpoint, requeue
+        with requeue_on_preemption(trainer), \
+                reproducible_torch(trainer.training.deterministic, getattr(trainer.backend, "device", None)):
+            return trainer.run()
 
 
-def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    training = cfg.training
-
-    algorithm = instantiate(cfg.algorithm)
+def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
+    """Every part, built from `cfg` and wired into a Trainer; `parts` closes them when it exits."""
+    training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]
+    algorithm = checked_algorithm(instantiate(cfg.algorithm))
     backend_cls = get_class(cfg.backend._target_)
     capabilities = capabilities_of(backend_cls)
-    engine_returns_entropies = bool(getattr(get_class(cfg.inference._target_), "returns_entropies", False))
+    engine_cls = backend_cls if capabilities.samples_itself else get_class(cfg.inference._target_)
     preflight(algorithm, capabilities, backend_name=backend_cls.__name__,
-              engine_returns_entropies=engine_returns_entropies)
+              engine_returns_entropies=bool(getattr(engine_cls, "returns_entropies", False)))
 
     resume = find_resume_checkpoint(cfg, run_dir)
     identity = config_identity(cfg)
     if resume is not None and not cfg.resume["from"]:
         check_same_run(read_state(resume).get("config_identity", {}), identity, run_dir)
     seed = resolve_seed(training.seed, resume)
+    training = replace(training, seed=seed)
+    batching = FixedBatching(training.batch_size)
     data = instantiate(cfg.data, seed=seed)
     log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
-    scorer = RewardScorer(instantiate(cfg.reward), name=str(cfg.reward._target_),
-                          timeout_s=cfg.scoring.timeout_s, workers=cfg.scoring.workers)
+    evaluation: EvalConfig = OmegaConf.to_object(cfg.eval)  # type: ignore[assignment]
+    eval_examples = held_out_examples(data, evaluation.num_examples)
+    scorer = RewardScorer(instantiate(cfg.reward), timeout_s=cfg.scoring.timeout_s, workers=cfg.scoring.workers)
+    parts.callback(scorer.close)
 
-    model_spec = instantiate(cfg.model)
+    model: ModelSpec = instantiate(cfg.model)
+    tokenizer = model.load_tokenizer()
+    prompts = ChatPrompts(tokenizer, model.name_or_path)
     # a partial first: Hydra would turn dataclass kwargs back into configs
-    backend = instantiate(cfg.backend, _partial_=True)(
-        model=model_spec, engine=instantiate(cfg.inference), seed=seed,
-        optim=OptimSettings(lr=training.lr, weight_decay=training.weight_decay,
-                            betas=tuple(training.betas), eps=training.eps,
-                            max_grad_norm=training.max_grad_norm),
-        loss=LossSettings(clip_eps=training.clip_eps,
-                          clip_eps_high=training.clip_eps_high if training.clip_eps_high is not None
-                          else training.clip_eps),
-    )
-    settings = TrainerSettings(
-        max_steps=training.max_steps, batch_size=training.batch_size, group_size=training.group_size,
-        sampling=SamplingParams(max_tokens=training.max_tokens, temperature=training.temperature,
-                                top_p=training.top_p, return_entropies=algorithm.needs_entropies),
-        save_every=training.save_every, seed=seed, condition=algorithm.name, label=algorithm.label,
-        eval_examples=cfg.eval.num_examples, eval_samples=cfg.eval.samples,
-        console_groups=cfg.logging.console_groups, generations_per_step=cfg.logging.generations_per_step,
-        progress_bar=cfg.logging.progress_bar,
-    )
-    trainer = Trainer(backend=backend, capabilities=capabilities, algorithm=algorithm, data=data,
-                      scorer=scorer, settings=settings, run_dir=run_dir, resume_checkpoint=resume,
-                      wandb=wandb_settings(cfg, algorithm.name, seed), config_identity=identity)
+    backend: Backend = checked(instantiate(cfg.backend, _partial_=True)(
+        model=model, optim=OptimSettings.from_config(training), loss=LossSettings.from_config(training), seed=seed),
+        BACKEND_CHECKS, f"backend {plugin_name(backend_cls)}")
+    parts.callback(backend.close)
+    engine = build_engine(cfg, backend, capabilities, tokenizer)
+    if engine is not backend:
+        parts.callback(engine.close)
+    output: LoggingConfig = OmegaConf.to_object(cfg.logging)  # type: ignore[assignment]
+    run_config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    return Trainer(backend=backend, engine=engine, algorithm=algorithm, planning=planning_detection(algorithm, tokenizer),
+                   data=data, eval_examples=eval_examples, scorer=scorer, prompts=prompts,
+                   probe=Probe.from_tokenizer(tokenizer), batching=batching, training=training, evaluation=evaluation,
+                   output=output, run_dir=run_dir, resume_checkpoint=resume, run_config=run_config,
+                   config_identity=identity)
+
+
+def build_engine(cfg: DictConfig, backend: Backend, capabilities: Capabilities, tokenizer: Any) -> InferenceEngine:
+    """The backend itself when it samples itself, else `inference=...` built beside it from what it shares."""
+    if capabilities.samples_itself:
+        log.info("backend %s samples itself; inference=%s is not used", plugin_name(backend), cfg.inference._target_)
+        return backend  # type: ignore[return-value]  # it implements InferenceEngine too
+    engine = instantiate(cfg.inference)(tokenizer=tokenizer, resources=backend.engine_resources())
+    return checked(engine, ENGINE_CHECKS, f"inference engine {plugin_name(engine)}")
+
+
+def planning_detection(algorithm: Algorithm, tokenizer: Any) -> PlanningDetection | None:
+    """The algorithm's planning-token detector bound to the run's tokenizer, when the algorithm reads planning tokens."""
+    if not algorithm.needs_planning:
+        return None
+    return functools.partial(algorithm.planning_mask, tokenizer=tokenizer)
+
+
+def held_out_examples(data: Any, num_examples: int) -> list[Example]:
+    """The `eval.num_examples` held-out problems, taken now so that a data source without them fails
+    before any model loads (none when evaluation is off)."""
+    if num_examples <= 0:
+        return []
+    held_out = getattr(data, "held_out", None)
+    if held_out is None:
+        raise ConfigError(f"eval.num_examples={num_examples}, but data source {plugin_name(data)} has no held-out "
+                          "split; set eval.num_examples=0 or choose data with one")
     try:
-        with requeue_on_preemption(trainer):  # a cluster's pre-emption signal: finish the step, checkpoint, requeue
-            return trainer.run()
-    finally:
-        scorer.close()
-        backend.close()
+        return list(held_out(num_examples))
+    except ConfigError as error:
+        raise ConfigError(f"eval.num_examples={num_examples}: {error}") from error
 
 
 @contextmanager
@@ -163,14 +203,3 @@ def resolve_seed(configured: int, resume: Path | None) -> int:
     seed = secrets.randbelow(2**31)
     log.info("training.seed=-1: drew seed %d", seed)
     return seed
-
-
-def wandb_settings(cfg: DictConfig, condition: str, seed: int) -> WandbSettings | None:
-    logging_cfg = cfg.logging
-    if not logging_cfg.wandb_project:
-        return None
-    return WandbSettings(
-        project=logging_cfg.wandb_project, entity=logging_cfg.wandb_entity,
-        group=logging_cfg.wandb_group, name=logging_cfg.wandb_run_name or f"{condition}_s{seed}",
-        tags=list(logging_cfg.wandb_tags), config=OmegaConf.to_container(cfg, resolve=True),
-    )

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
+from retrain.rundir import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunDir
+
 SQUEEZE_REPORT = "squeeze.json"
 # PEFT names the two factors of a linear layer lora_A/lora_B and of an embedding lora_embedding_A/B.
 FACTOR_SUFFIXES = ((".lora_A.weight", ".lora_B.weight"), (".lora_embedding_A", ".lora_embedding_B"))
@@ -127,14 +127,10 @@ class SqueezeReport:
 
 def resolve_adapter_dir(path: Path) -> Path:
     """An adapter dir, or a run dir whose final/ (else latest checkpoint) holds the adapter."""
-    if (path / ADAPTER_CONFIG).is_file():
-        return path
-    if (path / "final" / ADAPTER_CONFIG).is_file():
-        return path / "final"
-    steps = sorted((path / "checkpoints").glob("step_*/" + ADAPTER_CONFIG),
-                   key=lambda p: int(p.parent.name.removeprefix("step_")))
-    if steps:
-        return steps[-1].parent
+    run_dir = RunDir(path)
+    for candidate in (path, run_dir.final_dir, *run_dir.step_dirs()):
+        if (candidate / ADAPTER_CONFIG).is_file():
+            return candidate
     raise SqueezeError(f"{path}: no PEFT adapter here ({ADAPTER_CONFIG} not found in it, in final/ or in checkpoints/)")
 
 

@@ -20,9 +20,10 @@ from typing import Any
 
 from retrain.campaign.manifest import MANIFEST, collect, state_counts
 from retrain.campaign.report import refresh
-from retrain.campaign.runs import RunInfo, describe_age, is_run_dir, read_json, read_run
+from retrain.campaign.runs import RunInfo, describe_age, read_run
 from retrain.campaign.stats import run_scores
 from retrain.campaign.summary import build_summary, render_markdown
+from retrain.rundir import RunDir
 
 SWEEP_MARKERS = (MANIFEST, "multirun.yaml")
 LAST_K = 10
@@ -35,15 +36,15 @@ def is_sweep_dir(path: Path) -> bool:
 def run_report(run: RunInfo) -> dict[str, Any]:
     scores = run_scores(run.metrics, LAST_K)
     last = run.metrics[-1] if run.metrics else {}
-    checkpoints = sorted((run.dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1])) \
-        if run.dir is not None else []
-    status = read_json(run.dir / "status.json") or {} if run.dir is not None else {}
+    files = RunDir(run.dir) if run.dir is not None else None
+    checkpoints = [p.name for p in reversed(files.step_dirs())] if files is not None else []
+    status = files.read_status() if files is not None else {}
     return {
         "dir": str(run.dir), "condition": run.condition, "seed": run.seed, "state": run.state,
         "step": run.step, "max_steps": run.max_steps, "updated_at": run.updated_at, "error": run.error,
         "final_correct_rate": scores.final, f"last_{LAST_K}_correct_rate": scores.last_k,
         "running_correct_rate": last.get("running_correct_rate"), "last_step_time_s": last.get("step_time_s"),
-        "checkpoints": [p.name for p in checkpoints], "final_adapter": run.has_adapter,
+        "checkpoints": checkpoints, "final_adapter": run.has_adapter,
         "eval": status.get("eval") or {}, "job": run.job,
     }
 
@@ -88,7 +89,7 @@ def overview(root: Path) -> list[dict[str, Any]]:
             entries.append({"kind": "sweep", "dir": str(path), "state": campaign.state,
                             "counts": state_counts(campaign.runs)})
             dirs.clear()
-        elif is_run_dir(path):
+        elif RunDir(path).has_run():
             run = read_run(path)
             entries.append({"kind": "run", "dir": str(path), "state": run.state, "step": run.step,
                             "max_steps": run.max_steps, "condition": run.condition, "seed": run.seed})
@@ -133,7 +134,7 @@ def main(argv: list[str]) -> int:
                                 else None)
         print(json.dumps(summary, indent=2, default=str) if args.json else render_markdown(summary), end="")
         return 0
-    if is_run_dir(path):
+    if RunDir(path).has_run():
         report = run_report(read_run(path))
         print(json.dumps(report, indent=2, default=str) if args.json else render_run(report))
         return 0

@@ -1,7 +1,10 @@
-"""The step loop: sample -> score -> advantages -> train -> log -> checkpoint; nothing model-specific.
+"""The step loop: sample -> score -> advantages -> train -> sync -> log -> checkpoint; nothing model-specific.
 
-The trainer talks to its parts only through their small interfaces (Backend, algorithm, DataSource,
-RewardScorer), so any of them can be swapped by config without touching this file.
+The trainer talks to its parts only through their small interfaces (retrain.backend.base.Backend,
+retrain.inference.base.InferenceEngine, retrain.algorithm.base.Algorithm, DataSource, Scorer,
+Batching), so any of them can be swapped by config without touching this file. It holds the
+training backend and the inference engine as two parts: the backend's WeightUpdate goes to the
+engine in the step, and the freshness probe proves the engine serves it before the next step samples.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import random
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +24,17 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from retrain.algorithm.checks import check_algorithm_output
-from retrain.algorithm.pipeline import Algorithm
-from retrain.backend.base import Backend, Capabilities
+from retrain.algorithm.base import Algorithm
+from retrain.backend.base import Backend, capabilities_of
+from retrain.batching import Batching
 from retrain.checkpoint import CHECKPOINTS, FINAL, read_state, save_checkpoint, write_json_atomic
+from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
+from retrain.inference.base import InferenceEngine
+from retrain.inference.freshness import Probe, check_fresh
 from retrain.logging import JsonlLog, WandbSink, console_line
-from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainResult
+from retrain.reward.scorer import Scorer
+from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger("retrain")
 
@@ -37,34 +44,8 @@ STEPS_LOG = "emergence/steps.jsonl"
 GENERATIONS_LOG = "emergence/generations.jsonl"
 STATUS = "status.json"
 
-
-@dataclass
-class TrainerSettings:
-    """What the loop needs from the config, already typed."""
-
-    max_steps: int
-    batch_size: int
-    group_size: int
-    sampling: SamplingParams
-    save_every: int
-    seed: int
-    condition: str  # the algorithm's name, e.g. maxrl_gtpo_sepa
-    label: str  # the console label, e.g. maxrl+gtpo_sepa
-    eval_examples: int = 0
-    eval_samples: int = 4
-    console_groups: int = 2
-    generations_per_step: int = 4
-    progress_bar: bool = True
-
-
-@dataclass
-class WandbSettings:
-    project: str
-    entity: str
-    group: str
-    name: str
-    tags: list[str]
-    config: dict[str, Any]
+PromptEncoder = Callable[[list[str]], list[list[int]]]  # user messages -> chat-templated prompt ids
+PlanningDetection = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, mask) [N, T] -> planning mask
 
 
 def step_generator_seed(seed: int, step: int) -> int:
@@ -73,21 +54,37 @@ def step_generator_seed(seed: int, step: int) -> int:
 
 
 class Trainer:
-    """Runs the RLVR loop over a backend, an algorithm, a data source and a reward scorer."""
+    """Runs the RLVR loop over its parts; the composition root (retrain/run.py) builds and closes them.
 
-    def __init__(self, *, backend: Backend, capabilities: Capabilities, algorithm: Any,
-                 data: DataSource, scorer: Any, settings: TrainerSettings, run_dir: Path,
-                 resume_checkpoint: Path | None = None, wandb: WandbSettings | None = None,
+    `training.seed` is the resolved seed (never -1). `planning` is set only when the algorithm needs
+    planning tokens; `eval_examples` are the held-out problems (none: no evaluation). `run_config`
+    is the resolved config, recorded by wandb; `config_identity` is saved in every checkpoint.
+    """
+
+    def __init__(self, *, backend: Backend, engine: InferenceEngine, algorithm: Algorithm,
+                 planning: PlanningDetection | None, data: DataSource, eval_examples: list[Example],
+                 scorer: Scorer, prompts: PromptEncoder, probe: Probe, batching: Batching,
+                 training: TrainingConfig, evaluation: EvalConfig, output: LoggingConfig, run_dir: Path,
+                 resume_checkpoint: Path | None = None, run_config: dict[str, Any] | None = None,
                  config_identity: dict[str, Any] | None = None) -> None:
         self.backend = backend
-        self.capabilities = capabilities
+        self.engine = engine
+        self.capabilities = capabilities_of(backend)
         self.algorithm = algorithm
+        self.planning = planning
         self.data = data
+        self.eval_examples = eval_examples
         self.scorer = scorer
-        self.settings = settings
+        self.prompts = prompts
+        self.probe = probe
+        self.batching = batching
+        self.training = training
+        self.evaluation = evaluation
+        self.output = output
+        self.sampling = SamplingParams.from_config(training, return_entropies=algorithm.needs_entropies)
         self.run_dir = run_dir
         self.resume_checkpoint = resume_checkpoint
-        self.wandb_settings = wandb
+        self.run_config = run_config or {}
         self.config_identity = config_identity or {}
         self.wandb: WandbSink | None = None
         self.wandb_run_id: str | None = None
@@ -98,7 +95,6 @@ class Trainer:
         self.total_correct = 0
         self.total_completions = 0
         self.eval_results: dict[str, float] = {}
-        self._prompt_cache: dict[str, list[int]] = {}
         self._stop = threading.Event()
         self._last_saved_step = -1
 
@@ -114,13 +110,13 @@ class Trainer:
             return self._write_status("done")
         self._start_wandb()
         try:
-            if self.next_step == 0 and self.settings.eval_examples:
+            if self.next_step == 0 and self.eval_examples:
                 self._evaluate("before")
             self._write_status("running")
             self._loop()
-            if self._stop.is_set() and self.next_step < self.settings.max_steps:
+            if self._stop.is_set() and self.next_step < self.training.max_steps:
                 return self._write_status("stopped")
-            if self.settings.eval_examples:
+            if self.eval_examples:
                 self._evaluate("after")
             self.save(final=True)
             return self._write_status("done")
@@ -132,18 +128,18 @@ class Trainer:
                 self.wandb.finish()
 
     def _loop(self) -> None:
-        settings = self.settings
+        training = self.training
         with logging_redirect_tqdm(loggers=[logging.root]), tqdm(
-            total=settings.max_steps, initial=self.next_step, desc=settings.condition,
-            disable=not settings.progress_bar, dynamic_ncols=True, leave=False,
+            total=training.max_steps, initial=self.next_step, desc=self.algorithm.name,
+            disable=not self.output.progress_bar, dynamic_ncols=True, leave=False,
         ) as bar:
-            while self.next_step < settings.max_steps:
+            while self.next_step < training.max_steps:
                 step = self.next_step
                 record = self.train_step(step)
                 self.next_step = step + 1
                 self._log_step(record)
                 bar.update(1)
-                if settings.save_every > 0 and self.next_step % settings.save_every == 0:
+                if training.save_every > 0 and self.next_step % training.save_every == 0:
                     self.save()
                 if self._stop.is_set():
                     if self._last_saved_step != step:
@@ -152,15 +148,15 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One RLVR step; returns its metrics record."""
-        settings = self.settings
-        B, G = settings.batch_size, settings.group_size
+        training = self.training
+        B, G = self.batching.batch_size(), training.group_size
         started = time.perf_counter()
         sepa_lambda = self.algorithm.begin_step(step)
         examples = self.data.next_batch(B)
-        prompt_ids = self._encode(examples)
+        prompt_ids = self.prompts([example.prompt for example in examples])
 
         t_sample = time.perf_counter()
-        rollouts = self.backend.sample(prompt_ids, G, settings.sampling, step_generator_seed(settings.seed, step))
+        rollouts = self.engine.generate(prompt_ids, G, self.sampling, step_generator_seed(training.seed, step))
         t_reward = time.perf_counter()
         row_examples = [example for example in examples for _ in range(G)]
         scored = self.scorer.score(rollouts.texts, row_examples)
@@ -168,18 +164,18 @@ class Trainer:
 
         t_advantage = time.perf_counter()
         planning = None
-        if self.algorithm.needs_planning:
-            planning = self.algorithm.planning_mask(
-                rollouts.completion_ids, rollouts.completion_mask, self.backend.tokenizer)
+        if self.planning is not None:
+            planning = self.planning(rollouts.completion_ids, rollouts.completion_mask)
         advantage = self.algorithm.compute(
             rewards, rollouts.logprobs, rollouts.completion_mask, rollouts.entropies, planning)
-        if not isinstance(self.algorithm, Algorithm):  # a whole-algorithm plugin: check its contract
-            check_algorithm_output(self.algorithm, advantage, B, rollouts.completion_mask)
         row_mask = advantage.group_has_signal.repeat_interleave(G)
         batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
 
         t_train = time.perf_counter()
         result = self.backend.train(batch) if batch.num_datums else _no_update()
+        t_sync = time.perf_counter()
+        if result.update is not None:
+            self._sync_engine(result.update)
         t_end = time.perf_counter()
 
         correct = rewards > CORRECT_THRESHOLD
@@ -193,12 +189,13 @@ class Trainer:
             "sample_time_s": t_reward - t_sample,
             "reward_time_s": t_advantage - t_reward,
             "advantage_time_s": t_train - t_advantage,
-            "train_time_s": t_end - t_train,
+            "train_time_s": t_sync - t_train,
+            "sync_time_s": t_end - t_sync,  # weight sync to the engine and its freshness proof
         }
         record: dict[str, Any] = {
             "step": step,
-            "condition": settings.condition,
-            "seed": settings.seed,
+            "condition": self.algorithm.name,
+            "seed": training.seed,
             "loss": result.loss,
             "mean_reward": float(rewards.mean()),
             "correct_rate": correct_rate,
@@ -218,35 +215,35 @@ class Trainer:
             "reward/errors": scored.errors,
             "reward/timeouts": scored.timeouts,
             **advantage.metrics,
+            **rollouts.metrics,  # the sampler's, e.g. policy/top_p_mass: every step, trained on or not
             **result.metrics,
             **timings,
             "other_time_s": (t_end - started) - sum(timings.values()),
             "step_time_s": t_end - started,
         }
         self._log_samples(step, examples, rollouts, rewards, correct, planning)
+        self.batching.observe(record)
         return record
 
-    def _encode(self, examples: list[Example]) -> list[list[int]]:
-        """Chat-templated prompt ids, encoded once per distinct prompt for the whole run."""
-        missing = list(dict.fromkeys(e.prompt for e in examples if e.prompt not in self._prompt_cache))
-        if missing:
-            self._prompt_cache.update(zip(missing, self.backend.encode_prompts(missing)))
-        return [self._prompt_cache[e.prompt] for e in examples]
+    def _sync_engine(self, update: WeightUpdate) -> None:
+        """Hand the new weights to the engine, then prove it serves them (StaleWeightsError if not)."""
+        self.engine.sync(update)
+        check_fresh(self.engine, self.backend, self.probe, update.version)
 
     # ---- logging -------------------------------------------------------------------------
     def _log_step(self, record: dict[str, Any]) -> None:
         self.metrics.append(record)
         if self.wandb is not None:
             self.wandb.log(record, step=record["step"])
-        log.info(console_line(record, self.settings.label, not self.capabilities.reports_sync_loss))
+        log.info(console_line(record, self.algorithm.label, not self.capabilities.reports_sync_loss))
         self._write_status("running")
 
     def _log_samples(self, step: int, examples: list[Example], rollouts: Rollouts,
                      rewards: torch.Tensor, correct: torch.Tensor, planning: torch.Tensor | None) -> None:
-        G = self.settings.group_size
-        for b in range(min(self.settings.console_groups, len(examples))):
+        G = self.training.group_size
+        for b in range(min(self.output.console_groups, len(examples))):
             log.info("  group: %d/%d correct | answer=%s", int(correct[b].sum()), G, examples[b].reference)
-        for n in range(min(self.settings.generations_per_step, rollouts.num_rows)):
+        for n in range(min(self.output.generations_per_step, rollouts.num_rows)):
             example = examples[n // G]
             self.generations_log.append({
                 "step": step, "example_id": example.id, "prompt": example.prompt,
@@ -256,7 +253,7 @@ class Trainer:
         tokens = rollouts.completion_mask.sum()
         self.steps_log.append({
             "step": step,
-            "condition": self.settings.condition,
+            "condition": self.algorithm.name,
             "correct_rate": float(correct.float().mean()),
             "mean_completion_tokens": float(tokens) / rollouts.num_rows,
             "planning_token_fraction": None if planning is None else float((planning & rollouts.completion_mask).sum()) / max(float(tokens), 1.0),
@@ -264,8 +261,8 @@ class Trainer:
 
     def _write_status(self, state: str, error: str | None = None) -> dict[str, Any]:
         status = {
-            "state": state, "step": self.next_step - 1, "max_steps": self.settings.max_steps,
-            "condition": self.settings.condition, "seed": self.settings.seed,
+            "state": state, "step": self.next_step - 1, "max_steps": self.training.max_steps,
+            "condition": self.algorithm.name, "seed": self.training.seed,
             "updated_at": time.time(), "pid": os.getpid(), "hostname": socket.gethostname(),
             "error": error, "eval": self.eval_results,
         }
@@ -273,29 +270,23 @@ class Trainer:
         return status
 
     def _start_wandb(self) -> None:
-        if self.wandb_settings is None:
+        output = self.output
+        if not output.wandb_project:
             return
-        ws = self.wandb_settings
-        self.wandb = WandbSink(project=ws.project, entity=ws.entity, group=ws.group, name=ws.name,
-                               tags=ws.tags, config=ws.config, run_dir=self.run_dir,
+        self.wandb = WandbSink(project=output.wandb_project, entity=output.wandb_entity, group=output.wandb_group,
+                               name=output.wandb_run_name or f"{self.algorithm.name}_s{self.training.seed}",
+                               tags=list(output.wandb_tags), config=self.run_config, run_dir=self.run_dir,
                                run_id=self.wandb_run_id)
         self.wandb_run_id = self.wandb.run_id
 
     # ---- evaluation ----------------------------------------------------------------------
     def _evaluate(self, when: str) -> None:
         """Held-out accuracy, greedy and sampled, with a fixed sampling seed so before/after pair up."""
-        held_out = getattr(self.data, "held_out", None)
-        if held_out is None:
-            log.warning("eval.num_examples is set but data source %s has no held-out split",
-                        type(self.data).__name__)
-            self.settings.eval_examples = 0
-            return
-        examples = held_out(self.settings.eval_examples)
-        sampling = self.settings.sampling
-        greedy = SamplingParams(max_tokens=sampling.max_tokens, temperature=0.0, top_p=1.0)
+        examples = self.eval_examples
+        greedy = SamplingParams(max_tokens=self.sampling.max_tokens, temperature=0.0, top_p=1.0)
         results = {
             f"eval/{when}_greedy_accuracy": self._accuracy(examples, greedy, 1),
-            f"eval/{when}_sampled_accuracy": self._accuracy(examples, sampling, self.settings.eval_samples),
+            f"eval/{when}_sampled_accuracy": self._accuracy(examples, self.sampling, self.evaluation.samples),
         }
         self.eval_results.update(results)
         log.info("Held-out accuracy %s training (%d problems): greedy=%.1f%% sampled=%.1f%%", when,
@@ -305,12 +296,13 @@ class Trainer:
             self.wandb.summary(results)
 
     def _accuracy(self, examples: list[Example], sampling: SamplingParams, samples: int) -> float:
+        """Share of correct completions; prompts go in chunks of the configured batch size."""
         correct = 0
-        chunk = max(self.settings.batch_size, 1)
+        chunk = self.training.batch_size
         for start in range(0, len(examples), chunk):
             part = examples[start:start + chunk]
-            rollouts = self.backend.sample(self._encode(part), samples, sampling,
-                                           step_generator_seed(self.settings.seed, -1 - start))
+            rollouts = self.engine.generate(self.prompts([e.prompt for e in part]), samples, sampling,
+                                            step_generator_seed(self.training.seed, -1 - start))
             scored = self.scorer.score(rollouts.texts, [e for e in part for _ in range(samples)])
             correct += int((scored.rewards > CORRECT_THRESHOLD).sum())
         return correct / (len(examples) * samples)
@@ -323,16 +315,16 @@ class Trainer:
         state = {
             "step": completed - 1,
             "completed_steps": completed,
-            "max_steps": self.settings.max_steps,
+            "max_steps": self.training.max_steps,
             "finished": final,
-            "seed": self.settings.seed,
-            "condition": self.settings.condition,
+            "seed": self.training.seed,
+            "condition": self.algorithm.name,
             "data": self.data.state_dict(),
             "algorithm": self.algorithm.state_dict(),
+            "batching": self.batching.state_dict(),
             "total_correct": self.total_correct,
             "total_completions": self.total_completions,
-            "batch_size": self.settings.batch_size,
-            "group_size": self.settings.group_size,
+            "group_size": self.training.group_size,
             "eval": self.eval_results,
             "wandb_run_id": self.wandb_run_id,
             "rng": _rng_state(),
@@ -345,15 +337,16 @@ class Trainer:
     def _restore(self, checkpoint: Path) -> bool:
         """Load a checkpoint; returns True when it is a finished run (nothing left to do)."""
         state = read_state(checkpoint)
-        if state["completed_steps"] >= self.settings.max_steps:
+        if state["completed_steps"] >= self.training.max_steps:
             log.info("Run at %s already finished %d/%d steps: nothing to resume.",
-                     checkpoint, state["completed_steps"], self.settings.max_steps)
+                     checkpoint, state["completed_steps"], self.training.max_steps)
             self.next_step = state["completed_steps"]
             self.eval_results = dict(state.get("eval", {}))
             return True
-        self.backend.load(checkpoint)
+        self._sync_engine(self.backend.load(checkpoint))
         self.data.load_state_dict(state["data"])
         self.algorithm.load_state_dict(state["algorithm"])
+        self.batching.load_state_dict(state["batching"])
         self.total_correct = int(state["total_correct"])
         self.total_completions = int(state["total_completions"])
         self.eval_results = dict(state.get("eval", {}))

@@ -1,16 +1,21 @@
 """The small typed objects that flow one way through a training step.
 
-Example -> Rollouts -> rewards [B, G] -> token advantages [N, T] -> TrainBatch -> TrainResult.
-Rows are flattened group-major: row n = b * group_size + g.
+Example -> Rollouts -> rewards [B, G] -> token advantages [N, T] -> TrainBatch -> TrainResult
+(with the WeightUpdate the inference engine syncs to). Rows are flattened group-major:
+row n = b * group_size + g.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the config schemas import this module, keep it light
     import torch
+
+    from retrain.config import TrainingConfig
 
 
 @dataclass
@@ -25,12 +30,18 @@ class Example:
 
 @dataclass
 class SamplingParams:
-    """How completions are sampled."""
+    """How completions are sampled (the defaults are the model's own, untruncated distribution;
+    a run's values come from `training.*`)."""
 
     max_tokens: int
-    temperature: float = 0.7
-    top_p: float = 0.95
+    temperature: float = 1.0
+    top_p: float = 1.0
     return_entropies: bool = False
+
+    @classmethod
+    def from_config(cls, training: TrainingConfig, return_entropies: bool = False) -> SamplingParams:
+        return cls(max_tokens=training.max_tokens, temperature=training.temperature, top_p=training.top_p,
+                   return_entropies=return_entropies)
 
 
 @dataclass
@@ -71,6 +82,25 @@ class TrainBatch:
         return int(self.row_mask.sum())
 
 
+@dataclass(frozen=True)
+class WeightUpdate:
+    """The policy's weights after an optimizer step, in a form an inference engine can load.
+
+    `version` counts the optimizer steps applied (0 = the initial adapter). The weights travel as
+    an adapter directory (PEFT format, for engines that load files) or as named tensors (named as
+    the training model's trainable parameters; live views, so an engine that keeps its own copy
+    copies them during `sync`, before the next step changes them).
+    """
+
+    version: int
+    adapter_dir: Path | None = None
+    tensors: Mapping[str, torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.adapter_dir is None) == (self.tensors is None):
+            raise ValueError("a WeightUpdate carries either an adapter_dir or named tensors, exactly one")
+
+
 @dataclass
 class TrainResult:
     """What one optimizer step reports."""
@@ -80,3 +110,4 @@ class TrainResult:
     skipped_nonfinite: bool
     num_tokens: int
     metrics: dict[str, float] = field(default_factory=dict)  # policy/ratio_mean, policy/clip_frac, ...
+    update: WeightUpdate | None = None  # the new weights; None when no optimizer step was taken

@@ -22,9 +22,9 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None,
             check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run `python -m retrain ...` as a user would (tests/ importable for plugins)."""
-    full_env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                "OMP_NUM_THREADS": "1", **(env or {})}
+    """Run `python -m retrain ...` as a user would (tests/ importable for plugins), with the default
+    thread count: same-seed runs must match with it (docs/reproducibility.md)."""
+    full_env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(env or {})}
     result = subprocess.run([sys.executable, "-m", "retrain", *args], cwd=cwd, env=full_env,
                             capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:

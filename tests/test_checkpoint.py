@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from retrain.checkpoint import latest_checkpoint, read_state, save_checkpoint
+from retrain.rundir import RunDir
 
 
 def write_adapter(directory: Path) -> None:
@@ -15,28 +14,31 @@ def write_adapter(directory: Path) -> None:
 
 
 def test_a_save_that_crashes_leaves_no_checkpoint_behind(tmp_path: Path) -> None:
-    save_checkpoint(tmp_path / "checkpoints" / "step_1", write_adapter, {"completed_steps": 1, "step": 0})
+    run_dir = RunDir(tmp_path)
+    run_dir.save_checkpoint(1, write_adapter, {"completed_steps": 1, "step": 0})
 
     def crash_half_way(directory: Path) -> None:
         write_adapter(directory)
         raise KeyboardInterrupt("killed while writing")
 
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(tmp_path / "checkpoints" / "step_2", crash_half_way, {"completed_steps": 2, "step": 1})
+        run_dir.save_checkpoint(2, crash_half_way, {"completed_steps": 2, "step": 1})
     assert not (tmp_path / "checkpoints" / "step_2").exists()
-    latest = latest_checkpoint(tmp_path)
-    assert latest == tmp_path / "checkpoints" / "step_1"
-    assert read_state(latest)["completed_steps"] == 1
+    latest = run_dir.latest_checkpoint()
+    assert latest is not None and latest.path == tmp_path / "checkpoints" / "step_1"
+    assert latest.state()["completed_steps"] == 1
 
 
-def test_latest_prefers_the_most_advanced_complete_checkpoint(tmp_path: Path) -> None:
-    for completed in (2, 10, 4):
-        save_checkpoint(tmp_path / "checkpoints" / f"step_{completed}", write_adapter,
-                        {"completed_steps": completed, "step": completed - 1})
-    # a directory without trainer_state.json (e.g. copied by hand, half-way) is never trusted
-    (tmp_path / "checkpoints" / "step_99").mkdir()
-    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_10"
-    save_checkpoint(tmp_path / "final", write_adapter, {"completed_steps": 10, "step": 9})
-    assert latest_checkpoint(tmp_path) == tmp_path / "final"
-    state = json.loads((tmp_path / "final" / "trainer_state.json").read_text())
-    assert state["checkpoint_path"] == str(tmp_path / "final")
+def test_saving_again_replaces_the_checkpoint_whole(tmp_path: Path) -> None:
+    """A continued run rewrites final/: the new one replaces the old, no file of the old one survives."""
+    run_dir = RunDir(tmp_path)
+
+    def write_old(directory: Path) -> None:
+        write_adapter(directory)
+        (directory / "only_in_the_old_one").write_text("stale")
+
+    run_dir.save_checkpoint(10, write_old, {"completed_steps": 10, "step": 9}, final=True)
+    saved = run_dir.save_checkpoint(20, write_adapter, {"completed_steps": 20, "step": 19}, final=True)
+    assert saved.path == tmp_path / "final" and saved.state()["completed_steps"] == 20
+    assert sorted(p.name for p in saved.path.iterdir()) == ["adapter_model.safetensors", "trainer_state.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["final"]  # no temp dir left behind

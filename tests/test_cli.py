@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_cli
 
 
@@ -47,3 +49,36 @@ def test_preflight_refuses_token_credit_on_a_backend_that_aggregates_it(tmp_path
     assert result.returncode != 0
     assert "maxrl_gtpo_sepa" in message and "ScalarAdvantageBackend" in message
     assert "preflight should have stopped" not in message
+
+
+ERRORS = "tests.plugins.error_plugins"
+# kind -> (overrides, environment, what the one-line message must name)
+USER_ERRORS = {
+    "config": (["scoring.timeout_s=0"], {}, "scoring.timeout_s"),
+    "unimportable target": ([f"reward._target_={ERRORS}.no_such_reward"], {}, f"reward._target_='{ERRORS}.no_such_reward'"),
+    "unreadable data": (["data=jsonl", "data.path={tmp}/broken.jsonl"], {}, "broken.jsonl': cannot read the records"),
+    "hub": (["model.name_or_path=retrain-tests/no-such-model"], {"HF_HUB_OFFLINE": "1"}, "'retrain-tests/no-such-model'"),
+    "reward output": ([f"reward._target_={ERRORS}.text_reward"], {}, f"reward {ERRORS}.text_reward returned '"),
+    "reward worker": ([f"reward._target_={ERRORS}.UnloadableReward", "reward._partial_=false"], {},
+                      f"could not load reward {ERRORS}.UnloadableReward (RuntimeError: this reward holds"),
+    "plugin output": (["algorithm.advantage._target_=tests.plugins.algorithm_plugins.wrong_shape_advantage"], {},
+                      "tests.plugins.algorithm_plugins.wrong_shape_advantage"),
+}
+
+
+@pytest.mark.parametrize("kind", USER_ERRORS)
+def test_a_users_mistake_reads_as_one_message_with_the_traceback_in_run_log(tmp_path: Path, kind: str) -> None:
+    overrides, env, named = USER_ERRORS[kind]
+    (tmp_path / "broken.jsonl").write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": \n')
+    run_dir = tmp_path / "run"
+    result = run_cli(["experiment=quickstart", "eval.num_examples=0", "training.max_steps=1", "logging.progress_bar=false",
+                      f"hydra.run.dir={run_dir}", *(o.format(tmp=tmp_path) for o in overrides)],
+                     cwd=tmp_path, check=False, env=env)
+    console = result.stdout + result.stderr
+    assert result.returncode == 1, console
+    assert "Traceback" not in console, console
+    messages = [line for line in console.splitlines() if line.startswith("retrain: ")]
+    assert len(messages) == 1 and named in messages[0], console
+    assert f"traceback in {run_dir / 'run.log'}" in messages[0]
+    log = (run_dir / "run.log").read_text()
+    assert messages[0] in log and "Traceback (most recent call last)" in log, log

@@ -1,4 +1,5 @@
-"""The five campaign conditions each train on the quickstart experiment, in one real --multirun."""
+"""The five campaign conditions each train on the quickstart experiment, in one real --multirun; a condition
+composed from swapped parts runs under the name derived from them."""
 
 from __future__ import annotations
 
@@ -29,3 +30,13 @@ def test_each_condition_runs_three_quickstart_steps(tmp_path: Path) -> None:
     sepa = read_metrics(sweep / "maxrl_gtpo_sepa_s3")
     assert [r["sepa_lambda"] for r in sepa] == [0.0, 0.5, 1.0]
     assert all(r["sepa_lambda"] == 0.0 for r in read_metrics(sweep / "maxrl_gtpo_hicra_s3"))
+
+
+@pytest.mark.slow
+def test_a_condition_with_a_part_swapped_runs_under_its_derived_name(tmp_path: Path) -> None:
+    result = run_cli(["experiment=quickstart", "algorithm=maxrl_gtpo_sepa", "algorithm/advantage=rloo",
+                      "training.max_steps=1", "eval.num_examples=0", "logging.progress_bar=false"], cwd=tmp_path)
+    [run_dir] = (tmp_path / "outputs" / "runs").glob("*/*")  # the default run dir: <date>/<time>_<algorithm.name>
+    assert run_dir.name.endswith("_rloo_gtpo_sepa")
+    assert [r["condition"] for r in read_metrics(run_dir)] == ["rloo_gtpo_sepa"]
+    assert "rloo+gtpo_sepa" in result.stdout  # the console label

@@ -1,41 +1,44 @@
-"""Every option of every group and every preset composes, and its `_target_` accepts its arguments.
+"""Every option of every group and sub-group of conf/ composes, and its `_target_`s accept their arguments;
+every experiment preset runs.
 
-Nothing here loads a model: targets are resolved and their signatures bound, not called.
+Nothing here loads a model: targets are resolved and their signatures bound, not called (the slow test
+at the end runs each experiment preset for two steps through the real CLI).
 """
 
 from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from retrain.config import compose, config_dir
+from retrain.config import compose, config_groups
+from tests.conftest import read_metrics, run_cli
 
-CONF = Path(config_dir())
 GROUPS = ["backend", "model", "algorithm", "inference", "reward", "data"]
+APPENDED = {"campaign"}  # groups outside the primary config's defaults list: added with `+`
+HYDRA_PARTS = ["launcher", "sweeper", "callbacks"]  # the parts of the hydra node retrain configures
 # arguments the composition root (retrain/run.py) passes at instantiate time
 RUNTIME_KWARGS = {
-    "backend": {"model": None, "engine": None, "optim": None, "loss": None, "seed": 0},
+    "backend": {"model": None, "optim": None, "loss": None, "seed": 0},
     "data": {"seed": 0},
 }
+OPTIONS = [(group, option) for group, options in config_groups().items() for option in options]
 
 
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-
-
-def check_targets(node: DictConfig, runtime: dict, where: str) -> int:
+def check_targets(node: Any, runtime: dict, where: str) -> int:
     """Bind every `_target_` in `node` (recursively) to its configured arguments; returns how many."""
-    checked = 0
-    for key, child in node.items():
-        if isinstance(child, DictConfig):
-            checked += check_targets(child, {}, f"{where}.{key}")
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=False)  # interpolations are arguments too, as written
+    if not isinstance(node, dict):
+        return 0
+    checked = sum(check_targets(child, {}, f"{where}.{key}") for key, child in node.items())
     if "_target_" not in node:
         return checked
-    target = get_object(node._target_)
+    target = get_object(node["_target_"])
     kwargs = {k: v for k, v in node.items() if not str(k).startswith("_")}
     signature = inspect.signature(target)
     try:
@@ -44,26 +47,40 @@ def check_targets(node: DictConfig, runtime: dict, where: str) -> int:
         else:
             signature.bind(**kwargs, **runtime)
     except TypeError as error:
-        raise AssertionError(f"{where}: {node._target_} does not accept {sorted(kwargs)}: {error}")
+        raise AssertionError(f"{where}: {node['_target_']} does not accept {sorted(kwargs)}: {error}") from error
     return checked + 1
 
 
-@pytest.mark.parametrize("group", GROUPS)
-def test_every_option_of_every_group_composes_and_binds(group: str) -> None:
-    found = options(group)
-    assert found, f"conf/{group}/ has no options"
-    for option in found:
-        cfg = compose([f"{group}={option}"])
-        assert "_target_" in cfg[group], f"{group}={option} has no _target_"
-        assert check_targets(cfg[group], RUNTIME_KWARGS.get(group, {}), f"{group}={option}") >= 1
+def test_every_group_and_sub_group_of_conf_is_listed():
+    groups = config_groups()
+    assert set(GROUPS) | {"algorithm/advantage", "algorithm/transforms", "campaign", "experiment",
+                          "hydra/launcher"} <= set(groups)
+    assert groups["hydra/launcher"] == ["local", "slurm"] and "maxrl_gtpo_sepa" in groups["algorithm"]
 
 
-@pytest.mark.parametrize("preset", options("experiment"))
-def test_every_experiment_preset_composes_and_binds(preset: str) -> None:
-    cfg = compose([f"experiment={preset}"])
-    for group in GROUPS:
-        check_targets(cfg[group], RUNTIME_KWARGS.get(group, {}), f"experiment={preset}: {group}")
-    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+@pytest.mark.parametrize("group, option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_binds(group: str, option: str) -> None:
+    cfg = compose([f"{'+' if group in APPENDED else ''}{group}={option}"], return_hydra_config=True)
+    assert cfg.hydra.runtime.choices[group] == option
+    checked = sum(check_targets(cfg[g], RUNTIME_KWARGS.get(g, {}), f"{group}={option}: {g}") for g in GROUPS)
+    checked += sum(check_targets(cfg.hydra[part], {}, f"{group}={option}: hydra.{part}") for part in HYDRA_PARTS
+                   if cfg.hydra[part] is not None)
+    assert checked >= len(GROUPS)
+    job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    OmegaConf.to_container(job, resolve=True)  # every interpolation resolves
+    name = cfg.algorithm.name
+    assert cfg.hydra.run.dir.endswith(f"_{name}") and cfg.hydra.sweep.subdir == f"{name}_s{cfg.training.seed}"
+
+
+@pytest.mark.slow
+def test_every_experiment_preset_runs_two_steps(tmp_path: Path) -> None:
+    """lightning-hydra-template's habit: `-m experiment=glob(*)`, each preset for a couple of steps."""
+    sweep = tmp_path / "sweep"
+    run_cli(["--multirun", "experiment=glob(*)", "training.max_steps=2", "eval.num_examples=0",
+             "logging.progress_bar=false", f"hydra.sweep.dir={sweep}",
+             "hydra.sweep.subdir=${hydra:runtime.choices.experiment}"], cwd=tmp_path)
+    for preset in config_groups()["experiment"]:
+        assert [r["step"] for r in read_metrics(sweep / preset)] == [0, 1], preset
 
 
 def test_defaults_equal_the_seeds() -> None:

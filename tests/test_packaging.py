@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 import venv
@@ -18,9 +19,9 @@ def test_built_wheel_runs_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(REPO)],
                    check=True, capture_output=True, cwd=tmp_path)
     wheel = next((tmp_path / "dist").glob("retrain-*.whl"))
-    # dependencies come from this interpreter's site-packages; retrain itself only from the wheel
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(tmp_path / "venv")
+    venv.EnvBuilder(with_pip=True).create(tmp_path / "venv")
     python = tmp_path / "venv" / "bin" / "python"
+    see_dependencies_of_this_interpreter(python)
     subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)],
                    check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
@@ -40,3 +41,17 @@ def test_built_wheel_runs_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     module = subprocess.run([str(python), "-m", "retrain", "--cfg", "job", "experiment=quickstart"],
                             capture_output=True, text=True, cwd=workdir, env=env)
     assert module.returncode == 0 and "ArithmeticData" in module.stdout
+
+
+def see_dependencies_of_this_interpreter(python: Path) -> None:
+    """Let the venv import what this interpreter's site dirs hold, listed after its own site-packages.
+
+    Whether the suite runs from a system Python or from inside a virtualenv, the dependencies are
+    where this interpreter finds them (`system_site_packages` would reach the base interpreter's
+    instead). Plain path lines: the .pth files there (an editable install of retrain) stay inert, so
+    retrain itself comes only from the wheel.
+    """
+    site_dirs = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    Path(own, "dependencies_of_the_test_runner.pth").write_text("".join(f"{d}\n" for d in site_dirs if Path(d).is_dir()))

@@ -11,8 +11,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from retrain.rundir import ADAPTER_WEIGHTS, RunDir
 from retrain.squeeze import (
-    ADAPTER_WEIGHTS,
     SqueezeError,
     SqueezeSettings,
     analyse,
@@ -130,9 +130,10 @@ def test_a_zero_update_retains_everything_at_rank_one(tmp_path: Path) -> None:
 def test_cli_prints_table_and_writes_a_loadable_adapter(adapter: Path, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
-    (run_dir / "final").mkdir(parents=True)
+    final_dir = RunDir(run_dir).final_dir
+    final_dir.mkdir(parents=True)
     for file in adapter.iterdir():
-        (run_dir / "final" / file.name).write_bytes(file.read_bytes())
+        (final_dir / file.name).write_bytes(file.read_bytes())
     out = tmp_path / "squeezed"
     assert main([str(run_dir), "--compress-to", "4", "--output", str(out)]) == 0
     printed = capsys.readouterr().out

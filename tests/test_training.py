@@ -61,7 +61,7 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
     run_dir = tmp_path / "killed"
     args = [sys.executable, "-m", "retrain", *SMALL, f"training.max_steps={steps}",
             "training.save_every=1", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline and not (run_dir / "checkpoints" / "step_3").is_dir():
@@ -141,6 +141,15 @@ def test_local_model_dir_and_data_files_work_like_hub_ids(tmp_path: Path, shared
     assert record["step"] == 0 and record["reward/errors"] == 0
     generation = json.loads((math500 / "emergence" / "generations.jsonl").read_text().splitlines()[0])
     assert generation["example_id"].startswith("test/")  # a MATH-500 problem, e.g. test/algebra/1.json
+
+
+def test_evaluation_without_held_out_problems_fails_before_the_model_loads(tmp_path: Path) -> None:
+    result = run_cli([*SMALL, "training.max_steps=1", "eval.num_examples=4", "data.held_out_size=0",
+                      f"hydra.run.dir={tmp_path / 'no_held_out'}"], cwd=tmp_path, check=False)
+    assert result.returncode != 0
+    assert "eval.num_examples=4" in result.stdout and "data.held_out_size" in result.stdout
+    assert "Loading train model" not in result.stdout + result.stderr
+    assert not (tmp_path / "no_held_out" / "metrics.jsonl").exists()
 
 
 def test_default_run_offline_fails_fast_and_points_at_quickstart(tmp_path: Path) -> None:

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import torch
 
+from retrain.plugins import built_in
+
 MAXRL_EPS = 1e-6  # below this mean reward a group counts as "all wrong" for MaxRL
 STD_EPS = 1e-6
 UNIFORM_TOLERANCE = 1e-6  # rewards closer than this are "all equal": the group carries no signal
 
 
+@built_in
 def grpo(rewards: torch.Tensor) -> torch.Tensor:
     """A_i = r_i - mean(r): centred, not divided by the spread."""
     return rewards - rewards.mean(dim=1, keepdim=True)
 
 
+@built_in
 def maxrl(rewards: torch.Tensor) -> torch.Tensor:
     """A_i = (r_i - mean) / (mean + 1e-6), zero when mean <= 1e-6: rare successes weigh most."""
     mean = rewards.mean(dim=1, keepdim=True)
@@ -25,6 +29,7 @@ def maxrl(rewards: torch.Tensor) -> torch.Tensor:
     return torch.where(mean > MAXRL_EPS, scaled, torch.zeros_like(scaled))
 
 
+@built_in
 def reinforce_pp(rewards: torch.Tensor) -> torch.Tensor:
     """REINFORCE++: GRPO per group, then batch normalisation over the step's token advantages."""
     return grpo(rewards)
@@ -33,6 +38,7 @@ def reinforce_pp(rewards: torch.Tensor) -> torch.Tensor:
 reinforce_pp.batch_normalized = True  # type: ignore[attr-defined]  # read by Algorithm
 
 
+@built_in
 def rloo(rewards: torch.Tensor) -> torch.Tensor:
     """A_i = r_i - mean of the other G-1 rewards (leave-one-out baseline); 0 for a group of one."""
     group_size = rewards.shape[1]
@@ -42,6 +48,7 @@ def rloo(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - others
 
 
+@built_in
 def grpo_std(rewards: torch.Tensor) -> torch.Tensor:
     """(r_i - mean) / (population std + 1e-6): the DeepSeekMath form."""
     std = rewards.std(dim=1, keepdim=True, correction=0)

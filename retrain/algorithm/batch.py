@@ -13,6 +13,7 @@ import torch
 
 from retrain.algorithm.checks import require
 from retrain.algorithm.tokens import TokenBatch, block_squares, block_sum
+from retrain.plugins import built_in
 
 NORM_EPS = 1e-8
 
@@ -30,6 +31,7 @@ def stats_metrics(mean: float, std: float, count: int) -> dict[str, float]:
     return {"batch_adv_mean": mean, "batch_adv_std": std, "batch_adv_count": float(count)}
 
 
+@built_in
 class BatchNormalization:
     """(a - mu) / (sigma + 1e-8) over every nonzero token advantage of the step; zeros stay zero.
 
@@ -52,6 +54,7 @@ class BatchNormalization:
         return replace(batch, advantages=normalised).with_metrics(**stats_metrics(mean, std, count))
 
 
+@built_in
 class AdvantageCap:
     """Clamp nonzero token advantages to [-cap, cap]; reports the fraction that was clipped."""
 

@@ -1,35 +1,27 @@
-"""Checks on what pluggable parts return, so a bad plugin fails loudly and by name.
+"""The contracts of an algorithm's pluggable parts, checked on every output of a plugin.
 
-A wrong shape or a NaN from user code would otherwise surface steps later as a silent broadcast
-or a diverged adapter; every check here names the plugin and what it returned.
+A part of ours is trusted by identity (retrain.plugins.built_in); anything else — a user's
+advantage, uncertainty kind, transform or whole algorithm, a subclass of ours included — is wrapped
+by `retrain.plugins.checked` with the checks below, which name the plugin and what it returned.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from retrain.algorithm.base import Algorithm
+from retrain.algorithm.tokens import TokenBatch
 from retrain.errors import ConfigError
-
-
-class PluginOutputError(ValueError):
-    """A pluggable part (advantage, uncertainty, transform, algorithm) returned unusable output."""
-
-
-def plugin_name(obj: Any) -> str:
-    """Dotted name of a function, class, instance or partial (what a user wrote in `_target_`)."""
-    target = obj.func if isinstance(obj, functools.partial) else obj
-    if not (inspect.isfunction(target) or inspect.isclass(target) or inspect.isbuiltin(target)):
-        target = type(target)
-    return f"{target.__module__}.{target.__qualname__}"
+from retrain.plugins import Check, PluginOutputError, check_finite, check_shape, checked, plugin_name
 
 
 def declared(obj: Any, attribute: str, default: Any) -> Any:
-    """An attribute a plugin declares on itself (looked up through partials), else `default`."""
+    """An attribute a plugin declares on itself (looked up through partials and wrappers), else `default`."""
     if hasattr(obj, attribute):
         return getattr(obj, attribute)
     if isinstance(obj, functools.partial):
@@ -37,46 +29,90 @@ def declared(obj: Any, attribute: str, default: Any) -> Any:
     return default
 
 
-def check_shape(value: Any, shape: tuple[int, ...], *, what: str) -> torch.Tensor:
-    """`value` must be a floating-point tensor of exactly `shape` (no silent broadcasting)."""
-    if not isinstance(value, torch.Tensor):
-        raise PluginOutputError(f"{what} returned {type(value).__name__}, expected a torch.Tensor of shape "
-                                f"{list(shape)}")
-    if tuple(value.shape) != shape:
-        raise PluginOutputError(f"{what} returned shape {list(value.shape)}, expected {list(shape)}")
-    if not value.is_floating_point():
-        raise PluginOutputError(f"{what} returned dtype {value.dtype}, expected a floating-point tensor")
+def check_advantage(value: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """An episode advantage: finite float [B, G] for rewards [B, G]."""
+    rewards = args[0]
+    return check_finite(check_shape(value, tuple(rewards.shape), what=what), what=what)
+
+
+def check_uncertainty(value: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """An uncertainty kind: float [N, T] like the mask, finite on real tokens (padding is ignored)."""
+    mask = args[1].bool()
+    value = check_shape(value, tuple(mask.shape), what=what)
+    check_finite(torch.where(mask, value.float(), 0.0), what=what)
     return value
 
 
-def check_finite(value: torch.Tensor, *, what: str) -> torch.Tensor:
-    """Every entry finite. A finite row-sum proves it cheaply; only a failure pays for the search."""
-    if bool(torch.isfinite(value.sum(dim=-1)).all()) or bool(torch.isfinite(value).all()):
-        return value
-    index = tuple(int(i) for i in (~torch.isfinite(value)).nonzero()[0])
-    raise PluginOutputError(f"{what} returned non-finite values (e.g. {float(value[index])} at index "
-                            f"{list(index)})")
+def check_transform(result: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TokenBatch:
+    """A token transform: a TokenBatch whose advantages and uncertainty are finite [N, T] (padding zeroed)."""
+    batch: TokenBatch = args[0]
+    if not isinstance(result, TokenBatch):
+        raise PluginOutputError(f"{what} returned {type(result).__name__}, expected a TokenBatch "
+                                "(use dataclasses.replace(batch, advantages=...))")
+    shape, mask = tuple(batch.mask.shape), batch.mask
+    advantages, uncertainty = (
+        check_finite(torch.where(mask, check_shape(getattr(result, name), shape, what=f"{what} ({name})").float(), 0.0),
+                     what=f"{what} ({name})")
+        for name in ("advantages", "uncertainty"))
+    return replace(batch, advantages=advantages, uncertainty=uncertainty, metrics=result.metrics)
+
+
+def check_compute(output: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A whole algorithm's `compute`, held to the same contract as preflight's probe."""
+    rewards, mask = _argument(args, kwargs, 0, "rewards"), _argument(args, kwargs, 2, "mask")
+    check_output(what, output, rewards.shape[0], mask.bool())
+    return output
+
+
+def check_lambda(value: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    """`begin_step` returns the step's SEPA lambda, which is logged: a finite number."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise PluginOutputError(f"{what}.begin_step returned {value!r}, expected a finite number (lambda, or 0)")
+    return float(value)
+
+
+ADVANTAGE_CHECKS: dict[str, Check] = {"__call__": check_advantage}
+UNCERTAINTY_CHECKS: dict[str, Check] = {"__call__": check_uncertainty}
+TRANSFORM_CHECKS: dict[str, Check] = {"__call__": check_transform}
+ALGORITHM_CHECKS: dict[str, Check] = {"compute": check_compute, "begin_step": check_lambda}
+
+
+def algorithm_what(algorithm: Any) -> str:
+    """How errors name an algorithm: its condition and its class."""
+    return f"algorithm '{getattr(algorithm, 'name', plugin_name(algorithm))}' ({plugin_name(algorithm)})"
+
+
+def checked_algorithm(algorithm: Any) -> Algorithm:
+    """The algorithm the trainer runs: ours as is, a plugin (a subclass of ours too) with its outputs checked."""
+    for attribute in ("name", "label", "token_varying", "needs_planning", "needs_entropies"):
+        if not hasattr(algorithm, attribute):
+            raise ConfigError(f"{algorithm_what(algorithm)} has no `{attribute}`; an algorithm plugin offers "
+                              "the interface of retrain.algorithm.base.Algorithm (see docs/plugins.md)")
+    return checked(algorithm, ALGORITHM_CHECKS, algorithm_what(algorithm))
 
 
 def check_algorithm_output(algorithm: Any, output: Any, batch_size: int, mask: torch.Tensor) -> None:
     """The contract of `algorithm.compute`: [N, T] finite float advantages, 0 on padding, [B] flags."""
-    name = f"algorithm '{getattr(algorithm, 'name', plugin_name(algorithm))}' ({plugin_name(algorithm)})"
+    check_output(algorithm_what(algorithm), output, batch_size, mask)
+
+
+def check_output(what: str, output: Any, batch_size: int, mask: torch.Tensor) -> None:
     for attribute in ("token_advantages", "group_has_signal", "metrics"):
         if not hasattr(output, attribute):
-            raise PluginOutputError(f"{name}.compute returned {type(output).__name__} without "
-                                    f"`{attribute}`; return retrain.algorithm.AdvantageOutput")
-    what = f"{name}.compute (token_advantages)"
-    advantages = check_finite(check_shape(output.token_advantages, tuple(mask.shape), what=what), what=what)
+            raise PluginOutputError(f"{what}.compute returned {type(output).__name__} without "
+                                    f"`{attribute}`; return retrain.algorithm.base.AdvantageOutput")
+    where = f"{what}.compute (token_advantages)"
+    advantages = check_finite(check_shape(output.token_advantages, tuple(mask.shape), what=where), what=where)
     if bool((advantages[~mask] != 0).any()):
-        raise PluginOutputError(f"{name}.compute returned non-zero token advantages on padding")
+        raise PluginOutputError(f"{what}.compute returned non-zero token advantages on padding")
     flags = output.group_has_signal
     if not isinstance(flags, torch.Tensor) or flags.dtype != torch.bool or tuple(flags.shape) != (batch_size,):
         shown = list(flags.shape) if isinstance(flags, torch.Tensor) else type(flags).__name__
-        raise PluginOutputError(f"{name}.compute returned group_has_signal {shown}, expected a bool "
+        raise PluginOutputError(f"{what}.compute returned group_has_signal {shown}, expected a bool "
                                 f"tensor of shape [{batch_size}]")
     for key, value in output.metrics.items():
         if not isinstance(key, str) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise PluginOutputError(f"{name}.compute returned metric {key!r}={value!r}; metrics must map "
+            raise PluginOutputError(f"{what}.compute returned metric {key!r}={value!r}; metrics must map "
                                     "names to finite numbers")
 
 
@@ -84,3 +120,7 @@ def require(condition: bool, message: str) -> None:
     """Raise a ConfigError naming the offending key when a configured value is out of range."""
     if not condition:
         raise ConfigError(message)
+
+
+def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], position: int, name: str) -> Any:
+    return args[position] if len(args) > position else kwargs[name]

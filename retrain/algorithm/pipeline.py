@@ -8,44 +8,34 @@ mask, entropies) and whether its advantages vary within a completion are derived
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from retrain.algorithm.advantages import groups_with_signal
+from retrain.algorithm.base import AdvantageOutput
 from retrain.algorithm.batch import AdvantageCap, BatchNormalization, nonzero_stats, stats_metrics
-from retrain.algorithm.checks import PluginOutputError, check_finite, check_shape, declared, plugin_name, require
+from retrain.algorithm.checks import ADVANTAGE_CHECKS, TRANSFORM_CHECKS, UNCERTAINTY_CHECKS, declared, require
 from retrain.algorithm.planning import PlanningDetector
 from retrain.algorithm.sepa import SEPASchedule
 from retrain.algorithm.tokens import Moments, TokenBatch, as_weights, capped, split_moments, weighted_moments
 from retrain.algorithm.transforms import SurprisalMask
 from retrain.algorithm.uncertainty import resolve_uncertainty
+from retrain.plugins import built_in, check_finite, checked, plugin_name
 
 Transform = Callable[[TokenBatch], TokenBatch]
 
 
-@dataclass
-class AdvantageOutput:
-    """What `compute` returns for one step."""
-
-    token_advantages: torch.Tensor  # [N, T] float32, 0 on padding and on groups without signal
-    group_has_signal: torch.Tensor  # [B] bool; False: a uniform group, to be left out of training
-    metrics: dict[str, float] = field(default_factory=dict)
-    episode_advantages: torch.Tensor | None = None  # [B, G] before any token transform
-
-
-def _is_builtin(part: Any) -> bool:
-    return plugin_name(part).startswith("retrain.algorithm.")
-
-
+@built_in
 class Algorithm:
-    """An episode advantage, an uncertainty kind and an ordered dict of token transforms.
+    """An episode advantage, an uncertainty kind and an ordered dict of token transforms
+    (satisfies retrain.algorithm.base.Algorithm).
 
     After the configured transforms come, when enabled, the surprisal mask, batch normalisation
     (`batch_advantage_norm`, or an advantage that declares `batch_normalized`) and the cap.
     `gtpo` and `hicra` are the hyper-parameter sections the preset's transforms read through
-    interpolation; they are kept here only so `describe()` can show them.
+    interpolation; they are kept here only so `describe()` can show them. Parts that are not
+    retrain's own are wrapped here, where they are composed, so their outputs are checked.
     """
 
     def __init__(self, name: str, label: str, advantage: Callable[[torch.Tensor], torch.Tensor],
@@ -60,15 +50,18 @@ class Algorithm:
         require(adv_clip_max >= 0.0, f"algorithm.adv_clip_max={adv_clip_max} must be >= 0")
         self.name = name
         self.label = label or name
-        self.advantage = advantage
+        self.advantage = checked(advantage, ADVANTAGE_CHECKS, f"episode advantage {plugin_name(advantage)}")
         self.uncertainty = resolve_uncertainty(uncertainty)
+        self._uncertainty_fn = checked(self.uncertainty.fn, UNCERTAINTY_CHECKS,
+                                       f"uncertainty {self.uncertainty.name!r}")
         self.stages: list[tuple[str, Transform]] = []
         for key, transform in (transforms or {}).items():
             if transform is None:  # `algorithm.transforms.hicra=null` switches a transform off
                 continue
             require(callable(transform), f"algorithm.transforms.{key} must be a callable (TokenBatch) -> "
                     f"TokenBatch, got {transform!r}")
-            self.stages.append((key, transform))
+            what = f"transform algorithm.transforms.{key} ({plugin_name(transform)})"
+            self.stages.append((key, checked(transform, TRANSFORM_CHECKS, what)))
         if surprisal_mask_rho > 0.0:
             self.stages.append(("surprisal_mask", SurprisalMask(surprisal_mask_rho)))
         self.batch_normalized = batch_advantage_norm or bool(declared(advantage, "batch_normalized", False))
@@ -128,15 +121,12 @@ class Algorithm:
         rewards = rewards.float()
         group_size = rewards.shape[1]
         has_signal = groups_with_signal(rewards) | self.batch_normalized
-        what = f"episode advantage {plugin_name(self.advantage)}"
-        episode = check_finite(check_shape(self.advantage(rewards), tuple(rewards.shape), what=what), what=what)
-        episode = episode.float() * has_signal.unsqueeze(1)
+        episode = self.advantage(rewards).float() * has_signal.unsqueeze(1)
         mask_weights = as_weights(mask)
-        what = f"uncertainty {self.uncertainty.name!r}"
-        raw = check_shape(self.uncertainty.fn(logprobs, mask, entropies), tuple(mask.shape), what=what).float()
+        raw = self._uncertainty_fn(logprobs, mask, entropies).float()
         zeroed = raw * mask_weights  # finite padding values vanish; a product is cheaper than a select
         if not bool(torch.isfinite(zeroed.sum(dim=1)).all()):  # NaN/inf: on padding (ignored) or real tokens
-            zeroed = check_finite(torch.where(mask, raw, 0.0), what=what)
+            zeroed = check_finite(torch.where(mask, raw, 0.0), what=f"uncertainty {self.uncertainty.name!r}")
         raw = capped(zeroed)  # every kind, plugins included, is capped at MAX_UNCERTAINTY
         if planning is not None:
             planning = planning.bool() & mask
@@ -144,8 +134,8 @@ class Algorithm:
                            raw_uncertainty=raw, mask=mask, planning=planning, group_size=group_size,
                            sepa_lambda=self._lambda, mask_weights=mask_weights)
         before = split_moments(raw, batch)
-        for key, transform in self.stages:
-            batch = transform(batch) if _is_builtin(transform) else self._run_plugin(key, transform, batch)
+        for _, transform in self.stages:
+            batch = transform(batch)
         after = before if batch.uncertainty is raw else split_moments(batch.uncertainty, batch)
         if self.uses_sepa and self.sepa.schedule == "auto":  # one observation per step, used by end_step
             self._execution_variance = self._auto_observation(raw, batch, before[0])
@@ -183,20 +173,6 @@ class Algorithm:
         if planning is None and self.needs_planning:
             raise ValueError(f"algorithm '{self.name}' needs the planning mask: pass "
                              "algorithm.planning_mask(completion_ids, completion_mask, tokenizer)")
-
-    def _run_plugin(self, key: str, transform: Transform, batch: TokenBatch) -> TokenBatch:
-        """Run a user transform and hold it to the contract: a TokenBatch of finite [N, T] tensors."""
-        what = f"transform algorithm.transforms.{key} ({plugin_name(transform)})"
-        result = transform(batch)
-        if not isinstance(result, TokenBatch):
-            raise PluginOutputError(f"{what} returned {type(result).__name__}, expected a TokenBatch "
-                                    "(use dataclasses.replace(batch, advantages=...))")
-        shape, mask = tuple(batch.mask.shape), batch.mask
-        fields = {}
-        for name in ("advantages", "uncertainty"):
-            value = check_shape(getattr(result, name), shape, what=f"{what} ({name})")
-            fields[name] = check_finite(torch.where(mask, value.float(), 0.0), what=f"{what} ({name})")
-        return replace(batch, metrics=result.metrics, **fields)
 
     @staticmethod
     def _auto_observation(raw: torch.Tensor, batch: TokenBatch, execution: Moments) -> float:

@@ -4,45 +4,46 @@
 execution-token uncertainty variance decays below `var_threshold` of its post-warmup level. A
 correctness gate holds lambda at 0 until a step's correct rate reaches `correct_rate_gate`.
 The learned state (variance EMA, baseline, warmup count, gate) goes into every checkpoint;
-hyper-parameters always come from the current config.
+hyper-parameters always come from the current config (their defaults: `SEPASettings`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from retrain.algorithm.checks import require
+from retrain.algorithm.config import SEPASettings
 
 SCHEDULES = ("linear", "auto")
 VAR_FLOOR = 1e-8
 
 
-class SEPASchedule:
-    """Resolves lambda before a step samples, and learns from the step once it is done."""
+@dataclass(eq=False)
+class SEPASchedule(SEPASettings):
+    """Resolves lambda before a step samples, and learns from the step once it is done.
 
-    def __init__(self, steps: int = 500, schedule: str = "linear", delay_steps: int = 50,
-                 correct_rate_gate: float = 0.1, ema_decay: float = 0.99, warmup: int = 50,
-                 var_threshold: float = 0.2) -> None:
-        require(schedule in SCHEDULES, f"algorithm.sepa.schedule={schedule!r} must be one of {list(SCHEDULES)}")
-        require(steps >= 0, f"algorithm.sepa.steps={steps} must be >= 0")
-        require(delay_steps >= 0, f"algorithm.sepa.delay_steps={delay_steps} must be >= 0")
-        require(0.0 <= correct_rate_gate <= 1.0,
-                f"algorithm.sepa.correct_rate_gate={correct_rate_gate} must be in [0, 1]")
-        require(0.0 <= ema_decay <= 1.0, f"algorithm.sepa.ema_decay={ema_decay} must be in [0, 1]")
-        require(warmup >= 1, f"algorithm.sepa.warmup={warmup} must be >= 1")
-        require(var_threshold > 0.0, f"algorithm.sepa.var_threshold={var_threshold} must be > 0")
-        self.steps = steps
-        self.schedule = schedule
-        self.delay_steps = delay_steps
-        self.correct_rate_gate = correct_rate_gate
-        self.ema_decay = ema_decay
-        self.warmup = warmup
-        self.var_threshold = var_threshold
-        self.var_ema: float | None = None
-        self.var_0: float | None = None
-        self.warmup_seen = 0
-        self.gate_open = correct_rate_gate <= 0.0
+    Built from the hyper-parameters of `SEPASettings` (the schema of `algorithm.sepa`, so each default
+    is written once); the learned state starts empty.
+    """
+
+    var_ema: float | None = field(default=None, init=False)
+    var_0: float | None = field(default=None, init=False)
+    warmup_seen: int = field(default=0, init=False)
+    gate_open: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        require(self.schedule in SCHEDULES,
+                f"algorithm.sepa.schedule={self.schedule!r} must be one of {list(SCHEDULES)}")
+        require(self.steps >= 0, f"algorithm.sepa.steps={self.steps} must be >= 0")
+        require(self.delay_steps >= 0, f"algorithm.sepa.delay_steps={self.delay_steps} must be >= 0")
+        require(0.0 <= self.correct_rate_gate <= 1.0,
+                f"algorithm.sepa.correct_rate_gate={self.correct_rate_gate} must be in [0, 1]")
+        require(0.0 <= self.ema_decay <= 1.0, f"algorithm.sepa.ema_decay={self.ema_decay} must be in [0, 1]")
+        require(self.warmup >= 1, f"algorithm.sepa.warmup={self.warmup} must be >= 1")
+        require(self.var_threshold > 0.0, f"algorithm.sepa.var_threshold={self.var_threshold} must be > 0")
+        self.gate_open = self.correct_rate_gate <= 0.0
 
     def linear_lambda(self, step: int) -> float:
         if self.steps <= 0:

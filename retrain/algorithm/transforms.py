@@ -14,6 +14,7 @@ import torch
 
 from retrain.algorithm.checks import require
 from retrain.algorithm.tokens import TokenBatch, capped
+from retrain.plugins import built_in
 
 GTPO_FLAT_MEAN = 1e-7  # a completion whose mean uncertainty is below this keeps A_i on every token
 GTPO_EPS = 1e-8
@@ -27,6 +28,7 @@ def _execution_means(u: torch.Tensor, batch: TokenBatch, transform: str) -> torc
     return total / (batch.lengths - batch.planning_lengths).clamp_min(1.0)
 
 
+@built_in
 class SEPAPooling:
     """SEPA: pull each completion's execution-token uncertainty towards its mean by lambda.
 
@@ -49,6 +51,7 @@ class SEPAPooling:
         return replace(batch, uncertainty=torch.lerp(u, mean.expand_as(u), weight))
 
 
+@built_in
 class SEPAAmplification:
     """The SEPA variants `sepa_amp` / `sepa_amp_c`: push execution tokens away from their mean.
 
@@ -74,6 +77,7 @@ class SEPAAmplification:
         return replace(batch, uncertainty=torch.where(batch.execution_mask(), amplified, u))
 
 
+@built_in
 class GTPOWeighting:
     """GTPO: weigh each token's advantage by its uncertainty relative to its completion's mean.
 
@@ -104,6 +108,7 @@ class GTPOWeighting:
         return replace(batch, advantages=weights.mul_(batch.advantages))
 
 
+@built_in
 class HICRA:
     """HICRA: amplify planning tokens' advantages, A <- A + alpha * |A| on planning tokens.
 
@@ -129,6 +134,7 @@ class HICRA:
         return replace(batch, advantages=amplified)
 
 
+@built_in
 class SurprisalMask:
     """Top-rho mask (Yue et al.): per group, only the most uncertain tokens keep their advantage.
 

@@ -16,15 +16,18 @@ from hydra.utils import get_object
 from retrain.algorithm.checks import declared
 from retrain.algorithm.tokens import MAX_UNCERTAINTY, capped
 from retrain.errors import ConfigError
+from retrain.plugins import built_in
 
 UncertaintyFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
+@built_in
 def surprisal(logprobs: torch.Tensor, mask: torch.Tensor, entropies: torch.Tensor | None) -> torch.Tensor:
     """-log p of the sampled token."""
     return capped(logprobs.neg())
 
 
+@built_in
 def predictive_variance(logprobs: torch.Tensor, mask: torch.Tensor,
                         entropies: torch.Tensor | None) -> torch.Tensor:
     """p(1 - p) of the sampled token: the variance of a Bernoulli 'was this token drawn'."""
@@ -32,6 +35,7 @@ def predictive_variance(logprobs: torch.Tensor, mask: torch.Tensor,
     return (p * (1.0 - p)).clamp_max(MAX_UNCERTAINTY)
 
 
+@built_in
 def shannon_entropy(logprobs: torch.Tensor, mask: torch.Tensor,
                     entropies: torch.Tensor | None) -> torch.Tensor:
     """-sum q log q over the sampler's whole next-token distribution (served by the engine)."""

@@ -1,12 +1,27 @@
-"""What the trainer may ask of a training backend, and what a backend promises."""
+"""What the trainer may ask of a training backend, and what a backend promises.
+
+A backend trains; an inference engine samples (retrain.inference.base). The trainer holds both:
+`backend.train(batch)` returns the new weights as a WeightUpdate, the trainer hands them to
+`engine.sync(update)` and proves the engine serves them by comparing the two sides' log-probs on a
+fixed probe. Every backend is built by the composition root as
+`Backend(model=ModelSpec, optim=OptimSettings, loss=LossSettings, seed=int, **its config keys)`.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from retrain.types import Rollouts, SamplingParams, TrainBatch, TrainResult
+import torch
+
+from retrain.inference.base import EngineResources, check_probe_logprobs
+from retrain.plugins import Check, PluginOutputError
+from retrain.types import TrainBatch, TrainResult, WeightUpdate
+
+if TYPE_CHECKING:
+    from retrain.inference.freshness import Probe
 
 
 @dataclass(frozen=True)
@@ -18,6 +33,7 @@ class Capabilities:
     supports_checkpoint_resume: bool = True
     resume_runtime_dependent: bool = False
     returns_entropies: bool = False
+    samples_itself: bool = False  # the backend is its own inference engine (a remote service); `inference` unused
 
     def as_dict(self) -> dict[str, bool]:
         return asdict(self)
@@ -40,26 +56,46 @@ def capabilities_of(backend_cls: Any) -> Capabilities:
 
 @runtime_checkable
 class Backend(Protocol):
-    """A training backend: samples groups of completions and trains the adapter on them."""
+    """A training backend: trains the adapter on a batch and reports the new weights."""
 
     capabilities: Capabilities
-    tokenizer: Any  # a Hugging Face tokenizer (chat template, decode, offsets)
+    probe_tolerance: float  # largest mean |Δ log-prob| between engine and trainer on the probe that counts as fresh
 
-    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
-        """Apply the chat template (generation prompt added) and tokenize."""
-
-    def sample(self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams,
-               generator_seed: int | None) -> Rollouts:
-        """Sample `group_size` completions for every prompt."""
+    def engine_resources(self) -> EngineResources:
+        """What an inference engine beside this backend may use (the live model for an in-process one)."""
 
     def train(self, batch: TrainBatch) -> TrainResult:
-        """One optimizer step on the batch (never raises on a non-finite loss: it skips)."""
+        """One optimizer step on the batch, its WeightUpdate in the result (None when no step was
+        taken: nothing to train on, or a non-finite loss, which skips the step rather than raising)."""
+
+    def probe_logprobs(self, probe: Probe) -> torch.Tensor:
+        """[K] log-probs at T = 1 of the probe's completion tokens, through the training forward."""
 
     def save(self, path: Path) -> None:
         """Write the adapter (PEFT format) and the optimizer state into `path`."""
 
-    def load(self, path: Path) -> None:
-        """Restore what `save` wrote."""
+    def load(self, path: Path) -> WeightUpdate:
+        """Restore what `save` wrote; returns the restored weights for the engine to sync to."""
 
     def close(self) -> None:
         """Release devices and engines."""
+
+
+def check_train_result(result: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TrainResult:
+    """The contract of `train`: a TrainResult with finite numbers, and a WeightUpdate when a step was taken."""
+    if not isinstance(result, TrainResult):
+        raise PluginOutputError(f"{what}.train returned {type(result).__name__}, expected a TrainResult")
+    if result.update is not None and not isinstance(result.update, WeightUpdate):
+        raise PluginOutputError(f"{what}.train returned update={type(result.update).__name__}, expected a "
+                                "WeightUpdate or None")
+    numbers = dict(result.metrics)
+    if not result.skipped_nonfinite:
+        numbers.update(loss=result.loss, grad_norm=result.grad_norm)
+    for key, value in numbers.items():
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise PluginOutputError(f"{what}.train returned {key}={value!r}; expected a finite number "
+                                    "(a non-finite loss sets skipped_nonfinite instead)")
+    return result
+
+
+BACKEND_CHECKS: dict[str, Check] = {"train": check_train_result, "probe_logprobs": check_probe_logprobs}

@@ -1,10 +1,11 @@
 """backend=local: a Hugging Face causal LM with a PEFT LoRA adapter, trained with PyTorch here.
 
-Sampling goes through the configured inference engine, built on the same model object (the
-in-process engine therefore shares the weights). Training follows SPEC §6: the sampler's log-probs
-are the old log-probs, new log-probs use the sampler's temperature, the loss is a global token mean
-over the whole step (exact across micro-batches), one AdamW step per `train`, and a non-finite loss
-or gradient skips the step without touching the adapter.
+The inference engine is built beside it from `engine_resources()`, which include the live model
+(the in-process engine therefore samples with the very weights it trains). Training follows SPEC §6:
+the sampler's log-probs are the old log-probs, new log-probs use the sampler's temperature, the loss
+is a global token mean over the whole step (exact across micro-batches), one AdamW step per `train`,
+and a non-finite loss or gradient skips the step without touching the adapter. A step's
+WeightUpdate names the adapter's live parameters; its version counts the optimizer steps taken.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,12 +22,15 @@ from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
 
 from retrain.backend.base import Capabilities
+from retrain.backend.config import LocalBackendConfig
 from retrain.backend.model import ModelSpec, resolve_device
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.errors import ConfigError
-from retrain.inference.base import InferenceEngine
+from retrain.inference.base import EngineResources
+from retrain.inference.freshness import Probe, probe_tolerance
 from retrain.inference.logprobs import completion_logprobs
-from retrain.types import Rollouts, SamplingParams, TrainBatch, TrainResult
+from retrain.plugins import built_in
+from retrain.types import Rollouts, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ def policy_token_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, ad
                      clipped=(bounded < unclipped).detach())
 
 
+@built_in
 class LocalBackend:
     """Satisfies retrain.backend.base.Backend; see the module docstring."""
 
@@ -63,9 +67,9 @@ class LocalBackend:
                                 supports_checkpoint_resume=True, resume_runtime_dependent=False,
                                 returns_entropies=True)
 
-    def __init__(self, model: ModelSpec, engine: Callable[..., InferenceEngine], optim: OptimSettings,
-                 loss: LossSettings, seed: int, devices: str = "gpu:0", micro_batch_size: int = 2,
-                 gradient_checkpointing: bool = False) -> None:
+    def __init__(self, model: ModelSpec, optim: OptimSettings, loss: LossSettings, seed: int,
+                 devices: str = LocalBackendConfig.devices, micro_batch_size: int = LocalBackendConfig.micro_batch_size,
+                 gradient_checkpointing: bool = LocalBackendConfig.gradient_checkpointing) -> None:
         if micro_batch_size < 0:
             raise ConfigError(f"backend.micro_batch_size must be >= 0 (0 = all rows), got {micro_batch_size}")
         self.spec = model
@@ -74,19 +78,18 @@ class LocalBackend:
         self.loss_settings = loss
         self.optim_settings = optim
         log.info("Loading train model: %s on %s...", model.name_or_path, self.device)
-        self.tokenizer = model.load_tokenizer()
         self.model = model.load_lora_model(self.device, seed)
         self.activation_checkpointing = gradient_checkpointing
         if gradient_checkpointing:
             _enable_activation_checkpointing(self.model)
-        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=optim.lr, betas=optim.betas, eps=optim.eps,
-                                           weight_decay=optim.weight_decay)
-        self.engine = engine(model=self.model, tokenizer=self.tokenizer, device=self.device)
+        self.adapter = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+        self.trainable = list(self.adapter.values())
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=optim.lr, betas=(optim.betas[0], optim.betas[1]),
+                                           eps=optim.eps, weight_decay=optim.weight_decay)
         self.weights_version = 0
+        self.probe_tolerance = probe_tolerance(self.model.dtype)
         log.info(self.trainable_parameters)
-        log.info("LocalBackend ready (engine=%s, device=%s, dtype=%s).", type(self.engine).__name__, self.device,
-                 str(self.model.dtype).removeprefix("torch."))
+        log.info("LocalBackend ready (device=%s, dtype=%s).", self.device, str(self.model.dtype).removeprefix("torch."))
 
     @property
     def trainable_parameters(self) -> str:
@@ -94,17 +97,8 @@ class LocalBackend:
         return (f"trainable params: {trainable:,d} || all params: {total:,d} || "
                 f"trainable%: {100 * trainable / total:.4f}")
 
-    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ConfigError(f"model.name_or_path={self.spec.name_or_path!r}: its tokenizer has no chat template")
-        conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
-        encoded = self.tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=True)
-        return [list(ids) for ids in encoded["input_ids"]]
-
-    def sample(self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams,
-               generator_seed: int | None) -> Rollouts:
-        return self.engine.generate(prompt_ids, group_size, sampling, generator_seed)
+    def engine_resources(self) -> EngineResources:
+        return EngineResources(spec=self.spec, device=self.device, model=self.model)
 
     def train(self, batch: TrainBatch) -> TrainResult:
         if batch.rollouts.temperature <= 0:
@@ -115,9 +109,8 @@ class LocalBackend:
         # Tokens with advantage exactly 0 carry no gradient: they leave the loss and its normaliser.
         contributing = rollouts.completion_mask & (advantages != 0) & row_mask.unsqueeze(1)
         num_tokens = int(contributing.sum())
-        metrics = dict(rollouts.metrics)
         if num_tokens == 0:
-            return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0, metrics=metrics)
+            return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0)
 
         rows = contributing.any(dim=1).nonzero().squeeze(-1)
         # Rows of similar length share a micro-batch, so little compute goes to padding.
@@ -137,8 +130,8 @@ class LocalBackend:
             ratio_sum += float(token_loss.ratio[mask].sum())
             ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
             clipped += int(token_loss.clipped[mask].sum())
-        metrics.update({"policy/ratio_mean": ratio_sum / num_tokens, "policy/ratio_max": ratio_max,
-                        "policy/clip_frac": clipped / num_tokens})
+        metrics = {"policy/ratio_mean": ratio_sum / num_tokens, "policy/ratio_max": ratio_max,
+                   "policy/clip_frac": clipped / num_tokens}
 
         grad_norm = self._clip_gradients()
         skipped = not (math.isfinite(loss_total) and math.isfinite(grad_norm))
@@ -147,11 +140,23 @@ class LocalBackend:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        update = None
         if not skipped:
             self.weights_version += 1
-            self.engine.sync_weights(self.weights_version)
+            update = WeightUpdate(version=self.weights_version, tensors=self.adapter)
         return TrainResult(loss=loss_total, grad_norm=grad_norm, skipped_nonfinite=skipped,
-                           num_tokens=num_tokens, metrics=metrics)
+                           num_tokens=num_tokens, metrics=metrics, update=update)
+
+    def probe_logprobs(self, probe: Probe) -> torch.Tensor:
+        prompt = torch.tensor([probe.prompt_ids], device=self.device)
+        completion = torch.tensor([probe.completion_ids], device=self.device)
+        if self.model.training:  # as the engine samples: no dropout
+            self.model.eval()
+        with torch.inference_mode():
+            logprobs = completion_logprobs(self.model, prompt, torch.ones_like(prompt, dtype=torch.bool),
+                                           torch.zeros(1, dtype=torch.long, device=self.device), completion,
+                                           torch.ones_like(completion, dtype=torch.bool), 1.0, share_prompts=False)
+        return logprobs[0].cpu()
 
     def _micro_batch_loss(self, rollouts: Rollouts, advantages: torch.Tensor, contributing: torch.Tensor,
                           rows: torch.Tensor) -> tuple[TokenLoss, torch.Tensor]:
@@ -181,7 +186,7 @@ class LocalBackend:
         self.model.save_pretrained(str(path))
         torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
 
-    def load(self, path: Path) -> None:
+    def load(self, path: Path) -> WeightUpdate:
         path = Path(path)
         self._check_adapter_matches(path)
         weights = load_peft_weights(str(path), device=str(self.device))
@@ -195,7 +200,8 @@ class LocalBackend:
             self.optimizer.load_state_dict(torch.load(optimizer_file, map_location=self.device, weights_only=True))
         else:
             log.warning("no %s in %s: the optimizer restarts from scratch", OPTIMIZER_FILE, path)
-        self.engine.sync_weights(self.weights_version)
+        self.weights_version = _optimizer_steps(self.optimizer)
+        return WeightUpdate(version=self.weights_version, tensors=self.adapter)
 
     def _check_adapter_matches(self, path: Path) -> None:
         config_file = path / ADAPTER_CONFIG_FILE
@@ -209,9 +215,13 @@ class LocalBackend:
             raise ConfigError(f"adapter in {path} does not match model.lora_rank/lora_alpha ({details})")
 
     def close(self) -> None:
-        self.engine.close()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
+    """Optimizer steps taken, as AdamW counts them (every step updates every adapter weight)."""
+    return max((int(state["step"]) for state in optimizer.state.values() if "step" in state), default=0)
 
 
 def _on_device(rollouts: Rollouts, device: torch.device) -> Rollouts:

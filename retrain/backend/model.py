@@ -1,8 +1,11 @@
-"""Which causal LM to train, where it runs, and how its LoRA adapter is built.
+"""Which causal LM to train, where it runs, how its LoRA adapter is built, and how prompts reach it.
 
-`ModelSpec` is what `conf/model/*.yaml` instantiates. `name_or_path` is a Hugging Face Hub id, a
-local directory, or `retrain:<name>`, a model bundled in `retrain/assets/<name>/` (the offline tiny
-model is `retrain:tiny_qwen3`), so configs never hold machine-specific paths.
+`ModelSpec` is at once the schema of the `model` config group (conf/model/*.yaml start from it as
+`base_model`) and the object they instantiate, so each default is written here only. `name_or_path`
+is a Hugging Face Hub id, a local directory, or `retrain:<name>`, a model bundled in
+`retrain/assets/<name>/` (the offline tiny model is `retrain:tiny_qwen3`), so configs never hold
+machine-specific paths. The config schemas import this module: torch and transformers are imported
+where they are used, so composing a config stays quick.
 """
 
 from __future__ import annotations
@@ -12,27 +15,29 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from retrain.backend.config import DEFAULT_TARGET_MODULES
 from retrain.errors import ConfigError
 from retrain.hub import hub_fetch, local_path
 
+if TYPE_CHECKING:
+    import torch
+
 ASSET_PREFIX = "retrain:"
-# Every attention and MLP projection of Qwen/Llama-style decoders.
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# the attention and MLP projections of Qwen/Llama-style decoders
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # model.dtype -> torch dtype name
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelSpec:
-    """The base model and its LoRA adapter (rank, alpha 0 = auto 2·rank, dropout, targets)."""
+    """The base model and its LoRA adapter: the schema of `model.*` and the value it instantiates."""
 
-    name_or_path: str = "Qwen/Qwen3-4B-Instruct-2507"
+    _target_: str = "retrain.backend.model.ModelSpec"
+    name_or_path: str = "Qwen/Qwen3-4B-Instruct-2507"  # Hub id, local dir, or retrain:<bundled asset>
     revision: str | None = None
     lora_rank: int = 32
-    lora_alpha: int = 0
+    lora_alpha: int = 0  # 0 = auto (2 * lora_rank)
     lora_dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
@@ -58,8 +63,10 @@ class ModelSpec:
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
         """bf16 on GPU and fp32 on CPU unless a dtype is forced."""
+        import torch
+
         if self.dtype != "auto":
-            return DTYPES[self.dtype]
+            return getattr(torch, DTYPES[self.dtype])
         return torch.bfloat16 if device.type == "cuda" else torch.float32
 
     def source(self) -> tuple[str, bool]:
@@ -86,6 +93,7 @@ class ModelSpec:
     def load_lora_model(self, device: torch.device, seed: int) -> Any:
         """The base model on `device` in its dtype, wrapped in a fresh LoRA adapter whose
         initialisation depends only on `seed` (the global RNG is left untouched)."""
+        import torch
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
@@ -111,6 +119,26 @@ class ModelSpec:
         return hub_fetch(self.name_or_path, "model", "model.name_or_path") if from_hub else nullcontext()
 
 
+class ChatPrompts:
+    """User messages -> chat-templated prompt ids (generation prompt added); each distinct prompt is
+    encoded once per run."""
+
+    def __init__(self, tokenizer: Any, model_name: str) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(f"model.name_or_path={model_name!r}: its tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self._encoded: dict[str, list[int]] = {}
+
+    def __call__(self, prompts: list[str]) -> list[list[int]]:
+        missing = list(dict.fromkeys(prompt for prompt in prompts if prompt not in self._encoded))
+        if missing:
+            conversations = [[{"role": "user", "content": prompt}] for prompt in missing]
+            encoded = self.tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True,
+                                                         return_dict=True)
+            self._encoded.update(zip(missing, (list(ids) for ids in encoded["input_ids"])))
+        return [self._encoded[prompt] for prompt in prompts]
+
+
 def bundled_asset_dir(name: str) -> Path:
     """Directory of a model shipped in retrain/assets/ (the `retrain:<name>` form of name_or_path)."""
     directory = Path(str(resources.files("retrain.assets").joinpath(name)))
@@ -122,6 +150,8 @@ def bundled_asset_dir(name: str) -> Path:
 
 def resolve_device(devices: str) -> torch.device:
     """`backend.devices` → the torch device: "cpu", or "gpu:N" (CPU with a warning when CUDA is absent)."""
+    import torch
+
     specs = [spec.strip() for spec in devices.split(",") if spec.strip()]
     if len(specs) > 1:
         raise ConfigError(

@@ -1,25 +1,35 @@
 """Typed optimiser and loss settings, built by the composition root from `training.*`.
 
 They are plain dataclasses (not config-group schemas) because they are run-wide knobs that every
-backend that trains locally needs, whatever `backend=` option is chosen.
+backend that trains needs, whatever `backend=` option is chosen. Their defaults live in one place,
+the schema of `training.*` (retrain.config.TrainingConfig): `from_config` reads them from there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from retrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from retrain.config import TrainingConfig
 
 
 @dataclass(frozen=True)
 class OptimSettings:
     """AdamW and gradient-clipping knobs (SPEC §6). `max_grad_norm = 0` disables clipping."""
 
-    lr: float = 4e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0
+    lr: float
+    weight_decay: float
+    betas: tuple[float, ...]  # two values
+    eps: float
+    max_grad_norm: float
+
+    @classmethod
+    def from_config(cls, training: TrainingConfig) -> OptimSettings:
+        return cls(lr=training.lr, weight_decay=training.weight_decay, betas=tuple(training.betas),
+                   eps=training.eps, max_grad_norm=training.max_grad_norm)
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -40,8 +50,12 @@ class LossSettings:
     """Importance-sampling loss knobs. `clip_eps = 0` is the pure IS loss; `clip_eps_high` None or
     0 means "same as clip_eps" (set it larger for DAPO-style clip-higher)."""
 
-    clip_eps: float = 0.0
-    clip_eps_high: float | None = None
+    clip_eps: float
+    clip_eps_high: float | None
+
+    @classmethod
+    def from_config(cls, training: TrainingConfig) -> LossSettings:
+        return cls(clip_eps=training.clip_eps, clip_eps_high=training.clip_eps_high)
 
     def __post_init__(self) -> None:
         if self.clip_eps < 0:

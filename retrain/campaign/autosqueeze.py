@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from retrain.campaign.manifest import SQUEEZE_FILE
-from retrain.checkpoint import write_json_atomic
+from retrain.rundir import RunDir, write_json_atomic
 from retrain.squeeze import SqueezeReport, SqueezeSettings, run_squeeze
 
 log = logging.getLogger("retrain.campaign")
@@ -32,7 +32,7 @@ def squeeze_settings(config: DictConfig) -> SqueezeSettings | None:
     return SqueezeSettings.from_mapping(values)
 
 
-def squeeze_first_finished(sweep_dir: Path, run_dir: Path, settings: SqueezeSettings,
+def squeeze_first_finished(sweep_dir: Path, run_dir: RunDir, settings: SqueezeSettings,
                            config: DictConfig) -> dict[str, Any] | None:
     """Analyse `run_dir`'s final adapter unless a run already was; call under the sweep lock."""
     target = sweep_dir / SQUEEZE_FILE
@@ -40,10 +40,11 @@ def squeeze_first_finished(sweep_dir: Path, run_dir: Path, settings: SqueezeSett
         return None
     if settings.output_dir and not Path(settings.output_dir).is_absolute():
         settings = replace(settings, output_dir=str(sweep_dir / settings.output_dir))
-    report, written = run_squeeze(run_dir / "final", settings)
+    run_name = run_dir.path.name
+    report, written = run_squeeze(run_dir.final_dir, settings)
     payload = {
-        "run": run_dir.name,
-        "adapter": str(run_dir / "final"),
+        "run": run_name,
+        "adapter": str(run_dir.final_dir),
         "settings": asdict(settings),
         "report": report.to_json(),
         "table": report.table(),
@@ -51,9 +52,9 @@ def squeeze_first_finished(sweep_dir: Path, run_dir: Path, settings: SqueezeSett
         "compressed": str(written) if written else None,
     }
     write_json_atomic(target, payload)
-    log.info("LoRA-Squeeze of %s:\n%s\n%s", run_dir.name, payload["table"], payload["recommendation"])
+    log.info("LoRA-Squeeze of %s:\n%s\n%s", run_name, payload["table"], payload["recommendation"])
     if config.logging.get("wandb_project"):
-        log_to_wandb(report, run_dir.name, config)
+        log_to_wandb(report, run_name, config)
     return payload
 
 

@@ -32,8 +32,7 @@ from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_setting
 from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
 from retrain.campaign.plan import planned_jobs
 from retrain.campaign.report import refresh
-from retrain.campaign.runs import EXIT_FILE, JOB_FILE, read_json
-from retrain.checkpoint import write_json_atomic
+from retrain.rundir import RunDir, write_json_atomic
 
 log = logging.getLogger("retrain.campaign")
 
@@ -94,9 +93,9 @@ class CampaignCallback(Callback):
 
     # ---- each job (possibly on a cluster node) -------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        run_dir = Path(str(config.hydra.runtime.output_dir))
-        (run_dir / EXIT_FILE).unlink(missing_ok=True)  # an earlier attempt's ending is not this one's
-        write_json_atomic(run_dir / JOB_FILE, {
+        run_dir = RunDir(Path(str(config.hydra.runtime.output_dir)))
+        run_dir.exit_file.unlink(missing_ok=True)  # an earlier attempt's ending is not this one's
+        write_json_atomic(run_dir.job_file, {
             "num": int(config.hydra.job.num) if _multirun(config) else None,
             "overrides": list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False)),
             "pid": os.getpid(), "hostname": socket.gethostname(), "started_at": time.time(),
@@ -106,10 +105,10 @@ class CampaignCallback(Callback):
             refresh(sweep_dir_of(config), with_summary=False)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        run_dir = Path(str(config.hydra.runtime.output_dir))
+        run_dir = RunDir(Path(str(config.hydra.runtime.output_dir)))
         failed = job_return.status == JobStatus.FAILED
         value = getattr(job_return, "_return_value", None)  # .return_value re-raises a job's exception
-        write_json_atomic(run_dir / EXIT_FILE, {
+        write_json_atomic(run_dir.exit_file, {
             "status": "failed" if failed else "completed",
             "error": f"{type(value).__name__}: {value}" if failed else None,
             "finished_at": time.time(), "pid": os.getpid(), "hostname": socket.gethostname(),
@@ -119,11 +118,10 @@ class CampaignCallback(Callback):
             return
         sweep_dir = sweep_dir_of(config)
         settings = squeeze_settings(config)
-        status = read_json(run_dir / "status.json") or {}
-        if settings is not None and not failed and status.get("state") == "done":
+        if settings is not None and not failed and run_dir.read_status().get("state") == "done":
             with sweep_lock(sweep_dir):
                 try:
                     squeeze_first_finished(sweep_dir, run_dir, settings, config)
                 except Exception as error:  # the run itself succeeded; the analysis is a report
-                    log.warning("Auto-squeeze of %s failed: %s", run_dir, error)
+                    log.warning("Auto-squeeze of %s failed: %s", run_dir.path, error)
         refresh(sweep_dir)

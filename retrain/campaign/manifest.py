@@ -21,17 +21,8 @@ from typing import Any
 import yaml
 
 from retrain.campaign.plan import PlannedJob
-from retrain.campaign.runs import (
-    JOB_FILE,
-    RunInfo,
-    is_run_dir,
-    process_alive,
-    read_json,
-    read_run,
-    slurm_job_id,
-    slurm_states,
-)
-from retrain.checkpoint import write_json_atomic
+from retrain.campaign.runs import RunInfo, process_alive, read_run, slurm_job_id, slurm_states
+from retrain.rundir import RunDir, read_json, write_json_atomic
 
 MANIFEST = "manifest.json"
 SQUEEZE_FILE = "squeeze.json"
@@ -137,11 +128,12 @@ def start_manifest(sweep_dir: Path, plan: list[PlannedJob] | None, settings: Cam
 
 
 def _job_num(run_dir: Path) -> int | None:
-    job = read_json(run_dir / JOB_FILE) or {}
+    files = RunDir(run_dir)
+    job = files.read_job()
     if isinstance(job.get("num"), int):
         return job["num"]
     try:
-        hydra = yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())
+        hydra = yaml.safe_load((files.hydra_dir / "hydra.yaml").read_text())
         return int(hydra["hydra"]["job"]["num"])
     except (FileNotFoundError, KeyError, TypeError, ValueError, yaml.YAMLError):
         return None
@@ -152,7 +144,7 @@ def find_run_dirs(sweep_dir: Path) -> list[Path]:
     found = []
     for root, dirs, _ in os.walk(sweep_dir):
         path = Path(root)
-        if path != sweep_dir and is_run_dir(path):
+        if path != sweep_dir and RunDir(path).has_run():
             found.append(path)
             dirs.clear()  # a run dir's own sub-dirs (checkpoints, wandb, ...) hold no runs
             continue
@@ -178,7 +170,7 @@ def collect(sweep_dir: Path) -> Campaign:
     plan = [PlannedJob(**job) for job in manifest["plan"]] if manifest.get("plan") is not None else None
     run_dirs = find_run_dirs(sweep_dir)
     queued = submitit_job_ids(sweep_dir)
-    jobs = [read_json(d / JOB_FILE) or {} for d in run_dirs]
+    jobs = [RunDir(d).read_job() for d in run_dirs]
     ids = [i for i in (slurm_job_id(job) for job in jobs) if i] + list(queued.values())
     cluster = slurm_states(sorted(set(ids))) if ids else {}
     runs_by_num: dict[int, RunInfo] = {}

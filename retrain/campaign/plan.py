@@ -1,18 +1,22 @@
 """The jobs a multirun will launch, known before any of them starts.
 
 Expanded the way Hydra's basic sweeper does it (sweeper params first, command-line overrides of the
-same key replace them), so job number i of the plan is the job Hydra numbers i. Runs that have not
+same key replace them), with Hydra's public override parser, so job number i of the plan is the job
+Hydra numbers i (tests/campaign/test_plan.py holds the two to the same order). Runs that have not
 started yet (queued on SLURM, or later in a sequential sweep) are then reported as pending.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from retrain.errors import ConfigError
 
 CONDITION_KEY = "algorithm"  # the config group whose option is the campaign condition
 SEED_KEY = "training.seed"
@@ -33,15 +37,27 @@ def sweep_arguments(config: DictConfig) -> list[str]:
     """The sweeper's params followed by the command line's task overrides."""
     params = config.hydra.sweeper.get("params") or {}
     arguments = [f"{key}={value}" for key, value in params.items()]
-    arguments += list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+    arguments += [str(override) for override in config.hydra.overrides.task]
     return arguments
 
 
 def expand(arguments: list[str]) -> list[PlannedJob]:
-    """Cartesian product of the sweeps, in Hydra's job order."""
-    parsed = OverridesParser.create().parse_overrides(arguments)
-    batch = BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
-    return [PlannedJob(num, list(overrides), *_condition_and_seed(overrides)) for num, overrides in enumerate(batch)]
+    """Cartesian product of the sweeps, in Hydra's job order: the basic sweeper's rule on parsed overrides.
+
+    Each key is one factor of the product, at the position where it first appears; a later override
+    of the same key (the command line after the sweeper's params) replaces that factor's values.
+    """
+    factors: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(arguments):
+        key = override.get_key_element()
+        if override.is_discrete_sweep():  # a,b,c / choice(...) / range(...)
+            factors[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        elif override.is_sweep_override():
+            raise ConfigError(f"{override.input_line}: the basic sweeper sweeps only lists, choice() and range()")
+        else:
+            factors[key] = [f"{key}={override.get_value_element_as_str()}"]
+    jobs = itertools.product(*factors.values())
+    return [PlannedJob(num, list(overrides), *_condition_and_seed(overrides)) for num, overrides in enumerate(jobs)]
 
 
 def planned_jobs(config: DictConfig) -> list[PlannedJob] | None:
@@ -52,7 +68,7 @@ def planned_jobs(config: DictConfig) -> list[PlannedJob] | None:
     return expand(sweep_arguments(config))
 
 
-def _condition_and_seed(overrides: list[str]) -> tuple[str | None, int | None]:
+def _condition_and_seed(overrides: Sequence[str]) -> tuple[str | None, int | None]:
     condition = seed = None
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from retrain.campaign.runs import STATUS_FILE, read_json
+from retrain.rundir import RunDir
 
 log = logging.getLogger("retrain")
 
@@ -39,19 +39,23 @@ class Stoppable(Protocol):
     def request_stop(self) -> None: ...
 
 
-def _submitit_signal() -> int | None:
-    """The signal submitit listens to in this job, or None outside a submitit job."""
+def preemption_signal() -> signal.Signals | None:
+    """The signal submitit requeues this job on, or None outside a submitit job.
+
+    submitit names it in its public `JobEnvironment.USR_SIG` ("USR2" unless the job's environment sets
+    SUBMITIT_PREEMPT_SIGNAL), the same name it passes to `sbatch --signal`.
+    """
     if not os.environ.get("SUBMITIT_EXECUTOR"):
         return None
     from submitit import JobEnvironment
 
-    return int(JobEnvironment._usr_sig())
+    return signal.Signals["SIG" + JobEnvironment.USR_SIG]
 
 
 @contextmanager
 def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
     """Turn submitit's pre-emption signal into: finish the step, checkpoint, then requeue."""
-    warning = _submitit_signal()
+    warning = preemption_signal()
     requeue = signal.getsignal(warning) if warning is not None else None
     if warning is None or not callable(requeue):
         yield
@@ -71,7 +75,7 @@ def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    state = (read_json(trainer.run_dir / STATUS_FILE) or {}).get("state")
+    state = RunDir(trainer.run_dir).read_status().get("state")
     if state == "done" or not received:
         return
     if warning in received:

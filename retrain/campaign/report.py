@@ -8,7 +8,7 @@ from typing import Any
 from retrain.campaign.manifest import Campaign, collect, sweep_lock, write_manifest
 from retrain.campaign.plots import CURVES_PNG, plot_learning_curves
 from retrain.campaign.summary import SUMMARY_JSON, SUMMARY_MD, build_summary, render_markdown
-from retrain.checkpoint import write_json_atomic
+from retrain.rundir import write_json_atomic
 
 
 def write_summary(campaign: Campaign) -> dict[str, Any]:

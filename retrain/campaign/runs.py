@@ -12,7 +12,6 @@ A run's state is one of:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -22,13 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-STATUS_FILE = "status.json"
-METRICS_FILE = "metrics.jsonl"
-JOB_FILE = "job.json"  # written by the campaign callback when the job starts (pid, host, SLURM ids)
-EXIT_FILE = "exit.json"  # written by the campaign callback when the job returns (Hydra's job status)
-FINAL_ADAPTER = Path("final") / "adapter_model.safetensors"
+from retrain.rundir import RunDir
 
 SLURM_ALIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
                "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "STOPPED"}
@@ -53,7 +46,7 @@ class RunInfo:
 
     @property
     def has_adapter(self) -> bool:
-        return self.dir is not None and (self.dir / FINAL_ADAPTER).is_file()
+        return self.dir is not None and RunDir(self.dir).final_adapter.is_file()
 
     def brief(self) -> dict[str, Any]:
         """The manifest's view of the run (no per-step records)."""
@@ -63,40 +56,6 @@ class RunInfo:
             "updated_at": self.updated_at, "num_metrics": len(self.metrics), "has_adapter": self.has_adapter,
             "job": self.job, "exit": self.exit,
         }
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file, or None when it is absent or caught mid-write."""
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """Per-step records; a last line still being written is skipped, not an error."""
-    path = run_dir / METRICS_FILE
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / name).exists() for name in (STATUS_FILE, JOB_FILE, ".hydra"))
-
-
-def _hydra_config(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / ".hydra" / "config.yaml"
-    try:
-        return yaml.safe_load(path.read_text()) or {}
-    except (FileNotFoundError, yaml.YAMLError):
-        return {}
 
 
 def process_alive(hostname: str | None, pid: int | None) -> bool | None:
@@ -164,10 +123,11 @@ def resolve_state(recorded: str | None, process: dict[str, Any], exit_info: dict
 
 def read_run(run_dir: Path, cluster_states: dict[str, str] | None = None) -> RunInfo:
     """Read one run dir; `cluster_states` (from `slurm_states`) avoids one sacct call per run."""
-    status = read_json(run_dir / STATUS_FILE) or {}
-    job = read_json(run_dir / JOB_FILE) or {}
-    exit_info = read_json(run_dir / EXIT_FILE)
-    config = _hydra_config(run_dir)
+    files = RunDir(run_dir)
+    status = files.read_status()
+    job = files.read_job()
+    exit_info = files.read_exit()
+    config = files.read_hydra_config()
     job_id = slurm_job_id(job)
     if cluster_states is None and job_id:
         cluster_states = slurm_states([job_id])
@@ -181,7 +141,7 @@ def read_run(run_dir: Path, cluster_states: dict[str, str] | None = None) -> Run
         # job.json is rewritten by every attempt (a requeue is a new process); status.json as a fallback
         state=resolve_state(status.get("state"), job if job.get("pid") else status, exit_info, cluster_state),
         step=int(status.get("step", -1)), max_steps=max_steps, error=error,
-        updated_at=status.get("updated_at"), job=job, exit=exit_info, metrics=read_metrics(run_dir),
+        updated_at=status.get("updated_at"), job=job, exit=exit_info, metrics=files.metrics_records(),
     )
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
 
-from retrain.data.base import ShuffledExamples
+from retrain.data.base import ExampleData
 from retrain.errors import ConfigError
 from retrain.types import Example
 
@@ -53,7 +52,7 @@ def draw_problems(count: int, min_value: int, max_value: int, task_seed: int) ->
     return [(min_value + i // span, min_value + i % span) for i in indices]
 
 
-class ArithmeticData:
+class ArithmeticData(ExampleData):
     """Addition problems served in a seeded, resumable order, plus a disjoint held-out set."""
 
     def __init__(
@@ -70,32 +69,14 @@ class ArithmeticData:
         if held_out_size < 0:
             raise ConfigError(f"data.held_out_size must not be negative, got {held_out_size}")
         # Held-out problems come first in the task order, so the held-out set does not change
-        # when num_examples does.
+        # when num_examples does; that order is already random, so it is served as drawn.
         pairs = draw_problems(held_out_size + num_examples, min_value, max_value, task_seed)
-        self._held_out = [addition_example(a, b) for a, b in pairs[:held_out_size]]
-        self._train = ShuffledExamples([addition_example(a, b) for a, b in pairs[held_out_size:]], seed)
-
-    def __len__(self) -> int:
-        return len(self._train)
-
-    @property
-    def train_examples(self) -> list[Example]:
-        """All training problems in task order (the warm start trains on exactly these)."""
-        return self._train.examples
-
-    def next_batch(self, batch_size: int) -> list[Example]:
-        return self._train.next_batch(batch_size)
-
-    def held_out(self, n: int) -> list[Example]:
-        """The first `n` held-out problems: never served by next_batch, the same for every seed."""
-        if not 0 <= n <= len(self._held_out):
-            raise ConfigError(
-                f"held_out({n}) asks for more problems than data.held_out_size={len(self._held_out)}"
-            )
-        return self._held_out[:n]
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._train.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._train.load_state_dict(state)
+        held_out = [addition_example(a, b) for a, b in pairs[:held_out_size]]
+        super().__init__(
+            name="arithmetic",
+            train=[addition_example(a, b) for a, b in pairs[held_out_size:]],
+            seed=seed,
+            held_out=lambda: held_out,
+            shuffle_held_out=False,
+            held_out_setting="data.held_out_size",
+        )

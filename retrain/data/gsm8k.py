@@ -6,8 +6,9 @@ without them, and with `reward=match` a separator would turn a right answer into
 
 from __future__ import annotations
 
+from retrain.data.base import ExampleData, fixed_subset
 from retrain.data.config import GSM8K_PATH
-from retrain.data.jsonl import ExampleData, fixed_subset, load_records, require_fields
+from retrain.data.jsonl import load_records, require_fields
 from retrain.data.prompts import DEFAULT_PROMPT_TEMPLATE, check_template, fill_template
 from retrain.errors import ConfigError
 from retrain.types import Example

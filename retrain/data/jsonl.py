@@ -1,28 +1,25 @@
 """`data=jsonl`: any record file or Hub data set, with configurable field names.
 
-Also home of what every file-backed source shares: `load_records` (one code path, through
-`datasets.load_dataset`, for Hub ids, local directories and local files) and `ExampleData` (a
-seeded, resumable training order plus a held-out set loaded on demand).
+Also home of what every file-backed source shares: `load_records`, one code path (through
+`datasets.load_dataset`) for Hub ids, local directories and local files.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import datasets
 
-from retrain.data.base import ShuffledExamples
+from retrain.data.base import ExampleData, fixed_subset
 from retrain.data.prompts import DEFAULT_PROMPT_TEMPLATE, check_template, fill_template
-from retrain.errors import ConfigError
+from retrain.errors import ConfigError, DataError
 from retrain.hub import hub_fetch, local_path
 from retrain.types import Example
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-SUBSET_SEED = 0  # fixes which examples max_examples keeps and the held-out order, for every seed
 
 
 # ---- loading ------------------------------------------------------------------------------
@@ -41,10 +38,11 @@ def load_records(path: str, split: str, config_name: str | None = None, setting:
         if builder is None:
             raise ConfigError(f"{setting}={path!r}: unsupported file type {local.suffix!r} "
                               f"(use one of {', '.join(FILE_BUILDERS)})")
-        return _load(builder, None, split, {"data_files": {"train": str(local)}}, split_setting,
-                     f"{path} is a single file, which is one split named 'train'")
+        with _readable(path, setting):
+            return _load(builder, None, split, {"data_files": {"train": str(local)}}, split_setting,
+                         f"{path} is a single file, which is one split named 'train'")
     source = str(local) if local is not None else path
-    with _fetching(path, local, setting):
+    with _fetching(path, local, setting), _readable(path, setting):
         name = _pick_config(source, config_name, setting)
         return _load(source, name, split, {}, split_setting, f"in {path}")
 
@@ -60,6 +58,15 @@ def config_names(path: str, setting: str = "data.path") -> list[str]:
 
 def _fetching(path: str, local: Path | None, setting: str) -> AbstractContextManager[None]:
     return nullcontext() if local is not None else hub_fetch(path, "dataset", setting)
+
+
+@contextmanager
+def _readable(path: str, setting: str) -> Iterator[None]:
+    """A malformed record or an unreadable file: a DataError naming the setting and the file."""
+    try:
+        yield
+    except datasets.exceptions.DatasetGenerationError as exc:
+        raise DataError(f"{setting}={path!r}: cannot read the records ({exc.__cause__ or exc})") from exc
 
 
 def _pick_config(source: str, config_name: str | None, setting: str) -> str | None:
@@ -89,70 +96,6 @@ def require_fields(dataset: datasets.Dataset, fields: dict[str, str], source: st
     if missing:
         wrong = ", ".join(f"{setting}={name!r}" for setting, name in missing.items())
         raise ConfigError(f"{wrong}: no such field in {source} (fields: {dataset.column_names})")
-
-
-def fixed_subset(items: list[Any], limit: int) -> list[Any]:
-    """At most `limit` items (0 = all), spread over the whole list, the same for every seed."""
-    if limit <= 0 or limit >= len(items):
-        return items
-    keep = sorted(random.Random(SUBSET_SEED).sample(range(len(items)), limit))
-    return [items[i] for i in keep]
-
-
-def fixed_order(items: list[Any]) -> list[Any]:
-    """`items` in one shuffled order that does not depend on the training seed."""
-    shuffled = list(items)
-    random.Random(SUBSET_SEED).shuffle(shuffled)
-    return shuffled
-
-
-# ---- serving ------------------------------------------------------------------------------
-class ExampleData:
-    """Training examples in a seeded, resumable order, and a held-out set loaded on first use.
-
-    `held_out(n)` gives the first n examples of the held-out split in a fixed shuffled order: the
-    same problems for every training seed, and a mix of the whole split rather than its head.
-    """
-
-    def __init__(self, name: str, train: list[Example], seed: int,
-                 held_out: Callable[[], list[Example]] | None) -> None:
-        if not train:
-            raise ConfigError(f"data={name} loaded no training examples (check its path, split and filters)")
-        self.name = name
-        self._train = ShuffledExamples(train, seed)
-        self._load_held_out = held_out
-        self._held_out: list[Example] | None = None
-
-    def __len__(self) -> int:
-        return len(self._train)
-
-    @property
-    def train_examples(self) -> list[Example]:
-        return self._train.examples
-
-    def next_batch(self, batch_size: int) -> list[Example]:
-        return self._train.next_batch(batch_size)
-
-    def held_out(self, n: int) -> list[Example]:
-        if self._load_held_out is None:
-            raise ConfigError(f"data={self.name} has no held-out split: set data.held_out_split "
-                              f"(e.g. test) to a split of data.path")
-        if self._held_out is None:
-            self._held_out = fixed_order(self._load_held_out())
-        if not 0 <= n <= len(self._held_out):
-            raise ConfigError(f"held_out({n}) asks for more than the {len(self._held_out)} held-out "
-                              f"examples of data={self.name}")
-        return self._held_out[:n]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**self._train.state_dict(), "num_examples": len(self._train)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = state.get("num_examples", len(self._train))
-        if saved != len(self._train):
-            raise ConfigError(f"the checkpoint's data cursor is for {saved} examples but data={self.name} "
-                              f"now has {len(self._train)}: resume with the data settings of the run")
-        self._train.load_state_dict(state)
 
 
 # ---- the generic source ---------------------------------------------------------------------

@@ -12,8 +12,11 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import datasets
+
+from retrain.data.base import ExampleData, fixed_subset
 from retrain.data.config import MATH_PATH, SEED_SUBJECTS
-from retrain.data.jsonl import ExampleData, config_names, fixed_subset, load_records, require_fields
+from retrain.data.jsonl import config_names, load_records, require_fields
 from retrain.data.prompts import DEFAULT_PROMPT_TEMPLATE, check_template, fill_template
 from retrain.errors import ConfigError
 from retrain.reward.extract import last_boxed
@@ -52,6 +55,7 @@ class MathData(ExampleData):
                      else len(configs) > 1 and "default" not in configs)
 
         def load(which: str, split_setting: str) -> list[Example]:
+            parts: list[tuple[str | None, datasets.Dataset]]
             if by_config:
                 chosen = wanted or sorted(configs)
                 parts = [(subject, load_records(path, which, configs[subject], split_setting=split_setting))

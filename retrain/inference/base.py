@@ -1,18 +1,44 @@
-"""The inference-engine contract: how a backend gets completions and keeps the sampler's weights current."""
+"""The inference-engine contract: how the trainer gets completions and keeps the sampler's weights current.
+
+An engine samples beside a training backend: it is built from the run's tokenizer and what the
+backend offers it (`EngineResources`: the model spec, the device, and the live training model for
+an in-process engine). After every optimizer step the trainer calls `sync(update)` and then proves
+the sync with a log-prob probe (retrain.inference.freshness). A backend that samples itself (a
+remote service) is its own engine: it implements this protocol and declares
+`Capabilities(samples_itself=True)`.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from retrain.types import Rollouts, SamplingParams
+import torch
+
+from retrain.plugins import Check, PluginOutputError, check_shape
+from retrain.types import Rollouts, SamplingParams, WeightUpdate
+
+if TYPE_CHECKING:
+    from retrain.backend.model import ModelSpec
+    from retrain.inference.freshness import Probe
 
 
 class StaleWeightsError(RuntimeError):
     """The engine cannot show that it serves the weights of the version it was asked to sync to.
 
-    Silently stale sampler weights make every rollout off-policy without any visible error, so an
-    engine raises this instead of carrying on.
+    Silently stale sampler weights make every rollout off-policy without any visible error, so the
+    run stops with this error instead of carrying on.
     """
+
+
+@dataclass(frozen=True)
+class EngineResources:
+    """What a training backend offers the inference engine that samples for it."""
+
+    spec: ModelSpec  # the base model and the adapter's shape
+    device: torch.device  # where the backend trains
+    model: Any | None = None  # the live training model, for an engine that samples with it (no copy)
 
 
 @runtime_checkable
@@ -26,9 +52,52 @@ class InferenceEngine(Protocol):
         """Sample `group_size` completions per prompt; rows are group-major (n = b·G + g).
         The same `generator_seed` gives the same rollouts on the same device and weights."""
 
-    def sync_weights(self, version: int) -> None:
-        """Serve the policy's weights after optimizer step `version`; raise StaleWeightsError when
-        the engine cannot prove it does (adapter version and a log-prob probe)."""
+    def sync(self, update: WeightUpdate) -> None:
+        """Serve the weights of `update` from now on (StaleWeightsError for a version older than
+        the one served)."""
+
+    def probe_logprobs(self, probe: Probe) -> torch.Tensor:
+        """[K] log-probs at T = 1 of the probe's completion tokens, through the engine's own
+        sampling path (what the freshness proof compares with the trainer's)."""
 
     def close(self) -> None:
         """Release what the engine holds (servers, caches)."""
+
+
+def check_rollouts(rollouts: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Rollouts:
+    """The contract of `generate`: consistent padded tensors for B prompts × G completions."""
+    prompt_ids, group_size = args[0], args[1]
+    if not isinstance(rollouts, Rollouts):
+        raise PluginOutputError(f"{what}.generate returned {type(rollouts).__name__}, expected Rollouts")
+    rows = len(prompt_ids) * group_size
+    if rollouts.group_size != group_size or rollouts.batch_size != len(prompt_ids):
+        raise PluginOutputError(f"{what}.generate returned {rollouts.batch_size} prompts × group size "
+                                f"{rollouts.group_size}, expected {len(prompt_ids)} × {group_size}")
+    width = rollouts.completion_ids.shape[-1]
+    shape = (rows, width)
+    for name in ("completion_mask", "completion_ids"):
+        if tuple(getattr(rollouts, name).shape) != shape:
+            raise PluginOutputError(f"{what}.generate returned {name} of shape "
+                                    f"{list(getattr(rollouts, name).shape)}, expected {list(shape)}")
+    mask = rollouts.completion_mask.bool()
+    for name in ("logprobs", "entropies"):
+        value = getattr(rollouts, name)
+        if value is not None and not bool(torch.isfinite(check_shape(value, shape, what=f"{what}.generate "
+                                                                     f"({name})")[mask]).all()):
+            raise PluginOutputError(f"{what}.generate returned non-finite {name} on completion tokens")
+    if len(rollouts.texts) != rows or tuple(rollouts.hit_max_tokens.shape) != (rows,):
+        raise PluginOutputError(f"{what}.generate returned {len(rollouts.texts)} texts and hit_max_tokens of "
+                                f"shape {list(rollouts.hit_max_tokens.shape)}, expected {rows} of each")
+    return rollouts
+
+
+def check_probe_logprobs(logprobs: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """The contract of `probe_logprobs`: one finite log-prob (<= 0) per completion token of the probe."""
+    probe = args[0]
+    value = check_shape(logprobs, (len(probe.completion_ids),), what=f"{what}.probe_logprobs")
+    if not all(math.isfinite(x) and x <= 1e-6 for x in value.tolist()):
+        raise PluginOutputError(f"{what}.probe_logprobs returned {value.tolist()}, expected finite log-probs <= 0")
+    return value
+
+
+ENGINE_CHECKS: dict[str, Check] = {"generate": check_rollouts, "probe_logprobs": check_probe_logprobs}

@@ -1,4 +1,8 @@
-"""Schemas of the `inference` config group (conf/inference/*.yaml)."""
+"""Schemas of the `inference` config group (conf/inference/*.yaml).
+
+Every engine is a partial, completed by the composition root as
+`engine(tokenizer=<the run's tokenizer>, resources=backend.engine_resources())`.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from dataclasses import dataclass
 
 @dataclass
 class PytorchEngineConfig:
-    """In-process engine on the training model. A partial: the backend supplies model, tokenizer, device."""
+    """In-process engine on the training model itself (no second copy of the weights)."""
 
     _target_: str = "retrain.inference.pytorch.PytorchEngine"
     _partial_: bool = True

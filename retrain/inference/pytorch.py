@@ -1,5 +1,7 @@
 """In-process sampling on the very model object the backend trains (no second copy of the weights).
 
+Built from the run's tokenizer and the backend's EngineResources, whose `model` it samples with.
+
 One prefill per prompt, whose KV cache is repeated G times; then all B×G rows are decoded together,
 one token per forward. A row leaves the batch (and the cache) when it emits EOS, and the loop stops
 when no row is left or max_tokens is reached.
@@ -18,16 +20,17 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+from peft import set_peft_model_state_dict
+from peft.utils import load_peft_weights
 from transformers import DynamicCache
 
-from retrain.inference.base import StaleWeightsError
-from retrain.inference.logprobs import completion_logprobs, left_pad, positions_from_mask, scaled_log_softmax
-from retrain.types import Rollouts, SamplingParams
-
-PROBE_TEXT = "retrain weight probe: 3 + 4 = 7."
-# Max mean |Δ log-prob| between the decode path and the training forward on the probe.
-PROBE_TOLERANCE = {torch.float32: 1e-3}
-PROBE_TOLERANCE_HALF = 0.1
+from retrain.errors import ConfigError
+from retrain.inference.base import EngineResources, StaleWeightsError
+from retrain.inference.config import PytorchEngineConfig
+from retrain.inference.freshness import Probe
+from retrain.inference.logprobs import left_pad, positions_from_mask, scaled_log_softmax
+from retrain.plugins import built_in
+from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
 
 @dataclass
@@ -75,22 +78,26 @@ class Decoded(NamedTuple):
     finished: torch.Tensor  # [N] stopped at EOS
 
 
+@built_in
 class PytorchEngine:
-    """Samples with the shared (PEFT-wrapped) training model; see the module docstring."""
+    """Samples with the (PEFT-wrapped) model the backend trains; see the module docstring."""
 
     returns_entropies = True
 
-    def __init__(self, model: Any, tokenizer: Any, device: torch.device, prefix_caching: bool = True) -> None:
-        self.model = model
+    def __init__(self, tokenizer: Any, resources: EngineResources,
+                 prefix_caching: bool = PytorchEngineConfig.prefix_caching) -> None:
+        if resources.model is None:
+            raise ConfigError("inference=pytorch samples in-process with the training model, but the backend "
+                              "shares none; choose an engine that loads its own weights")
+        self.model = resources.model
         self.tokenizer = tokenizer
-        self.device = torch.device(device)
+        self.device = torch.device(resources.device)
         self.prefix_caching = prefix_caching
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_ids = torch.tensor(sorted(_eos_token_ids(model, tokenizer)), device=self.device)
+        self.eos_ids = torch.tensor(sorted(_eos_token_ids(self.model, tokenizer)), device=self.device)
         if self.pad_id is None or not len(self.eos_ids):
             raise ValueError("the tokenizer defines no EOS/pad token: completions could never stop")
         self.weights_version = 0
-        self.last_probe_logprob: float | None = None
 
     def generate(self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams,
                  generator_seed: int | None) -> Rollouts:
@@ -178,43 +185,47 @@ class PytorchEngine:
             attention = attention.repeat_interleave(group_size, dim=0)
         return logits, cache, attention
 
-    def sync_weights(self, version: int) -> None:
-        """The shared model already holds the new weights; the probe checks that the decode path
-        (KV cache, positions) yields the training forward's log-probs under them."""
-        if version < self.weights_version:
-            raise StaleWeightsError(f"asked to sync to weights version {version}, but the engine already "
+    def sync(self, update: WeightUpdate) -> None:
+        """Load the update's weights into the model sampled with. Tensors that are this model's own
+        parameters (the backend shares its model) are already in place and are not copied."""
+        if update.version < self.weights_version:
+            raise StaleWeightsError(f"asked to sync to weights version {update.version}, but the engine already "
                                     f"serves version {self.weights_version}")
-        decoded, reference = self._probe()
-        gap = float((decoded - reference).abs().mean())
-        tolerance = PROBE_TOLERANCE.get(self.model.dtype, PROBE_TOLERANCE_HALF)
-        if not gap <= tolerance:
-            raise StaleWeightsError(f"weights version {version}: the sampler's log-probs on the probe differ "
-                                    f"from the trainer's by {gap:.3g} (tolerance {tolerance})")
-        self.weights_version = version
-        self.last_probe_logprob = float(decoded.mean())
+        if update.adapter_dir is not None:
+            set_peft_model_state_dict(self.model, load_peft_weights(str(update.adapter_dir), device=str(self.device)))
+        else:
+            assert update.tensors is not None
+            parameters = dict(self.model.named_parameters())
+            unknown = sorted(set(update.tensors) - set(parameters))
+            if unknown:
+                raise ValueError(f"weight update {update.version} names parameters this model lacks: {unknown[:5]}")
+            with torch.no_grad():
+                for name, tensor in update.tensors.items():
+                    if parameters[name] is not tensor:
+                        parameters[name].copy_(tensor)
+        self.weights_version = update.version
 
-    def _probe(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of the last two tokens of a fixed text, through prefill + one cached decode
-        step and through one full training-style forward."""
-        token_ids = self.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
-        prompt = torch.tensor([token_ids[:-2]], device=self.device)
-        completion = torch.tensor([token_ids[-2:]], device=self.device)
+    def probe_logprobs(self, probe: Probe) -> torch.Tensor:
+        """Log-probs at T = 1 of the probe's continuation, the way `generate` computes them: a prefill
+        of the prompt, then one cached decode step per continuation token."""
+        prompt = torch.tensor([probe.prompt_ids], device=self.device)
+        continuation = torch.tensor(probe.completion_ids, device=self.device)
         _eval_mode(self.model)
         with torch.inference_mode():
             cache = DynamicCache(config=self.model.config)
-            prefill = self.model(input_ids=prompt, attention_mask=torch.ones_like(prompt),
-                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
-            decode = self.model(input_ids=completion[:, :1],
-                                attention_mask=torch.ones((1, prompt.shape[1] + 1), device=self.device,
-                                                          dtype=torch.long),
-                                position_ids=torch.tensor([[prompt.shape[1]]], device=self.device),
-                                past_key_values=cache, use_cache=True)
-            logits = torch.cat([prefill.logits[:, -1], decode.logits[:, -1]])
-            decoded = scaled_log_softmax(logits, 1.0).gather(-1, completion.T).squeeze(-1)
-            everything = torch.ones_like(prompt, dtype=torch.bool), torch.ones_like(completion, dtype=torch.bool)
-            reference = completion_logprobs(self.model, prompt, everything[0], torch.zeros_like(prompt[:, 0]),
-                                            completion, everything[1], 1.0, share_prompts=False)
-        return decoded, reference[0]
+            output = self.model(input_ids=prompt, attention_mask=torch.ones_like(prompt), past_key_values=cache,
+                                use_cache=True, logits_to_keep=1)
+            logits = [output.logits[:, -1]]
+            length = prompt.shape[1]
+            for token in continuation[:-1]:
+                length += 1
+                output = self.model(input_ids=token.view(1, 1),
+                                    attention_mask=torch.ones((1, length), device=self.device, dtype=torch.long),
+                                    position_ids=torch.tensor([[length - 1]], device=self.device),
+                                    past_key_values=cache, use_cache=True)
+                logits.append(output.logits[:, -1])
+            logprobs = scaled_log_softmax(torch.cat(logits), 1.0)
+            return _export(logprobs.gather(-1, continuation.unsqueeze(-1)).squeeze(-1))
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the backend."""

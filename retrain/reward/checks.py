@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Sized
@@ -28,10 +29,8 @@ def checked_reward_value(value: object, reward_name: str) -> float:
         shown = shown[:_REPR_LIMIT] + "..."
     what = f"{shown} of type {type(value).__name__}"
     if isinstance(value, Sized) and not isinstance(value, (str, bytes)):
-        try:
+        with contextlib.suppress(TypeError):  # a 0-d tensor or array has __len__ but no length
             what = f"a {type(value).__name__} of {len(value)} values ({shown})"
-        except TypeError:  # a 0-d tensor or array has __len__ but no length
-            pass
     raise RewardOutputError(
         f"reward {reward_name} returned {what}; a reward is called once per completion and must "
         f"return one finite float")

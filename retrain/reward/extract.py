@@ -15,11 +15,10 @@ def last_boxed(text: str) -> str | None:
     (`\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`); a box that never closes, as in a completion cut
     off by max_tokens, yields the rest of the string.
     """
-    opening = None
-    for opening in _BOX_OPEN.finditer(text):
-        pass
-    if opening is None:
+    openings = list(_BOX_OPEN.finditer(text))
+    if not openings:
         return None
+    opening = openings[-1]
     start = opening.end()
     depth = 1
     for position in range(start, len(text)):

@@ -16,7 +16,7 @@ import httpx
 
 from retrain.data.prompts import check_template, fill_template
 from retrain.errors import ConfigError
-from retrain.reward.config import DEFAULT_JUDGE_TEMPLATE
+from retrain.reward.config import JudgeRewardConfig
 
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 _VERDICT = re.compile(r"\W*(yes|no)\b")
@@ -32,6 +32,7 @@ def parse_verdict(reply: str) -> float:
 
 class JudgeReward:
     """Asks `model` at `base_url` (e.g. http://127.0.0.1:8000/v1) whether the response is correct.
+    Its defaults are those of the config schema (retrain.reward.config.JudgeRewardConfig).
 
     The API key is read from the environment variable named by `api_key_env` at call time, so it
     never lands in the config, the run dir or a pickle; with the variable unset, no key is sent
@@ -39,10 +40,12 @@ class JudgeReward:
     the example's `extra["question"]` (every built-in data source sets it).
     """
 
-    def __init__(self, model: str, base_url: str = "https://api.openai.com/v1",
-                 api_key_env: str = "OPENAI_API_KEY", prompt_template: str = DEFAULT_JUDGE_TEMPLATE,
-                 max_tokens: int = 16, temperature: float = 0.0, request_timeout_s: float = 20.0,
-                 max_concurrency: int = 32) -> None:
+    def __init__(self, model: str = JudgeRewardConfig.model, base_url: str = JudgeRewardConfig.base_url,
+                 api_key_env: str = JudgeRewardConfig.api_key_env,
+                 prompt_template: str = JudgeRewardConfig.prompt_template,
+                 max_tokens: int = JudgeRewardConfig.max_tokens, temperature: float = JudgeRewardConfig.temperature,
+                 request_timeout_s: float = JudgeRewardConfig.request_timeout_s,
+                 max_concurrency: int = JudgeRewardConfig.max_concurrency) -> None:
         if not model:
             raise ConfigError("reward.model must name the judge model, got an empty string")
         if not base_url.startswith(("http://", "https://")):

@@ -20,6 +20,7 @@ from math_verify import LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
 from retrain.errors import ConfigError
+from retrain.reward.config import MathRewardConfig
 from retrain.reward.extract import last_boxed
 
 _EXTRACTION = (LatexExtractionConfig(),)
@@ -32,7 +33,9 @@ class MathReward:
     every completion of a group shares its reference, so it is parsed once, not G times.
     """
 
-    def __init__(self, parse_timeout_s: int = 5, verify_timeout_s: int = 5, cache_size: int = 4096) -> None:
+    def __init__(self, parse_timeout_s: int = MathRewardConfig.parse_timeout_s,
+                 verify_timeout_s: int = MathRewardConfig.verify_timeout_s,
+                 cache_size: int = MathRewardConfig.cache_size) -> None:
         for key, value in (("parse_timeout_s", parse_timeout_s), ("verify_timeout_s", verify_timeout_s),
                            ("cache_size", cache_size)):
             if value < 1:

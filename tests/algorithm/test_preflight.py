@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from retrain.algorithm.checks import PluginOutputError
 from retrain.algorithm.preflight import preflight
 from retrain.backend.base import CONSERVATIVE_CAPABILITIES, Capabilities
 from retrain.errors import ConfigError
+from retrain.plugins import PluginOutputError
 from tests.algorithm.helpers import build
 
 PLUGINS = "tests.plugins.algorithm_plugins"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,12 @@ from retrain.algorithm.sepa import SEPASchedule
 from retrain.algorithm.tokens import MAX_UNCERTAINTY
 from retrain.errors import ConfigError
 from tests.algorithm.helpers import build, synthetic_step
+
+
+def test_the_config_and_the_schedule_share_one_set_of_defaults():
+    """SEPASettings is the single source: the schema of algorithm.sepa extends it, the schedule is built from it."""
+    assert dataclasses.asdict(build("maxrl_gtpo_sepa").sepa) == dataclasses.asdict(SEPASchedule())
+    assert (SEPASchedule().steps, SEPASchedule().delay_steps, SEPASchedule().gate_open) == (500, 50, False)
 
 
 def test_linear_ramp_after_the_delay():

@@ -1,4 +1,5 @@
-"""conf/backend/local.yaml, conf/model/*.yaml and conf/inference/pytorch.yaml build working parts."""
+"""conf/backend/local.yaml, conf/model/*.yaml and conf/inference/pytorch.yaml build working parts,
+the way the composition root builds them."""
 
 from __future__ import annotations
 
@@ -6,13 +7,17 @@ import functools
 
 import pytest
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from retrain.backend.local import LocalBackend
 from retrain.backend.model import ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
-from retrain.config import compose
+from retrain.config import TrainingConfig, compose
 from retrain.errors import ConfigError
 from retrain.inference.pytorch import PytorchEngine
+from tests.backend.tiny_model import tokenizer_of
+
+SETTINGS = {"optim": OptimSettings.from_config(TrainingConfig()), "loss": LossSettings.from_config(TrainingConfig())}
 
 
 def test_default_model_is_qwen3_4b_with_rank_32_and_auto_alpha():
@@ -23,8 +28,11 @@ def test_default_model_is_qwen3_4b_with_rank_32_and_auto_alpha():
     assert "q_proj" in spec.target_modules and "down_proj" in spec.target_modules
 
 
-def test_tiny_model_names_the_bundled_asset():
-    assert instantiate(compose(["model=tiny"]).model).name_or_path == "retrain:tiny_qwen3"
+def test_the_schema_is_the_model_spec_so_its_defaults_are_written_once():
+    composed = compose([]).model
+    assert instantiate(composed) == ModelSpec() == OmegaConf.to_object(composed)
+    tiny = instantiate(compose(["model=tiny"]).model)
+    assert tiny == ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=8)
 
 
 def test_model_values_are_type_checked_at_compose_time():
@@ -38,15 +46,14 @@ def test_backend_and_engine_build_from_the_config(tiny_model_dir):
     engine_factory = instantiate(cfg.inference)
     assert isinstance(engine_factory, functools.partial) and engine_factory.func is PytorchEngine
     # As the composition root does: runtime objects are bound to the partial, not merged into the config.
-    backend = instantiate(cfg.backend, _partial_=True)(
-        model=instantiate(cfg.model), engine=engine_factory, seed=0, optim=OptimSettings(), loss=LossSettings())
+    backend = instantiate(cfg.backend, _partial_=True)(model=instantiate(cfg.model), seed=0, **SETTINGS)
     assert isinstance(backend, LocalBackend)
     assert backend.micro_batch_size == cfg.backend.micro_batch_size
-    assert backend.engine.prefix_caching is False
+    engine = engine_factory(tokenizer=tokenizer_of(str(tiny_model_dir)), resources=backend.engine_resources())
+    assert engine.prefix_caching is False and engine.model is backend.model  # it shares the weights
 
 
 def test_bad_value_from_the_config_is_named(tiny_model_dir):
     cfg = compose(["backend.devices='gpu:0,gpu:1'", f"model.name_or_path={tiny_model_dir}"])
     with pytest.raises(ConfigError, match="backend.devices"):
-        instantiate(cfg.backend, _partial_=True)(model=instantiate(cfg.model), engine=instantiate(cfg.inference),
-                                                 seed=0, optim=OptimSettings(), loss=LossSettings())
+        instantiate(cfg.backend, _partial_=True)(model=instantiate(cfg.model), seed=0, **SETTINGS)

@@ -11,19 +11,21 @@ from huggingface_hub import constants
 
 from retrain.backend.base import Backend, capabilities_of
 from retrain.backend.local import LocalBackend
-from retrain.backend.model import ModelSpec, resolve_device
+from retrain.backend.model import ChatPrompts, ModelSpec, resolve_device
 from retrain.errors import ConfigError, HubFetchError
 from retrain.inference.base import InferenceEngine
-from tests.backend.tiny_model import PROMPTS, make_backend
+from tests.backend.tiny_model import PROMPTS, make_backend, make_engine, tokenizer_of
 
 
-def test_backend_satisfies_the_protocol_and_declares_capabilities(tiny_spec):
+def test_backend_and_engine_satisfy_their_protocols_and_the_backend_declares_capabilities(tiny_spec):
     backend = make_backend(tiny_spec)
-    assert isinstance(backend, Backend) and isinstance(backend.engine, InferenceEngine)
-    assert backend.engine.model is backend.model  # the in-process engine shares the weights
+    engine = make_engine(backend)
+    assert isinstance(backend, Backend) and isinstance(engine, InferenceEngine)
+    assert not isinstance(backend, InferenceEngine)  # it does not sample itself: an engine samples beside it
+    assert engine.model is backend.model  # the in-process engine shares the weights
     caps = capabilities_of(LocalBackend)
     assert caps.reports_sync_loss and caps.preserves_token_advantages and caps.returns_entropies
-    assert caps.supports_checkpoint_resume and not caps.resume_runtime_dependent
+    assert caps.supports_checkpoint_resume and not caps.resume_runtime_dependent and not caps.samples_itself
 
 
 def test_cpu_runs_in_fp32_and_lora_is_seeded(tiny_spec):
@@ -42,15 +44,25 @@ def test_trainable_parameters_summary(tiny_spec):
     assert 0 < trainable < total
 
 
-def test_encode_prompts_applies_the_chat_template(tiny_spec):
-    backend = make_backend(tiny_spec)
-    encoded = backend.encode_prompts(PROMPTS[:2])
-    assert len(encoded) == 2 and all(isinstance(t, int) for t in encoded[0])
+def test_chat_prompts_apply_the_chat_template_once_per_distinct_prompt(tiny_spec):
+    tokenizer = tokenizer_of(tiny_spec.name_or_path)
+    prompts = ChatPrompts(tokenizer, tiny_spec.name_or_path)
+    encoded = prompts([PROMPTS[0], PROMPTS[1], PROMPTS[0]])
+    assert len(encoded) == 3 and encoded[0] == encoded[2] and all(isinstance(t, int) for t in encoded[0])
     conversation = [{"role": "user", "content": PROMPTS[0]}]
-    with_prompt, without = (backend.tokenizer.apply_chat_template(conversation, add_generation_prompt=flag,
-                                                                  tokenize=False) for flag in (True, False))
-    assert backend.tokenizer.decode(encoded[0]) == with_prompt
+    with_prompt, without = (tokenizer.apply_chat_template(conversation, add_generation_prompt=flag, tokenize=False)
+                            for flag in (True, False))
+    assert tokenizer.decode(encoded[0]) == with_prompt
     assert with_prompt.startswith(without) and len(with_prompt) > len(without)
+    assert prompts([PROMPTS[0]])[0] is encoded[0]  # encoded once for the whole run
+
+
+def test_a_tokenizer_without_chat_template_is_refused_by_name(tiny_spec):
+    class Plain:
+        chat_template = None
+
+    with pytest.raises(ConfigError, match="model.name_or_path='my/base-model': its tokenizer has no chat template"):
+        ChatPrompts(Plain(), "my/base-model")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback only happens without CUDA")

@@ -10,8 +10,8 @@ import torch
 from retrain.backend.local import policy_token_loss
 from retrain.backend.settings import LossSettings
 from retrain.inference.logprobs import completion_logprobs
-from retrain.types import Rollouts, SamplingParams, TrainBatch
-from tests.backend.tiny_model import PROMPTS, make_backend
+from retrain.types import Rollouts, SamplingParams, TrainBatch, WeightUpdate
+from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine
 
 SAMPLING = SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9, return_entropies=True)
 
@@ -35,7 +35,8 @@ def lora_state(backend) -> dict[str, torch.Tensor]:
 
 
 def sample(backend, seed: int = 1, group_size: int = 4) -> Rollouts:
-    return backend.sample(backend.encode_prompts(PROMPTS), group_size, SAMPLING, seed)
+    """Rollouts from the in-process engine on the backend's current weights."""
+    return make_engine(backend).generate(encode(backend, PROMPTS), group_size, SAMPLING, seed)
 
 
 def test_first_update_ratio_is_one(tiny_spec):
@@ -54,7 +55,21 @@ def test_first_update_ratio_is_one(tiny_spec):
     assert abs(result.metrics["policy/ratio_mean"] - 1) <= 1e-4
     assert abs(result.metrics["policy/ratio_max"] - 1) <= 1e-4
     assert result.metrics["policy/clip_frac"] == 0.0
-    assert 0 < result.metrics["policy/top_p_mass"] <= 1
+    assert "policy/top_p_mass" not in result.metrics  # the sampler's metrics reach the step record from the rollouts
+
+
+def test_a_step_returns_its_weight_update_and_a_skipped_step_none(tiny_spec):
+    backend = make_backend(tiny_spec)
+    rollouts = sample(backend)
+    update = backend.train(batch_for(rollouts)).update
+    assert isinstance(update, WeightUpdate) and update.version == 1 and update.adapter_dir is None
+    trainable = dict(backend.model.named_parameters())
+    assert update.tensors.keys() == {name for name, p in trainable.items() if p.requires_grad}
+    assert all(tensor is trainable[name] for name, tensor in update.tensors.items())  # live, not copied
+    assert all("lora_" in name for name in update.tensors)
+    nothing = TrainBatch(rollouts, torch.zeros(rollouts.completion_ids.shape), torch.ones(rollouts.num_rows, dtype=torch.bool))
+    assert backend.train(nothing).update is None
+    assert backend.train(batch_for(rollouts)).update.version == 2
 
 
 def test_micro_batches_give_the_same_gradient(tiny_spec):
@@ -66,9 +81,9 @@ def test_micro_batches_give_the_same_gradient(tiny_spec):
         batch = batch_for(sample(backend))
         trained_rows = int((batch.advantages != 0).any(dim=1).sum())
         backend.micro_batch_size = 0 if micro_batches == 1 else math.ceil(trained_rows / micro_batches)
-        captured = {}
+        captured: dict[int, torch.Tensor] = {}
         backend.optimizer.register_step_pre_hook(
-            lambda opt, args, kwargs: captured.update(
+            lambda opt, args, kwargs, captured=captured, backend=backend: captured.update(
                 {i: p.grad.clone() for i, p in enumerate(backend.trainable)}))
         results.append(backend.train(batch))
         grads.append(captured)
@@ -101,7 +116,7 @@ def test_non_finite_loss_skips_the_step_and_keeps_the_adapter(tiny_spec):
     batch.advantages[row, column] = float("nan")
     before = lora_state(backend)
     result = backend.train(batch)
-    assert result.skipped_nonfinite
+    assert result.skipped_nonfinite and result.update is None
     assert backend.optimizer.state_dict()["state"] == {}
     assert backend.weights_version == 0
     after = lora_state(backend)
@@ -109,7 +124,7 @@ def test_non_finite_loss_skips_the_step_and_keeps_the_adapter(tiny_spec):
     assert all(p.grad is None for p in backend.trainable)
 
     healthy = backend.train(batch_for(rollouts))
-    assert not healthy.skipped_nonfinite and backend.weights_version == 1
+    assert not healthy.skipped_nonfinite and backend.weights_version == healthy.update.version == 1
 
 
 def test_lora_trains_and_only_lora_changes(tiny_spec):
@@ -144,7 +159,8 @@ def test_save_load_round_trip_restores_adapter_and_optimizer(tiny_spec, tmp_path
     continued = original.train(batch_for(sample(original, seed=2), seed=2))
 
     restored = make_backend(tiny_spec, seed=99)  # another LoRA init: everything must come from the checkpoint
-    restored.load(tmp_path / "ckpt")
+    update = restored.load(tmp_path / "ckpt")
+    assert update.version == restored.weights_version == 2  # the optimizer steps the checkpoint had taken
     assert all(torch.equal(p, saved_adapter[name]) for name, p in lora_state(restored).items())
     resumed = restored.train(batch_for(sample(restored, seed=2), seed=2))
     assert resumed.loss == continued.loss
@@ -188,12 +204,12 @@ class TestPolicyTokenLoss:
         return policy_token_loss(new, torch.zeros_like(new), self.advantages, settings)
 
     def test_pure_importance_sampling(self):
-        result = self.loss(LossSettings())
+        result = self.loss(LossSettings(clip_eps=0.0, clip_eps_high=None))
         torch.testing.assert_close(result.loss, -self.ratios * self.advantages)
         assert not result.clipped.any()
 
     def test_clip_and_clip_higher(self):
-        symmetric = self.loss(LossSettings(clip_eps=0.2))
+        symmetric = self.loss(LossSettings(clip_eps=0.2, clip_eps_high=None))
         # A > 0 clips above 1.2; A < 0 clips below 0.8.
         torch.testing.assert_close(symmetric.loss, -torch.tensor([0.5, 0.9, 1.0, 1.1, 1.2, -0.8, -1.5]))
         assert symmetric.clipped.tolist() == [False, False, False, False, True, True, False]
@@ -202,12 +218,13 @@ class TestPolicyTokenLoss:
 
     def test_gradient_flows_through_unclipped_tokens_only(self):
         new = torch.log(self.ratios).requires_grad_()
-        policy_token_loss(new, torch.zeros(7), self.advantages, LossSettings(clip_eps=0.2)).loss.sum().backward()
+        policy_token_loss(new, torch.zeros(7), self.advantages, LossSettings(clip_eps=0.2, clip_eps_high=None)
+                          ).loss.sum().backward()
         assert (new.grad == 0).tolist() == [False, False, False, False, True, True, False]
 
 
 def test_clipped_loss_reports_clip_fraction(tiny_spec):
-    backend = make_backend(tiny_spec, lr=0.2, loss=LossSettings(clip_eps=0.01))
+    backend = make_backend(tiny_spec, lr=0.2, loss=LossSettings(clip_eps=0.01, clip_eps_high=None))
     batch = batch_for(sample(backend))
     first = backend.train(batch)
     second = backend.train(batch)  # stale samples after a large step: ratios leave [0.99, 1.01]

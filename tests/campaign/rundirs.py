@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from retrain.rundir import RunDir
+
 
 @dataclass
 class SimulatedRun:
@@ -35,10 +37,10 @@ def simulate_run(sweep_dir: Path, condition: str, seed: int, p_correct: float, s
     completions = batch_size * group_size
     draws = rng.random((steps, completions)) < p_correct
     entropy = rng.gamma(4.0, entropy_scale / 4.0, size=steps)
-    run_dir = sweep_dir / f"{condition}_s{seed}"
-    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    run_dir = RunDir(sweep_dir / f"{condition}_s{seed}")
+    run_dir.hydra_dir.mkdir(parents=True, exist_ok=True)
     total_correct = 0
-    with open(run_dir / "metrics.jsonl", "w") as handle:
+    with open(run_dir.metrics, "w") as handle:
         for step in range(steps):
             total_correct += int(draws[step].sum())
             handle.write(json.dumps({
@@ -51,13 +53,13 @@ def simulate_run(sweep_dir: Path, condition: str, seed: int, p_correct: float, s
     status = {"state": state, "step": steps - 1, "max_steps": steps, "condition": condition, "seed": seed,
               "updated_at": time.time(), "pid": pid or os.getpid(), "hostname": socket.gethostname(),
               "error": error, "eval": {}}
-    (run_dir / "status.json").write_text(json.dumps(status))
+    run_dir.write_status(status)
     if num is not None:
-        (run_dir / "job.json").write_text(json.dumps({"num": num, "pid": pid or os.getpid(),
-                                                      "hostname": socket.gethostname(), "slurm": {}}))
-    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+        run_dir.job_file.write_text(json.dumps({"num": num, "pid": pid or os.getpid(),
+                                                "hostname": socket.gethostname(), "slurm": {}}))
+    run_dir.hydra_config.write_text(yaml.safe_dump(
         {"algorithm": {"name": condition}, "training": {"seed": seed, "max_steps": steps}}))
-    return SimulatedRun(run_dir, condition, seed, draws, entropy)
+    return SimulatedRun(run_dir.path, condition, seed, draws, entropy)
 
 
 def dead_pid() -> int:

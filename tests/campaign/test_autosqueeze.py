@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from peft import PeftModel
 
 from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_settings
+from retrain.rundir import RunDir
 from retrain.squeeze import SqueezeError
 from tests.test_squeeze import save_adapter, tiny_base
 
@@ -21,9 +22,9 @@ def campaign_config(**squeeze: object) -> object:
 
 def test_first_finished_run_is_squeezed_once_and_compressed_in_the_sweep(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    first, second = sweep_dir / "grpo_none_s1", sweep_dir / "grpo_none_s2"
-    save_adapter(first / "final")
-    save_adapter(second / "final")
+    first, second = RunDir(sweep_dir / "grpo_none_s1"), RunDir(sweep_dir / "grpo_none_s2")
+    save_adapter(first.final_dir)
+    save_adapter(second.final_dir)
     config = campaign_config(min_variance_retention=0.9, output_dir="squeezed", compress_to=2)
     settings = squeeze_settings(config)
     payload = squeeze_first_finished(sweep_dir, first, settings, config)
@@ -39,12 +40,12 @@ def test_first_finished_run_is_squeezed_once_and_compressed_in_the_sweep(tmp_pat
 def test_the_table_goes_to_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    run_dir = tmp_path / "sweep" / "maxrl_gtpo_sepa_s42"
-    save_adapter(run_dir / "final")
+    run_dir = RunDir(tmp_path / "sweep" / "maxrl_gtpo_sepa_s42")
+    save_adapter(run_dir.final_dir)
     config = campaign_config(min_variance_retention=0.95)
     config.logging.wandb_project = "retrain-tests"
     payload = squeeze_first_finished(tmp_path / "sweep", run_dir, squeeze_settings(config), config)
-    tables = list(run_dir.glob("wandb/offline-run-*/files/media/table/squeeze/variance_*.table.json"))
+    tables = list(run_dir.path.glob("wandb/offline-run-*/files/media/table/squeeze/variance_*.table.json"))
     assert len(tables) == 1
     table = json.loads(tables[0].read_text())
     assert table["columns"] == ["rank", "mean_variance_retained", "worst_module"]

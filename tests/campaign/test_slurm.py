@@ -106,13 +106,13 @@ def _steps_logged(run_dir: Path) -> int:
 
 INTERRUPTIONS = {
     # what a pre-empting scheduler sends (and submitit's own tests): SIGTERM, then the warning signal
-    "preempted": dict(steps=40, launcher=["hydra.launcher.timeout_min=15"]),
+    "preempted": {"steps": 40, "launcher": ["hydra.launcher.timeout_min=15"]},
     # an admin's requeue: SIGTERM, then SIGKILL after KillWait; the run checkpoints after its step in
     # flight (or, had that not fitted in KillWait, would resume from its last periodic checkpoint)
-    "requeued": dict(steps=40, launcher=["hydra.launcher.timeout_min=15"], save_every=5),
+    "requeued": {"steps": 40, "launcher": ["hydra.launcher.timeout_min=15"], "save_every": 5},
     # a real time limit: SLURM warns 60 s before the 2-minute limit (its timer is coarse: ±30 s),
     # and the run is longer than that, so one job cannot finish it
-    "time_limit": dict(steps=600, launcher=["hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"]),
+    "time_limit": {"steps": 600, "launcher": ["hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"]},
 }
 
 

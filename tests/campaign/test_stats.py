@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
-from retrain.campaign.runs import read_metrics
 from retrain.campaign.stats import estimate, fisher_exact, run_scores, welch_t
+from retrain.rundir import RunDir
 from tests.campaign.rundirs import simulate_run
 
 values = st.lists(st.floats(min_value=-1e3, max_value=1e3, allow_nan=False), min_size=2, max_size=12)
@@ -72,7 +72,8 @@ def test_welch_matches_scipy_and_refuses_too_few_seeds() -> None:
 
 def test_run_scores_recount_the_simulated_draws(tmp_path: Path) -> None:
     run = simulate_run(tmp_path, "maxrl_gtpo_sepa", seed=7, p_correct=0.4, steps=15)
-    scores = run_scores(read_metrics(run.dir), last_k=5)
+    files = RunDir(run.dir)
+    scores = run_scores(files.metrics_records(), last_k=5)
     tail = run.draws[-5:]
     assert scores.steps == 15
     assert scores.final == pytest.approx(float(run.draws[-1].mean()))
@@ -80,6 +81,6 @@ def test_run_scores_recount_the_simulated_draws(tmp_path: Path) -> None:
     assert (scores.correct, scores.total) == (int(tail.sum()), tail.size)
     assert scores.entropy_var == pytest.approx(float(run.entropy_var[-5:].mean()))
     # a torn last line (the trainer is appending right now) is skipped, not an error
-    with open(run.dir / "metrics.jsonl", "a") as handle:
+    with open(files.metrics, "a") as handle:
         handle.write(json.dumps({"step": 15, "correct_rate": 1.0})[:-7])
-    assert run_scores(read_metrics(run.dir), last_k=5).steps == 15
+    assert run_scores(files.metrics_records(), last_k=5).steps == 15

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from retrain.config import compose
-from retrain.data.arithmetic import SCHEMAS, ArithmeticData, ArithmeticDataConfig
+from retrain.data.arithmetic import SCHEMAS, ArithmeticData, ArithmeticDataConfig, draw_problems
 from retrain.data.base import DataSource
 from retrain.errors import ConfigError
 
@@ -56,6 +56,8 @@ def test_held_out_is_disjoint_from_training_and_stable() -> None:
     # Asking for fewer is a prefix; a bigger training set keeps the held-out problems.
     assert ids(data.held_out(20)) == held_out[:20]
     assert ids(ArithmeticData(seed=0, num_examples=6000).held_out(500)) == held_out
+    # Served as drawn (the task order is already random): the tiny model's measured accuracy relies on it.
+    assert held_out == [f"{a}+{b}" for a, b in draw_problems(4500, 10, 99, 0)[:500]]
 
 
 def test_cursor_round_trip_reproduces_the_order() -> None:
@@ -66,6 +68,8 @@ def test_cursor_round_trip_reproduces_the_order() -> None:
     restored = ArithmeticData(seed=99, num_examples=100)  # the seed comes back from the state
     restored.load_state_dict(state)
     assert [ids(restored.next_batch(40)) for _ in range(4)] == expected
+    with pytest.raises(ConfigError, match="cursor is for 100 examples but data=arithmetic now has 120"):
+        ArithmeticData(seed=3, num_examples=120).load_state_dict(state)
 
 
 def test_satisfies_the_data_source_protocol() -> None:
@@ -87,8 +91,9 @@ def test_bad_settings_are_named(kwargs: dict, message: str) -> None:
 
 
 def test_held_out_request_beyond_the_set_is_named() -> None:
-    with pytest.raises(ConfigError, match="data.held_out_size=10"):
+    with pytest.raises(ConfigError, match="more than the 10 held-out examples of data=arithmetic.*data.held_out_size"):
         ArithmeticData(seed=0, num_examples=10, held_out_size=10).held_out(11)
+    assert ArithmeticData(seed=0, num_examples=10, held_out_size=0).held_out(0) == []
 
 
 @settings(max_examples=60, deadline=None)

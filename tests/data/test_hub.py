@@ -64,7 +64,7 @@ def test_local_paths_and_hub_ids(tmp_path: Path) -> None:
 
 def test_the_probe_sees_a_live_server_and_a_dead_port() -> None:
     class Ok(BaseHTTPRequestHandler):
-        def do_HEAD(self) -> None:  # noqa: N802
+        def do_HEAD(self) -> None:
             self.send_response(404)  # any status means someone is there
             self.end_headers()
 
@@ -116,8 +116,8 @@ def test_loading_the_default_hub_id_here_fails_within_seconds() -> None:
 
 def test_fetch_errors_inside_the_guard_become_hub_fetch_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1: no probe
-    with pytest.raises(HubFetchError, match="(?s)model 'org/some-model'.*ConnectionError: refused.*"
-                                            "model.name_or_path") as caught:
-        with hub_fetch("org/some-model", "model", "model.name_or_path"):
-            raise ConnectionError("refused")
+    with (pytest.raises(HubFetchError, match="(?s)model 'org/some-model'.*ConnectionError: refused.*"
+                                             "model.name_or_path") as caught,
+          hub_fetch("org/some-model", "model", "model.name_or_path")):
+        raise ConnectionError("refused")
     assert isinstance(caught.value, RuntimeError) and isinstance(caught.value.__cause__, ConnectionError)

@@ -105,7 +105,7 @@ def hub_shaped_math(math500: Path, tmp_path: Path) -> Path:
             (tmp_path / subject).mkdir(exist_ok=True)
             (tmp_path / subject / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
             lines += [f"  - split: {split}", f"    path: {subject}/{split}.jsonl"]
-    (tmp_path / "README.md").write_text("\n".join(lines + ["---", ""]))
+    (tmp_path / "README.md").write_text("\n".join([*lines, "---", ""]))
     return tmp_path
 
 

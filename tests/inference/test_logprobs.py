@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from retrain.inference.logprobs import completion_logprobs, left_pad
-from tests.backend.tiny_model import PROMPTS, make_backend
+from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
 
 
 def test_shared_prompt_cache_gives_the_one_forward_logprobs_and_gradient(tiny_spec):
     backend = make_backend(tiny_spec)
-    prompt_ids = backend.encode_prompts(PROMPTS[:3])
-    prompts, prompt_mask = left_pad(prompt_ids, backend.engine.pad_id, backend.device)
+    prompt_ids = encode(backend, PROMPTS[:3])
+    prompts, prompt_mask = left_pad(prompt_ids, tokenizer_of(tiny_spec.name_or_path).pad_token_id, backend.device)
     completions, completion_mask = left_pad([[5, 6, 7], [8, 9, 10], [11, 12, 13], [14, 15, 16]], 0, backend.device)
     completions, completion_mask = completions.flip(1), completion_mask.flip(1)  # right-padded
     completion_mask[1, 2] = False
@@ -32,13 +32,13 @@ def test_shared_prompt_cache_gives_the_one_forward_logprobs_and_gradient(tiny_sp
 
 def test_extra_left_padding_does_not_change_logprobs(tiny_spec):
     backend = make_backend(tiny_spec)
-    prompt_ids = backend.encode_prompts(PROMPTS[:2])
+    prompt_ids = encode(backend, PROMPTS[:2])
     completions = torch.tensor([[40, 41, 42], [43, 44, 45]])
     mask = torch.ones_like(completions, dtype=torch.bool)
-    pad = backend.engine.pad_id
+    pad = tokenizer_of(tiny_spec.name_or_path).pad_token_id
     with torch.no_grad():
         tight = completion_logprobs(backend.model, *left_pad(prompt_ids, pad, backend.device), torch.arange(2),
                                     completions, mask, 1.0)
-        padded = completion_logprobs(backend.model, *left_pad(prompt_ids + [[1] * 60], pad, backend.device),
+        padded = completion_logprobs(backend.model, *left_pad([*prompt_ids, [1] * 60], pad, backend.device),
                                      torch.arange(2), completions, mask, 1.0)
     torch.testing.assert_close(tight, padded, atol=1e-5, rtol=1e-5)

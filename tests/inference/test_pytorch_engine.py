@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retrain.inference.base import StaleWeightsError
+from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.logprobs import left_pad, positions_from_mask
 from retrain.inference.pytorch import PytorchEngine
-from retrain.types import SamplingParams, TrainBatch
-from tests.backend.tiny_model import PROMPTS, make_backend
+from retrain.types import SamplingParams, WeightUpdate
+from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine, tokenizer_of
 
 
 @pytest.fixture
@@ -18,8 +18,13 @@ def backend(tiny_spec):
 
 
 @pytest.fixture
+def engine(backend):
+    return make_engine(backend)
+
+
+@pytest.fixture
 def prompt_ids(backend):
-    return backend.encode_prompts(PROMPTS)
+    return encode(backend, PROMPTS)
 
 
 def full_forward_logits(backend, rollouts, rows: torch.Tensor) -> torch.Tensor:
@@ -34,9 +39,9 @@ def full_forward_logits(backend, rollouts, rows: torch.Tensor) -> torch.Tensor:
     return logits[:, prompts.shape[1] - 1: prompts.shape[1] - 1 + width]
 
 
-def test_greedy_is_the_argmax_of_a_plain_forward(backend, prompt_ids):
+def test_greedy_is_the_argmax_of_a_plain_forward(backend, engine, prompt_ids):
     greedy = SamplingParams(max_tokens=6, temperature=0.0, top_p=1.0)
-    rollouts = backend.engine.generate(prompt_ids, 2, greedy, generator_seed=None)
+    rollouts = engine.generate(prompt_ids, 2, greedy, generator_seed=None)
     assert torch.equal(rollouts.completion_ids[0::2], rollouts.completion_ids[1::2])
     for b, prompt in enumerate(prompt_ids):
         sequence = list(prompt)
@@ -46,15 +51,15 @@ def test_greedy_is_the_argmax_of_a_plain_forward(backend, prompt_ids):
                 token = int(backend.model(input_ids=torch.tensor([sequence])).logits[0, -1].argmax())
             expected.append(token)
             sequence.append(token)
-            if token in backend.engine.eos_ids.tolist():
+            if token in engine.eos_ids.tolist():
                 break
         row = 2 * b
         assert rollouts.completion_ids[row][rollouts.completion_mask[row]].tolist() == expected
 
 
-def test_logprobs_and_entropies_come_from_the_sampled_distribution(backend, prompt_ids):
+def test_logprobs_and_entropies_come_from_the_sampled_distribution(backend, engine, prompt_ids):
     sampling = SamplingParams(max_tokens=6, temperature=0.7, top_p=0.9, return_entropies=True)
-    rollouts = backend.engine.generate(prompt_ids, 3, sampling, generator_seed=4)
+    rollouts = engine.generate(prompt_ids, 3, sampling, generator_seed=4)
     rows = torch.arange(rollouts.num_rows)
     logp = torch.log_softmax(full_forward_logits(backend, rollouts, rows) / sampling.temperature, dim=-1)
     mask = rollouts.completion_mask
@@ -65,29 +70,29 @@ def test_logprobs_and_entropies_come_from_the_sampled_distribution(backend, prom
     assert (rollouts.logprobs[~mask] == 0).all() and (rollouts.entropies[~mask] == 0).all()
 
 
-def test_same_seed_same_rollouts_other_seed_other_rollouts(backend, prompt_ids):
+def test_same_seed_same_rollouts_other_seed_other_rollouts(engine, prompt_ids):
     sampling = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.95, return_entropies=True)
-    first, again, other = (backend.engine.generate(prompt_ids, 4, sampling, seed) for seed in (11, 11, 12))
+    first, again, other = (engine.generate(prompt_ids, 4, sampling, seed) for seed in (11, 11, 12))
     for field in ("completion_ids", "completion_mask", "logprobs", "entropies", "hit_max_tokens"):
         assert torch.equal(getattr(first, field), getattr(again, field)), field
     assert first.texts == again.texts
     assert not torch.equal(first.completion_ids, other.completion_ids)
 
 
-def test_rows_stop_at_eos_or_max_tokens(backend, prompt_ids):
-    free = backend.engine.generate(prompt_ids, 8, SamplingParams(max_tokens=6, temperature=1.0), generator_seed=0)
+def test_rows_stop_at_eos_or_max_tokens(backend, engine, prompt_ids):
+    free = engine.generate(prompt_ids, 8, SamplingParams(max_tokens=6, temperature=1.0), generator_seed=0)
     # The first step at which rows differ; before it every row sampled the same (non-EOS) tokens.
     ids = free.completion_ids
     split = next(step for step in range(ids.shape[1]) if (ids[:, step] != ids[0, step]).any())
     column = ids[:, split]
-    candidates = column[~torch.isin(column, backend.engine.eos_ids)]
+    candidates = column[~torch.isin(column, engine.eos_ids)]
     stop_token = int(candidates.mode().values)
     assert stop_token not in ids[0, :split].tolist()
     # Declare that token an end-of-turn token, as a chat model's generation config does for
     # <|im_end|>. Resampling with the same seed repeats the steps up to `split`, so exactly the rows
     # that sampled it there stop; the others stop at a real EOS or run to max_tokens.
     backend.model.generation_config.eos_token_id = [stop_token]
-    engine = PytorchEngine(backend.model, backend.tokenizer, backend.device)
+    engine = make_engine(backend)
     sampling = SamplingParams(max_tokens=split + 2, temperature=1.0)
     rollouts = engine.generate(prompt_ids, 8, sampling, generator_seed=0)
 
@@ -104,54 +109,69 @@ def test_rows_stop_at_eos_or_max_tokens(backend, prompt_ids):
             assert tokens[-1] in eos and not eos & set(tokens[:-1])
     assert rollouts.hit_max_tokens.any() and not rollouts.hit_max_tokens.all()
     assert rollouts.completion_ids.shape[1] == int(lengths.max())
-    assert (rollouts.completion_ids[~rollouts.completion_mask] == backend.tokenizer.pad_token_id).all()
+    assert (rollouts.completion_ids[~rollouts.completion_mask] == engine.tokenizer.pad_token_id).all()
 
 
-def test_everything_stops_at_the_first_eos(backend, prompt_ids):
+def test_everything_stops_at_the_first_eos(backend, engine, prompt_ids):
     greedy = SamplingParams(max_tokens=5, temperature=0.0, top_p=1.0)
-    first_token = backend.engine.generate(prompt_ids[:1], 1, greedy, None).completion_ids[0, 0]
+    first_token = engine.generate(prompt_ids[:1], 1, greedy, None).completion_ids[0, 0]
     backend.model.generation_config.eos_token_id = [int(first_token)]
-    rollouts = PytorchEngine(backend.model, backend.tokenizer, backend.device).generate(
-        prompt_ids[:1], 3, greedy, None)
+    rollouts = make_engine(backend).generate(prompt_ids[:1], 3, greedy, None)
     assert rollouts.completion_ids.shape == (3, 1) and not rollouts.hit_max_tokens.any()
 
 
-def test_texts_decode_the_completions(backend, prompt_ids):
-    rollouts = backend.engine.generate(prompt_ids, 2, SamplingParams(max_tokens=6, temperature=1.0), 3)
+def test_texts_decode_the_completions(engine, prompt_ids):
+    rollouts = engine.generate(prompt_ids, 2, SamplingParams(max_tokens=6, temperature=1.0), 3)
     for row, text in enumerate(rollouts.texts):
         tokens = rollouts.completion_ids[row][rollouts.completion_mask[row]].tolist()
-        assert text == backend.tokenizer.decode(tokens, skip_special_tokens=True)
+        assert text == engine.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
-def test_tiny_top_p_keeps_only_the_top_token(backend, prompt_ids):
-    greedy = backend.engine.generate(prompt_ids, 2, SamplingParams(max_tokens=5, temperature=0.0), None)
-    nucleus = backend.engine.generate(prompt_ids, 2, SamplingParams(max_tokens=5, temperature=1.0, top_p=1e-6), 9)
+def test_tiny_top_p_keeps_only_the_top_token(engine, prompt_ids):
+    greedy = engine.generate(prompt_ids, 2, SamplingParams(max_tokens=5, temperature=0.0), None)
+    nucleus = engine.generate(prompt_ids, 2, SamplingParams(max_tokens=5, temperature=1.0, top_p=1e-6), 9)
     assert torch.equal(greedy.completion_ids, nucleus.completion_ids)
     assert 0 < nucleus.metrics["policy/top_p_mass"] < 1 and nucleus.temperature == 1.0
 
 
 def test_prefix_caching_does_not_change_what_is_sampled(backend, prompt_ids):
     sampling = SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9)
-    shared = PytorchEngine(backend.model, backend.tokenizer, backend.device, prefix_caching=True)
-    separate = PytorchEngine(backend.model, backend.tokenizer, backend.device, prefix_caching=False)
+    shared, separate = make_engine(backend, prefix_caching=True), make_engine(backend, prefix_caching=False)
     cached, uncached = (engine.generate(prompt_ids, 4, sampling, 5) for engine in (shared, separate))
     assert torch.equal(cached.completion_ids, uncached.completion_ids)
     torch.testing.assert_close(cached.logprobs, uncached.logprobs, atol=1e-5, rtol=1e-5)
 
 
-def test_sync_weights_probes_and_refuses_going_back(backend):
-    engine = backend.engine
-    engine.sync_weights(3)
-    assert engine.weights_version == 3 and engine.last_probe_logprob < 0
+def test_sync_to_the_shared_model_copies_nothing_and_refuses_going_back(backend, engine):
+    before = {name: p.detach().clone() for name, p in backend.model.named_parameters()}
+    engine.sync(WeightUpdate(version=3, tensors=backend.adapter))
+    assert engine.weights_version == 3
+    assert all(torch.equal(p, before[name]) for name, p in backend.model.named_parameters())
     with pytest.raises(StaleWeightsError, match="version 2"):
-        engine.sync_weights(2)
+        engine.sync(WeightUpdate(version=2, tensors=backend.adapter))
 
 
-def test_training_step_syncs_the_engine(backend, prompt_ids):
-    rollouts = backend.sample(prompt_ids, 2, SamplingParams(max_tokens=4, temperature=1.0), 0)
-    advantages = torch.ones(rollouts.completion_ids.shape) * rollouts.completion_mask
-    backend.train(TrainBatch(rollouts, advantages, torch.ones(rollouts.num_rows, dtype=torch.bool)))
-    assert backend.engine.weights_version == backend.weights_version == 1
+def test_sync_loads_named_tensors_and_adapter_dirs_into_a_model_of_its_own(tiny_spec, tmp_path):
+    trained = make_backend(tiny_spec, seed=0)
+    with torch.no_grad():
+        for tensor in trained.adapter.values():
+            tensor.normal_(generator=torch.Generator().manual_seed(1))
+    for update in (WeightUpdate(version=1, tensors=trained.adapter), WeightUpdate(version=1, adapter_dir=tmp_path)):
+        trained.save(tmp_path)
+        own_model = make_backend(tiny_spec, seed=5).model
+        engine = PytorchEngine(tokenizer_of(tiny_spec.name_or_path),
+                               EngineResources(spec=tiny_spec, device=trained.device, model=own_model))
+        engine.sync(update)
+        served = dict(own_model.named_parameters())
+        assert all(torch.equal(served[name], tensor) for name, tensor in trained.adapter.items())
+        assert all(served[name] is not tensor for name, tensor in trained.adapter.items())
+
+
+def test_an_engine_needs_a_model_to_sample_with(tiny_spec):
+    backend = make_backend(tiny_spec)
+    shares_none = EngineResources(spec=tiny_spec, device=backend.device, model=None)
+    with pytest.raises(ValueError, match="inference=pytorch samples in-process"):
+        PytorchEngine(tokenizer_of(tiny_spec.name_or_path), shares_none)
 
 
 @pytest.mark.parametrize(("sampling", "group_size", "message"), [
@@ -160,9 +180,9 @@ def test_training_step_syncs_the_engine(backend, prompt_ids):
     (SamplingParams(max_tokens=4, top_p=0.0), 2, "top_p"),
     (SamplingParams(max_tokens=4), 0, "group_size"),
 ])
-def test_bad_sampling_parameters_are_named(backend, prompt_ids, sampling, group_size, message):
+def test_bad_sampling_parameters_are_named(engine, prompt_ids, sampling, group_size, message):
     with pytest.raises(ValueError, match=message):
-        backend.engine.generate(prompt_ids, group_size, sampling, 0)
+        engine.generate(prompt_ids, group_size, sampling, 0)
 
 
 def test_left_pad_rejects_empty_prompts():

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from retrain.algorithm.pipeline import AdvantageOutput
+from retrain.algorithm.base import AdvantageOutput
+from retrain.algorithm.pipeline import Algorithm
 from retrain.algorithm.tokens import TokenBatch
 
 # ---- episode advantages: (rewards [B, G]) -> [B, G] ------------------------------------------------
@@ -172,3 +173,11 @@ class UndeclaredVaryingAlgorithm(RankAlgorithm):
         output = super().compute(rewards, logprobs, mask, entropies, planning)
         decay = 0.9 ** torch.arange(mask.shape[1], dtype=torch.float32)
         return replace(output, token_advantages=output.token_advantages * decay)
+
+
+class SubclassedPipeline(Algorithm):
+    """Keeps the built-in pipeline but overrides `compute`, with a bug: one advantage per completion."""
+
+    def compute(self, rewards, logprobs, mask, entropies=None, planning=None):  # type: ignore[override]
+        output = super().compute(rewards, logprobs, mask, entropies, planning)
+        return replace(output, token_advantages=output.token_advantages[:, 0])

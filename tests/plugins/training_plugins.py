@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 def digit_count_reward(response: str, reference: str, **extra: object) -> float:
     """Partial credit: the share of the reference's digits that appear in the response."""
     digits = [c for c in reference if c.isdigit()]
     return sum(c in response for c in digits) / len(digits) if digits else 0.0
+
+
+def never_correct_reward(response: str, reference: str, **extra: object) -> float:
+    """Every completion scores 0: no group has signal, so no step trains."""
+    return 0.0
 
 
 def flaky_reward(response: str, reference: str, **extra: object) -> float:
@@ -22,7 +29,7 @@ class ScalarAdvantageBackend:
     It declares so; preflight must then refuse token-varying algorithms before anything loads.
     """
 
-    capabilities = {"reports_sync_loss": False, "preserves_token_advantages": False,
+    capabilities: ClassVar[dict[str, bool]] = {"reports_sync_loss": False, "preserves_token_advantages": False,
                     "supports_checkpoint_resume": True, "resume_runtime_dependent": False}
 
     def __init__(self, **settings: object) -> None:

@@ -9,7 +9,9 @@ import pytest
 from hydra.utils import instantiate
 
 from retrain.config import compose, config_dir
-from retrain.reward.config import SCHEMAS
+from retrain.reward.config import SCHEMAS, JudgeRewardConfig, MathRewardConfig
+from retrain.reward.judge import JudgeReward
+from retrain.reward.math import MathReward
 
 OPTIONS = sorted(path.stem for path in (Path(config_dir()) / "reward").glob("*.yaml"))
 
@@ -36,3 +38,13 @@ def test_offline_options_score_a_correct_answer(option: str) -> None:
 def test_a_typo_fails_when_the_config_is_composed() -> None:
     with pytest.raises(Exception, match="parse_timeout"):
         compose(["reward=math", "reward.parse_timeout=3"])
+
+
+def test_the_schema_holds_each_default_once_and_the_rewards_take_theirs_from_it() -> None:
+    judge = instantiate(compose(["reward=judge"]).reward)
+    schema = JudgeRewardConfig()
+    assert vars(judge) == vars(JudgeReward())
+    assert (judge.model, judge.url, judge.prompt_template, judge.max_concurrency) == \
+        (schema.model, schema.base_url + "/chat/completions", schema.prompt_template, schema.max_concurrency)
+    math = instantiate(compose(["reward=math"]).reward)
+    assert (math.parse_timeout_s, math.cache_size) == (MathReward().parse_timeout_s, MathRewardConfig.cache_size)

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from hydra.utils import instantiate
@@ -22,7 +23,7 @@ from retrain.types import Example
 class JudgeServer(BaseHTTPRequestHandler):
     """Grades by keyword in the student's answer; records what it was sent."""
 
-    requests: list[dict] = []
+    requests: ClassVar[list[dict]] = []
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

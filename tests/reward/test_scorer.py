@@ -14,8 +14,9 @@ from hydra.utils import instantiate
 
 from retrain.config import compose
 from retrain.errors import ConfigError, RewardOutputError, RewardWorkerError
+from retrain.plugins import plugin_name
 from retrain.reward.match import match_reward
-from retrain.reward.scorer import RewardScorer, is_async_reward, reward_name
+from retrain.reward.scorer import RewardScorer, is_async_reward
 from retrain.types import Example
 from tests.plugins import reward_plugins as plugins
 
@@ -163,10 +164,13 @@ def test_misaligned_rows_and_closed_scorers_are_refused() -> None:
         scorer.score(["a"], examples(["1"]))
 
 
-def test_names_of_functions_partials_and_instances() -> None:
-    assert reward_name(match_reward) == "retrain.reward.match.match_reward"
-    assert reward_name(functools.partial(plugins.my_reward)) == "tests.plugins.reward_plugins.my_reward"
-    assert reward_name(plugins.ScaledMatchReward()) == "tests.plugins.reward_plugins.ScaledMatchReward"
+def test_rewards_are_named_by_the_one_plugin_naming_helper() -> None:
+    assert plugin_name(match_reward) == "retrain.reward.match.match_reward"
+    assert plugin_name(functools.partial(functools.partial(plugins.my_reward))) == "tests.plugins.reward_plugins.my_reward"
+    assert plugin_name(plugins.ScaledMatchReward()) == "tests.plugins.reward_plugins.ScaledMatchReward"
+    assert plugin_name(plugins.ScaledMatchReward().__call__) == "tests.plugins.reward_plugins.ScaledMatchReward.__call__"
+    with RewardScorer(plugins.ScaledMatchReward(), workers=1) as scorer:
+        assert scorer.name == "tests.plugins.reward_plugins.ScaledMatchReward"
 
 
 def test_overhead_for_a_cheap_reward_stays_small() -> None:

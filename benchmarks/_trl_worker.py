@@ -1,0 +1,106 @@
+"""One TRL GRPOTrainer process for benchmarks/vs_trl.py: train on retrain's composed config, time each step.
+
+    python benchmarks/_trl_worker.py --out times.json [retrain override ...]
+
+Everything TRL is given comes from `compose(overrides)`, the config `python -m retrain <overrides>`
+runs, so the two sides cannot drift apart: the model and its LoRA adapter, the prompts in the order
+retrain serves them (one row per prompt; TRL repeats each G times), the reward callable itself,
+B, G, max_tokens, temperature, top_p, the optimizer and the seed. The loss is the one retrain's
+`algorithm=grpo_none` takes on fresh samples: DAPO token mean, beta 0 (no reference model), rewards
+centred per group and not scaled, one iteration per generation (the ratio is 1, so clipping never acts).
+Writes {"step_time_s": [...], "completion_tokens": [...]} per optimizer step to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from transformers import TrainerCallback
+
+from retrain.config import compose
+
+
+class StepTimer(TrainerCallback):
+    """Wall time of each optimizer step (sampling, reward, advantages, forward/backward, AdamW) and
+    the mean completion length TRL logs for it (logging_steps=1)."""
+
+    def __init__(self) -> None:
+        self.step_time_s: list[float] = []
+        self.completion_tokens: list[float] = []
+        self._started = 0.0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._started = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.step_time_s.append(time.perf_counter() - self._started)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None,
+               **kwargs: Any) -> None:
+        if logs and "completions/mean_length" in logs:
+            self.completion_tokens.append(logs["completions/mean_length"])
+
+
+def retrain_reward(reward: Any) -> Any:
+    """retrain's reward(response, reference, **extra) as a TRL reward function over a batch."""
+    def reward_fn(prompts: list[Any], completions: list[Any], reference: list[str], extra: list[str],
+                  **kwargs: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(reward(text, ref, **json.loads(x))) for text, ref, x in zip(texts, reference, extra)]
+
+    reward_fn.__name__ = "reward"
+    return reward_fn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    cfg = compose(args.overrides)
+    training = cfg.training
+    if cfg.backend.micro_batch_size != 0:
+        raise SystemExit("backend.micro_batch_size must be 0 here: TRL then trains all B*G rows in one "
+                         "forward/backward, as retrain does")
+    B, G, steps = training.batch_size, training.group_size, training.max_steps
+    spec = instantiate(cfg.model)
+    device = torch.device("cpu" if cfg.backend.devices == "cpu" else "cuda")
+    data = instantiate(cfg.data, seed=training.seed)
+    examples = [example for _ in range(steps) for example in data.next_batch(B)]
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": e.prompt}], "reference": e.reference,
+                                  "extra": json.dumps(e.extra)} for e in examples])
+    lora = LoraConfig(r=spec.lora_rank, lora_alpha=spec.effective_alpha, lora_dropout=spec.lora_dropout,
+                      target_modules=list(spec.target_modules), bias="none", task_type="CAUSAL_LM")
+    timer = StepTimer()
+    with tempfile.TemporaryDirectory() as output_dir:
+        config = GRPOConfig(
+            output_dir=output_dir, max_steps=steps, seed=training.seed, use_cpu=device.type == "cpu",
+            per_device_train_batch_size=B * G, gradient_accumulation_steps=1, num_generations=G,
+            shuffle_dataset=False, max_completion_length=training.max_tokens, temperature=training.temperature,
+            top_p=training.top_p, top_k=0, learning_rate=training.lr, lr_scheduler_type="constant",
+            warmup_steps=0, optim="adamw_torch", weight_decay=training.weight_decay,
+            adam_beta1=training.betas[0], adam_beta2=training.betas[1], adam_epsilon=training.eps,
+            max_grad_norm=training.max_grad_norm, loss_type="dapo", beta=0.0, num_iterations=1,
+            scale_rewards="none", activation_checkpointing=cfg.backend.gradient_checkpointing,
+            bf16=False, fp16=False, model_init_kwargs={"dtype": spec.torch_dtype(device)},
+            logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True)
+        trainer = GRPOTrainer(model=spec.source()[0], reward_funcs=retrain_reward(instantiate(cfg.reward)),
+                              args=config, train_dataset=dataset, peft_config=lora, callbacks=[timer])
+        trainer.train()
+    args.out.write_text(json.dumps({"step_time_s": timer.step_time_s, "completion_tokens": timer.completion_tokens}))
+
+
+if __name__ == "__main__":
+    main()

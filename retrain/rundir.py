@@ -1,0 +1,270 @@
+"""The layout of a run dir, written down once: every file a run leaves, and how each is read and written.
+
+    <run dir>/
+      status.json                  where the run stands (rewritten after every step)
+      metrics.jsonl                one record per step
+      emergence/steps.jsonl        per-step planning statistics
+      emergence/generations.jsonl  a few completions per step
+      checkpoints/step_N/          a checkpoint after N completed steps (PEFT adapter + trainer_state.json)
+      final/                       the checkpoint written when the run finishes
+      run.log                      the console log (Hydra's file handler, conf/config.yaml)
+      job.json, exit.json          the campaign callback's record of each attempt's start and end
+      .hydra/                      Hydra's composed config
+      .retrain.lock                held by the process training in this dir
+
+The run may be read from another process, another node, or after it died, so every write is atomic:
+a JSON file goes through a temp file + fsync + rename; a checkpoint is written into a hidden temp
+dir, fsynced and renamed into place, with `trainer_state.json` written last, so a checkpoint dir that
+has it is whole and a killed run never leaves a half-written checkpoint that a restart would trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+EMERGENCE_STEPS = "emergence/steps.jsonl"
+EMERGENCE_GENERATIONS = "emergence/generations.jsonl"
+CHECKPOINTS = "checkpoints"
+STEP_PREFIX = "step_"
+FINAL = "final"
+STATE_FILE = "trainer_state.json"
+LOG_FILE = "run.log"
+JOB_FILE = "job.json"
+EXIT_FILE = "exit.json"
+HYDRA_DIR = ".hydra"
+LOCK_FILE = ".retrain.lock"
+# what PEFT's save_pretrained writes into every checkpoint dir
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON through a temp file + fsync + rename, so readers never see a partial file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file, or None when it is absent or caught mid-write by a non-atomic writer."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _step_number(name: str) -> int | None:
+    """N of a `step_N` dir name; None for any other name."""
+    digits = name.removeprefix(STEP_PREFIX)
+    return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
+
+
+def _fsync_tree(root: Path) -> None:
+    for file in root.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+    dir_fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint dir: model files written by the backend, plus the trainer's state."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def is_final(self) -> bool:
+        return self.path.name == FINAL
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / STATE_FILE
+
+    @property
+    def is_complete(self) -> bool:
+        """The state is written last, so a dir without it was never finished (or copied half-way)."""
+        return self.state_file.is_file()
+
+    @property
+    def completed_steps(self) -> int:
+        """Steps done when it was saved: a step dir's name says so without reading it; final/ its state."""
+        number = _step_number(self.path.name)
+        return number if number is not None else int(self.state()["completed_steps"])
+
+    def state(self) -> dict[str, Any]:
+        with open(self.state_file) as handle:
+            return json.load(handle)
+
+    @classmethod
+    def write(cls, target: Path, write_payload: Callable[[Path], None], state: dict[str, Any]) -> Checkpoint:
+        """Create `target` atomically: `write_payload(tmp_dir)` writes the model files, then the state."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        write_payload(tmp)
+        write_json_atomic(tmp / STATE_FILE, {**state, "checkpoint_path": str(target)})
+        _fsync_tree(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        return cls(target)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run dir: the paths of its files, and their readers and writers."""
+
+    path: Path
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: Path) -> RunDir:
+        """The run dir holding a checkpoint dir (`<run>/final` or `<run>/checkpoints/step_N`)."""
+        parent = checkpoint.parent
+        return cls(parent.parent if parent.name == CHECKPOINTS else parent)
+
+    # ---- paths -------------------------------------------------------------------------------
+    @property
+    def status_file(self) -> Path:
+        return self.path / STATUS_FILE
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def emergence_steps(self) -> Path:
+        return self.path / EMERGENCE_STEPS
+
+    @property
+    def emergence_generations(self) -> Path:
+        return self.path / EMERGENCE_GENERATIONS
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    def checkpoint_dir(self, completed_steps: int) -> Path:
+        return self.checkpoints_dir / f"{STEP_PREFIX}{completed_steps}"
+
+    @property
+    def final_dir(self) -> Path:
+        return self.path / FINAL
+
+    @property
+    def final_adapter(self) -> Path:
+        return self.final_dir / ADAPTER_WEIGHTS
+
+    @property
+    def log_file(self) -> Path:
+        return self.path / LOG_FILE
+
+    @property
+    def job_file(self) -> Path:
+        return self.path / JOB_FILE
+
+    @property
+    def exit_file(self) -> Path:
+        return self.path / EXIT_FILE
+
+    @property
+    def hydra_dir(self) -> Path:
+        return self.path / HYDRA_DIR
+
+    @property
+    def hydra_config(self) -> Path:
+        return self.hydra_dir / "config.yaml"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK_FILE
+
+    def has_run(self) -> bool:
+        """Whether a run lives here: the trainer's status, the campaign callback's job file, or Hydra's dir."""
+        return self.path.is_dir() and any(p.exists() for p in (self.status_file, self.job_file, self.hydra_dir))
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def step_dirs(self) -> list[Path]:
+        """Every checkpoints/step_N dir, complete or not, highest N first (temp dirs are hidden, not listed)."""
+        numbered = [(n, p) for p in self.checkpoints_dir.glob(f"{STEP_PREFIX}*")
+                    if (n := _step_number(p.name)) is not None and p.is_dir()]
+        return [p for _, p in sorted(numbered, key=lambda item: item[0], reverse=True)]
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Complete checkpoints, newest first: the one place that orders the candidates to restart from.
+
+        Ordered by completed steps, final/ ahead of a step dir of the same count. final/ is not always
+        the newest: a finished run continued with a higher max_steps writes newer step dirs beside it.
+        """
+        candidates = [Checkpoint(p) for p in (self.final_dir, *self.step_dirs())]
+        complete = [c for c in candidates if c.is_complete]
+        return sorted(complete, key=lambda c: (c.completed_steps, c.is_final), reverse=True)
+
+    def latest_checkpoint(self) -> Checkpoint | None:
+        """The most advanced complete checkpoint, if any."""
+        found = self.checkpoints()
+        return found[0] if found else None
+
+    def save_checkpoint(self, completed_steps: int, write_payload: Callable[[Path], None], state: dict[str, Any],
+                        *, final: bool = False) -> Checkpoint:
+        """Write final/ or checkpoints/step_N atomically (see `Checkpoint.write`)."""
+        target = self.final_dir if final else self.checkpoint_dir(completed_steps)
+        return Checkpoint.write(target, write_payload, state)
+
+    # ---- readers and writers -----------------------------------------------------------------
+    def read_status(self) -> dict[str, Any]:
+        """The trainer's status; {} before it first wrote one."""
+        return read_json(self.status_file) or {}
+
+    def write_status(self, status: dict[str, Any]) -> None:
+        write_json_atomic(self.status_file, status)
+
+    def read_job(self) -> dict[str, Any]:
+        """What the campaign callback recorded when this attempt started; {} outside a campaign."""
+        return read_json(self.job_file) or {}
+
+    def read_exit(self) -> dict[str, Any] | None:
+        """How the last attempt returned (Hydra's job status); None while it has not returned."""
+        return read_json(self.exit_file)
+
+    def read_hydra_config(self) -> dict[str, Any]:
+        """The config Hydra composed for this run; {} when absent or unreadable."""
+        try:
+            return yaml.safe_load(self.hydra_config.read_text()) or {}
+        except (FileNotFoundError, yaml.YAMLError):
+            return {}
+
+    def metrics_records(self) -> list[dict[str, Any]]:
+        """Per-step records; a line still being written (the trainer appends while we read) is skipped."""
+        if not self.metrics.is_file():
+            return []
+        records = []
+        for line in self.metrics.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return records

@@ -1,0 +1,43 @@
+"""benchmarks/vs_trl.py reads both sides' step records and aggregates their ratios as it says
+(the benchmark itself runs by hand: it trains for minutes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.vs_trl import Measured, retrain_measured, round_line, steady, summary_line, trl_measured
+
+
+def test_retrain_metrics_are_read_in_step_order(tmp_path: Path) -> None:
+    records = [{"step": step, "step_time_s": time, "mean_completion_tokens": tokens, "num_datums": datums,
+                "batch_size": 8, "group_size": 8, "loss": 0.0}
+               for step, time, tokens, datums in [(1, 0.2, 6.0, 32), (0, 1.5, 5.0, 64)]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert retrain_measured(tmp_path / "metrics.jsonl") == Measured(
+        step_time_s=[1.5, 0.2], completion_tokens=[5.0, 6.0], rows_trained=[1.0, 0.5])
+
+
+def test_trl_trains_every_row(tmp_path: Path) -> None:
+    (tmp_path / "out.json").write_text(json.dumps({"step_time_s": [2.0, 0.5], "completion_tokens": [5.5, 6.5]}))
+    assert trl_measured(tmp_path / "out.json").rows_trained == [1.0, 1.0]
+
+
+def test_steady_state_leaves_out_the_warmup() -> None:
+    assert steady([9.0, 1.0, 2.0], warmup=1) == 1.5
+    with pytest.raises(ValueError, match="raise --steps"):
+        steady([9.0, 1.0], warmup=2)
+
+
+def test_summary_is_median_and_spread_of_the_rounds() -> None:
+    assert summary_line("small64", [0.40, 0.30, 0.36, 0.50]) == "retrain/TRL small64 median 0.38 min 0.30 max 0.50"
+
+
+def test_round_line_ratio_uses_steady_means() -> None:
+    retrain = Measured(step_time_s=[5.0, 0.1, 0.3], completion_tokens=[8, 6, 6], rows_trained=[1.0, 0.5, 1.0])
+    trl = Measured(step_time_s=[9.0, 0.5, 0.5], completion_tokens=[8, 6, 7], rows_trained=[1.0, 1.0, 1.0])
+    line = round_line("quickstart", 2, retrain, trl, warmup=1)
+    assert line == ("quickstart round 2: retrain 0.200 s/step, TRL 0.500 s/step, ratio 0.40 | tokens/completion "
+                    "6.0 vs 6.5 | rows trained 75% vs 100%")
