@@ -23,7 +23,9 @@ def write_model(directory: Path, seed: int = 0) -> Path:
     """Save the random-init Qwen3 (weights drawn from `seed`) with the bundled tiny model's byte tokenizer."""
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(str(resources.files("retrain.assets").joinpath("tiny_qwen3")))
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,

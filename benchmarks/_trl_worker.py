@@ -17,12 +17,17 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from datasets import Dataset
 from hydra.utils import instantiate
+from peft import LoraConfig
 from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
 
+from retrain.backend.model import resolve_device
 from retrain.config import compose
 
 
@@ -47,7 +52,7 @@ class StepTimer(TrainerCallback):
             self.completion_tokens.append(logs["completions/mean_length"])
 
 
-def retrain_reward(reward: Any) -> Any:
+def retrain_reward(reward: Any) -> Callable[..., list[float]]:
     """retrain's reward(response, reference, **extra) as a TRL reward function over a batch."""
     def reward_fn(prompts: list[Any], completions: list[Any], reference: list[str], extra: list[str],
                   **kwargs: Any) -> list[float]:
@@ -64,19 +69,16 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from trl import GRPOConfig, GRPOTrainer
-
     cfg = compose(args.overrides)
     training = cfg.training
     if cfg.backend.micro_batch_size != 0:
         raise SystemExit("backend.micro_batch_size must be 0 here: TRL then trains all B*G rows in one "
                          "forward/backward, as retrain does")
+    if training.seed < 0:
+        raise SystemExit("training.seed must be fixed (>= 0): both sides then serve the same prompts in the same order")
     B, G, steps = training.batch_size, training.group_size, training.max_steps
     spec = instantiate(cfg.model)
-    device = torch.device("cpu" if cfg.backend.devices == "cpu" else "cuda")
+    device = resolve_device(cfg.backend.devices)
     data = instantiate(cfg.data, seed=training.seed)
     examples = [example for _ in range(steps) for example in data.next_batch(B)]
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": e.prompt}], "reference": e.reference,

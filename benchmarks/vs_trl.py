@@ -6,15 +6,17 @@
 Workloads:
   quickstart  `python -m retrain experiment=quickstart`: the bundled tiny Qwen3, generated 2-digit
               additions, exact-match reward, B=8, G=8, 8 new tokens, T=1, top_p=1, lr 1e-3.
-  small64     the same settings on a random-init ~25M-parameter Qwen3 (hidden 512, 8 layers, 8 heads,
-              4 KV heads, the tiny byte tokenizer; benchmarks/_small64.py writes it once per run, seed 0),
-              B=4, G=8, 64 new tokens, and a reward that varies on a random model (vowel share).
+  small64     a random-init ~25M-parameter Qwen3 (hidden 512, 8 layers, 8 heads, 4 KV heads, the tiny
+              byte tokenizer; benchmarks/_small64.py writes it once per run, seed 0) on the same prompts,
+              B=4, G=8, 64 new tokens, lr 1e-5, and a reward that varies on a random model (vowel share).
 
 Each round runs retrain, then TRL, each in its own process (A B A B ...). retrain runs through its
 real CLI with `algorithm=grpo_none`, and its step times are read from metrics.jsonl (`step_time_s`);
 TRL runs in benchmarks/_trl_worker.py, where a TrainerCallback times each optimizer step. Each process
 skips its first --warmup steps and reports the mean of the rest; a round's ratio is retrain's mean
 over TRL's, and each workload ends with `retrain/TRL <workload> median <r> min <a> max <b>` over the rounds.
+Round n runs both sides with training.seed=n-1 (round 1 is the demo's seed 0), so no single random
+stream decides the result. Both run with torch's default threads unless --threads sets OMP_NUM_THREADS.
 
 The same work per step: the TRL worker builds everything from retrain's composed config, so both
 load the same model in the same dtype with the same LoRA adapter (rank, alpha, targets), serve the
@@ -67,8 +69,11 @@ class Workload:
 
 WORKLOADS = {
     "quickstart": Workload(["experiment=quickstart"], steps=40, warmup=5),
+    # lr 1e-5 keeps the random policy where it starts: at quickstart's 1e-3 it drifts within a few steps, and
+    # each side's completion lengths (the work of a step) go wherever its own samples push them.
     "small64": Workload(["experiment=quickstart", f"model.name_or_path={MODEL_SLOT}", "training.batch_size=4",
-                         "training.max_tokens=64", "reward._target_=_small64.vowel_share"], steps=12, warmup=3),
+                         "training.max_tokens=64", "training.lr=1e-5", "reward._target_=_small64.vowel_share"],
+                        steps=12, warmup=3),
 }
 
 
@@ -161,11 +166,13 @@ def main() -> None:
 
                 model_dir = write_model(work / "small64_model")
                 overrides = [override.replace(MODEL_SLOT, str(model_dir)) for override in overrides]
-            print(f"{name}: {steps} steps per process, {warmup} warm-up; overrides: {' '.join(overrides)}", flush=True)
+            print(f"{name}: {steps} steps per process, {warmup} warm-up, training.seed = round - 1; overrides: "
+                  f"{' '.join(overrides)}", flush=True)
             ratios = []
             for number in range(1, args.rounds + 1):
-                retrain = run_retrain(overrides, work / f"{name}_{number}_retrain", env)
-                trl = run_trl(overrides, work / f"{name}_{number}_trl.json", env)
+                seeded = [*overrides, f"training.seed={number - 1}"]
+                retrain = run_retrain(seeded, work / f"{name}_{number}_retrain", env)
+                trl = run_trl(seeded, work / f"{name}_{number}_trl.json", env)
                 ratios.append(steady(retrain.step_time_s, warmup) / steady(trl.step_time_s, warmup))
                 print(round_line(name, number, retrain, trl, warmup), flush=True)
             print(summary_line(name, ratios), flush=True)

@@ -36,14 +36,14 @@ def _hydra_entry(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except Exception as error:
-        user_error = user_error_behind(error)
+        user_error = _user_error_behind(error)
         if user_error is None or HydraConfig.get().mode != RunMode.RUN:
             raise
-        report_user_error(user_error, error)
+        _report_user_error(user_error, error)
         raise SystemExit(1) from None
 
 
-def user_error_behind(error: BaseException | None) -> UserError | None:
+def _user_error_behind(error: BaseException | None) -> UserError | None:
     """The UserError an error is, or was raised from (Hydra wraps errors raised in instantiate)."""
     while error is not None:
         if isinstance(error, UserError):
@@ -65,7 +65,7 @@ def _unlocatable_target(error: BaseException) -> ConfigError | None:
     return ConfigError(f"{key}={match['target']!r} cannot be imported: {why}")
 
 
-def report_user_error(user_error: UserError, raised: BaseException) -> None:
+def _report_user_error(user_error: UserError, raised: BaseException) -> None:
     """The message, on one line, on the console and in the log files; the traceback (and the error's
     details) in the log files only."""
     files = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]

@@ -153,7 +153,7 @@ NOT_IDENTITY_TRAINING = {"max_steps", "save_every"}
 
 def config_identity(cfg: DictConfig) -> dict[str, Any]:
     """The settings that define a run's trajectory, flattened to dotted keys."""
-    container = OmegaConf.to_container(cfg, resolve=True)
+    container: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     flat: dict[str, Any] = {}
 
     def walk(node: Any, prefix: str) -> None:

@@ -3,6 +3,7 @@ composed from swapped parts runs under the name derived from them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,16 @@ def test_a_condition_with_a_part_swapped_runs_under_its_derived_name(tmp_path: P
     assert run_dir.name.endswith("_rloo_gtpo_sepa")
     assert [r["condition"] for r in read_metrics(run_dir)] == ["rloo_gtpo_sepa"]
     assert "rloo+gtpo_sepa" in result.stdout  # the console label
+
+
+@pytest.mark.slow
+def test_a_sweep_over_a_part_plans_and_runs_each_derived_condition(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    run_cli(["--multirun", "experiment=quickstart", "algorithm=maxrl_gtpo", "algorithm/advantage=rloo,grpo",
+             "training.seed=5", "training.max_steps=1", "training.save_every=0", "eval.num_examples=0",
+             "logging.progress_bar=false", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    assert [job["condition"] for job in manifest["plan"]] == ["rloo_gtpo", "grpo_gtpo"]  # named before they ran
+    assert [(run["name"], run["state"]) for run in manifest["runs"]] == [("rloo_gtpo_s5", "done"),
+                                                                         ("grpo_gtpo_s5", "done")]
+    assert manifest["conditions"] == ["rloo_gtpo", "grpo_gtpo"]

@@ -73,3 +73,17 @@ def test_the_cli_dispatches_status(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
     assert result.returncode == 0, result.stderr
     assert "state: done" in result.stdout
+
+
+def test_a_run_that_never_wrote_status_takes_its_condition_from_the_saved_config(tmp_path: Path) -> None:
+    """Hydra saves `algorithm.name` unresolved (it is derived from the parts): it is resolved on reading."""
+    from omegaconf import OmegaConf
+
+    from retrain.campaign.runs import read_run
+    from retrain.config import compose
+
+    run_dir = tmp_path / "rloo_gtpo_s3"
+    (run_dir / ".hydra").mkdir(parents=True)
+    OmegaConf.save(compose(["algorithm=maxrl_gtpo", "algorithm/advantage=rloo"]), run_dir / ".hydra" / "config.yaml")
+    assert "${" in (run_dir / ".hydra" / "config.yaml").read_text()
+    assert read_run(run_dir).condition == "rloo_gtpo"

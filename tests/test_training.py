@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,15 +12,16 @@ from pathlib import Path
 import pytest
 
 from retrain.assets import TINY_MODEL_DIR
-from tests.conftest import REPO, read_metrics, run_cli, without_timing
+from tests.conftest import cli_env, read_metrics, run_cli, without_timing
 from tests.wandb_records import offline_history
 
 SMALL = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
 
 
-def small_run(tmp_path: Path, name: str, *extra: str, steps: int = 4) -> Path:
+def small_run(tmp_path: Path, name: str, *extra: str, steps: int = 4, one_thread: bool = True) -> Path:
     run_dir = tmp_path / name
-    run_cli([*SMALL, f"training.max_steps={steps}", f"hydra.run.dir={run_dir}", *extra], cwd=tmp_path)
+    run_cli([*SMALL, f"training.max_steps={steps}", f"hydra.run.dir={run_dir}", *extra], cwd=tmp_path,
+            one_thread=one_thread)
     return run_dir
 
 
@@ -46,23 +46,26 @@ def test_quickstart_writes_the_run_dir_contract(tmp_path: Path) -> None:
 
 
 def test_same_seed_gives_identical_metrics(tmp_path: Path) -> None:
-    first = without_timing(read_metrics(small_run(tmp_path, "a", "training.seed=7")))
-    second = without_timing(read_metrics(small_run(tmp_path, "b", "training.seed=7")))
-    other = without_timing(read_metrics(small_run(tmp_path, "c", "training.seed=8")))
+    """With the default thread count, as users run (docs/reproducibility.md)."""
+    first = without_timing(read_metrics(small_run(tmp_path, "a", "training.seed=7", one_thread=False)))
+    second = without_timing(read_metrics(small_run(tmp_path, "b", "training.seed=7", one_thread=False)))
+    other = without_timing(read_metrics(small_run(tmp_path, "c", "training.seed=8", one_thread=False)))
     assert first == second
     assert first != other
 
 
 @pytest.mark.slow
 def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
+    """With the default thread count, as users run (docs/reproducibility.md)."""
     steps = 6
-    reference = without_timing(read_metrics(small_run(tmp_path, "full", "training.save_every=1", steps=steps)))
+    reference = without_timing(read_metrics(small_run(tmp_path, "full", "training.save_every=1", steps=steps,
+                                                      one_thread=False)))
 
     run_dir = tmp_path / "killed"
     args = [sys.executable, "-m", "retrain", *SMALL, f"training.max_steps={steps}",
             "training.save_every=1", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(args, cwd=tmp_path, env=cli_env(one_thread=False), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline and not (run_dir / "checkpoints" / "step_3").is_dir():
         time.sleep(0.05)
@@ -72,13 +75,14 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
 
     # same run dir, no resume flag: a requeued job resumes by itself
     run_cli([*SMALL, f"training.max_steps={steps}", "training.save_every=1", f"hydra.run.dir={run_dir}"],
-            cwd=tmp_path)
+            cwd=tmp_path, one_thread=False)
     assert without_timing(read_metrics(run_dir)) == reference
 
     # explicit resume.from=<run dir> into a new run dir continues the same trajectory too
     partial = tmp_path / "partial"
-    small_run(tmp_path, "partial", "training.save_every=1", steps=3)
-    resumed = small_run(tmp_path, "resumed", "training.save_every=1", f"resume.from={partial}", steps=steps)
+    small_run(tmp_path, "partial", "training.save_every=1", steps=3, one_thread=False)
+    resumed = small_run(tmp_path, "resumed", "training.save_every=1", f"resume.from={partial}", steps=steps,
+                        one_thread=False)
     assert without_timing(read_metrics(resumed)) == reference
 
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 
 from retrain.algorithm.checks import require
+from retrain.algorithm.config import GTPOConfig, HICRAConfig
 from retrain.algorithm.tokens import TokenBatch, capped
 from retrain.plugins import built_in
 
@@ -89,7 +90,7 @@ class GTPOWeighting:
     token_varying = True
     uses_sepa_lambda = False
 
-    def __init__(self, beta: float = 0.1) -> None:
+    def __init__(self, beta: float = GTPOConfig.beta) -> None:
         require(math.isfinite(beta), f"algorithm.gtpo.beta={beta} must be a finite number")
         self.beta = beta
 
@@ -119,7 +120,7 @@ class HICRA:
     token_varying = True
     uses_sepa_lambda = False
 
-    def __init__(self, alpha: float = 0.2) -> None:
+    def __init__(self, alpha: float = HICRAConfig.alpha) -> None:
         require(0.0 <= alpha <= 1.0, f"algorithm.hicra.alpha={alpha} must be in [0, 1] (above 1 it would flip "
                 "the sign of negative planning-token advantages)")
         self.alpha = alpha

@@ -190,7 +190,7 @@ class LocalBackend:
         path = Path(path)
         self._check_adapter_matches(path)
         weights = load_peft_weights(str(path), device=str(self.device))
-        result = set_peft_model_state_dict(self.model, weights)
+        result: Any = set_peft_model_state_dict(self.model, weights)  # torch's (missing_keys, unexpected_keys)
         missing = [key for key in result.missing_keys if "lora_" in key]
         if result.unexpected_keys or missing:
             raise ValueError(f"adapter in {path} does not fit this model: unexpected weights "

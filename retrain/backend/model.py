@@ -100,7 +100,7 @@ class ModelSpec:
         path, from_hub = self.source()
         with self._fetching(from_hub):
             base = AutoModelForCausalLM.from_pretrained(path, revision=self.revision, dtype=self.torch_dtype(device))
-        base.to(device)
+        base.to(device)  # type: ignore[arg-type]  # transformers' annotation of `to` is wrong
         lora = LoraConfig(r=self.lora_rank, lora_alpha=self.effective_alpha, lora_dropout=self.lora_dropout,
                           target_modules=self.target_modules, bias="none", task_type="CAUSAL_LM")
         cuda_devices = [device] if device.type == "cuda" else []

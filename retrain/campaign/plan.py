@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from retrain.errors import ConfigError
 
@@ -65,7 +66,24 @@ def planned_jobs(config: DictConfig) -> list[PlannedJob] | None:
     target = str(config.hydra.sweeper.get("_target_", ""))
     if not target.endswith("BasicSweeper"):
         return None
-    return expand(sweep_arguments(config))
+    jobs = expand(sweep_arguments(config))
+    for job in jobs:
+        if _reshapes_algorithm(job.overrides):
+            job.condition = _composed_condition(config, job.overrides)
+    return jobs
+
+
+def _reshapes_algorithm(overrides: Sequence[str]) -> bool:
+    """Whether the condition name depends on more than `algorithm=` (its parts or an explicit name)."""
+    keys = (override.lstrip("+~").partition("=")[0] for override in overrides)
+    return any(key.startswith(f"{CONDITION_KEY}/") or key == f"{CONDITION_KEY}.name" for key in keys)
+
+
+def _composed_condition(config: DictConfig, overrides: Sequence[str]) -> str | None:
+    """The job's `algorithm.name` as its run will derive it (e.g. `algorithm/advantage=rloo` renames it)."""
+    job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, list(overrides))
+    name = OmegaConf.select(job_config, f"{CONDITION_KEY}.name")
+    return None if name is None else str(name)
 
 
 def _condition_and_seed(overrides: Sequence[str]) -> tuple[str | None, int | None]:

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from retrain.config import register_resolvers
 from retrain.rundir import RunDir
 
 SLURM_ALIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
@@ -132,7 +135,7 @@ def read_run(run_dir: Path, cluster_states: dict[str, str] | None = None) -> Run
     if cluster_states is None and job_id:
         cluster_states = slurm_states([job_id])
     cluster_state = (cluster_states or {}).get(job_id) if job_id else None
-    condition = status.get("condition") or (config.get("algorithm") or {}).get("name")
+    condition = status.get("condition") or _condition_of(config)
     seed = status.get("seed", (config.get("training") or {}).get("seed"))
     max_steps = status.get("max_steps", (config.get("training") or {}).get("max_steps"))
     error = status.get("error") or (exit_info or {}).get("error")
@@ -153,3 +156,13 @@ def describe_age(updated_at: float | None) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit} ago"
     return f"{seconds:.0f} s ago"
+
+
+def _condition_of(config: dict[str, Any]) -> str | None:
+    """`algorithm.name` of a run's saved config, where it is still the resolver that derives it."""
+    register_resolvers()
+    try:
+        name = OmegaConf.select(OmegaConf.create(config), "algorithm.name", throw_on_resolution_failure=False)
+    except Exception:  # a foreign or damaged config: the run is still listed, without a condition
+        return None
+    return None if name is None else str(name)

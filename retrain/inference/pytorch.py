@@ -147,7 +147,7 @@ class PytorchEngine:
             mask[active, step] = True
             logprobs[active, step] = choice.logprobs
             kept_mass[active, step] = choice.kept_mass
-            if entropies is not None:
+            if entropies is not None and choice.entropies is not None:
                 entropies[active, step] = choice.entropies
             done = torch.isin(choice.tokens, self.eos_ids)
             finished[active[done]] = True
