@@ -28,10 +28,19 @@ def write_model(directory: Path, seed: int = 0) -> Path:
     hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(str(resources.files("retrain.assets").joinpath("tiny_qwen3")))
     config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HIDDEN // HEADS,
-        max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True, bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HIDDEN // HEADS,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
     model.save_pretrained(directory)

@@ -46,16 +46,17 @@ class StepTimer(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.step_time_s.append(time.perf_counter() - self._started)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None,
-               **kwargs: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         if logs and "completions/mean_length" in logs:
             self.completion_tokens.append(logs["completions/mean_length"])
 
 
 def retrain_reward(reward: Any) -> Callable[..., list[float]]:
     """retrain's reward(response, reference, **extra) as a TRL reward function over a batch."""
-    def reward_fn(prompts: list[Any], completions: list[Any], reference: list[str], extra: list[str],
-                  **kwargs: Any) -> list[float]:
+
+    def reward_fn(
+        prompts: list[Any], completions: list[Any], reference: list[str], extra: list[str], **kwargs: Any
+    ) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [float(reward(text, ref, **json.loads(x))) for text, ref, x in zip(texts, reference, extra)]
 
@@ -72,8 +73,10 @@ def main() -> None:
     cfg = compose(args.overrides)
     training = cfg.training
     if cfg.backend.micro_batch_size != 0:
-        raise SystemExit("backend.micro_batch_size must be 0 here: TRL then trains all B*G rows in one "
-                         "forward/backward, as retrain does")
+        raise SystemExit(
+            "backend.micro_batch_size must be 0 here: TRL then trains all B*G rows in one "
+            "forward/backward, as retrain does"
+        )
     if training.seed < 0:
         raise SystemExit("training.seed must be fixed (>= 0): both sides then serve the same prompts in the same order")
     B, G, steps = training.batch_size, training.group_size, training.max_steps
@@ -81,25 +84,65 @@ def main() -> None:
     device = resolve_device(cfg.backend.devices)
     data = instantiate(cfg.data, seed=training.seed)
     examples = [example for _ in range(steps) for example in data.next_batch(B)]
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": e.prompt}], "reference": e.reference,
-                                  "extra": json.dumps(e.extra)} for e in examples])
-    lora = LoraConfig(r=spec.lora_rank, lora_alpha=spec.effective_alpha, lora_dropout=spec.lora_dropout,
-                      target_modules=list(spec.target_modules), bias="none", task_type="CAUSAL_LM")
+    dataset = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": e.prompt}], "reference": e.reference, "extra": json.dumps(e.extra)}
+            for e in examples
+        ]
+    )
+    lora = LoraConfig(
+        r=spec.lora_rank,
+        lora_alpha=spec.effective_alpha,
+        lora_dropout=spec.lora_dropout,
+        target_modules=list(spec.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as output_dir:
         config = GRPOConfig(
-            output_dir=output_dir, max_steps=steps, seed=training.seed, use_cpu=device.type == "cpu",
-            per_device_train_batch_size=B * G, gradient_accumulation_steps=1, num_generations=G,
-            shuffle_dataset=False, max_completion_length=training.max_tokens, temperature=training.temperature,
-            top_p=training.top_p, top_k=0, learning_rate=training.lr, lr_scheduler_type="constant",
-            warmup_steps=0, optim="adamw_torch", weight_decay=training.weight_decay,
-            adam_beta1=training.betas[0], adam_beta2=training.betas[1], adam_epsilon=training.eps,
-            max_grad_norm=training.max_grad_norm, loss_type="dapo", beta=0.0, num_iterations=1,
-            scale_rewards="none", activation_checkpointing=cfg.backend.gradient_checkpointing,
-            bf16=False, fp16=False, model_init_kwargs={"dtype": spec.torch_dtype(device)},
-            logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True)
-        trainer = GRPOTrainer(model=spec.source()[0], reward_funcs=retrain_reward(instantiate(cfg.reward)),
-                              args=config, train_dataset=dataset, peft_config=lora, callbacks=[timer])
+            output_dir=output_dir,
+            max_steps=steps,
+            seed=training.seed,
+            use_cpu=device.type == "cpu",
+            per_device_train_batch_size=B * G,
+            gradient_accumulation_steps=1,
+            num_generations=G,
+            shuffle_dataset=False,
+            max_completion_length=training.max_tokens,
+            temperature=training.temperature,
+            top_p=training.top_p,
+            top_k=0,
+            learning_rate=training.lr,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            optim="adamw_torch",
+            weight_decay=training.weight_decay,
+            adam_beta1=training.betas[0],
+            adam_beta2=training.betas[1],
+            adam_epsilon=training.eps,
+            max_grad_norm=training.max_grad_norm,
+            loss_type="dapo",
+            beta=0.0,
+            num_iterations=1,
+            scale_rewards="none",
+            activation_checkpointing=cfg.backend.gradient_checkpointing,
+            bf16=False,
+            fp16=False,
+            model_init_kwargs={"dtype": spec.torch_dtype(device)},
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+        )
+        trainer = GRPOTrainer(
+            model=spec.source()[0],
+            reward_funcs=retrain_reward(instantiate(cfg.reward)),
+            args=config,
+            train_dataset=dataset,
+            peft_config=lora,
+            callbacks=[timer],
+        )
         trainer.train()
     args.out.write_text(json.dumps({"step_time_s": timer.step_time_s, "completion_tokens": timer.completion_tokens}))
 

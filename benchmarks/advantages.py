@@ -42,24 +42,44 @@ def synthetic_step(tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
     logprobs = torch.log(torch.rand(rows, tokens, generator=generator).clamp_min(1e-6))
     starts = torch.rand(rows, tokens, generator=generator) < 0.017
     planning = starts | starts.roll(1, dims=1) | starts.roll(2, dims=1)
-    return {"rewards": rewards, "logprobs": logprobs, "mask": torch.ones(rows, tokens, dtype=torch.bool),
-            "planning": planning}
+    return {
+        "rewards": rewards,
+        "logprobs": logprobs,
+        "mask": torch.ones(rows, tokens, dtype=torch.bool),
+        "planning": planning,
+    }
 
 
-def reference_step(rewards: list[list[float]], logprobs: list[list[float]], planning: list[list[bool]],
-                   transform: str) -> tuple[list[list[float]], dict[str, float]]:
+def reference_step(
+    rewards: list[list[float]], logprobs: list[list[float]], planning: list[list[bool]], transform: str
+) -> tuple[list[list[float]], dict[str, float]]:
     """The test oracle on the step: token advantages and the uncertainty metrics, completion by completion."""
     lam = LAMBDA if "sepa" in transform else 0.0
-    advantages = reference.token_advantages(advantage="maxrl", transform=transform, rewards=rewards,
-                                            logprobs=logprobs, planning=planning, entropies=None, lam=lam,
-                                            beta=BETA, alpha=ALPHA)
-    return advantages, reference.uncertainty_moments(transform=transform, logprobs=logprobs, planning=planning,
-                                                     lam=lam)
+    advantages = reference.token_advantages(
+        advantage="maxrl",
+        transform=transform,
+        rewards=rewards,
+        logprobs=logprobs,
+        planning=planning,
+        entropies=None,
+        lam=lam,
+        beta=BETA,
+        alpha=ALPHA,
+    )
+    return advantages, reference.uncertainty_moments(transform=transform, logprobs=logprobs, planning=planning, lam=lam)
 
 
 def vectorized(name: str):
-    algorithm = instantiate(compose([f"algorithm={name}", "algorithm.sepa.delay_steps=0",
-                                     "algorithm.sepa.steps=2", "algorithm.sepa.correct_rate_gate=0"]).algorithm)
+    algorithm = instantiate(
+        compose(
+            [
+                f"algorithm={name}",
+                "algorithm.sepa.delay_steps=0",
+                "algorithm.sepa.steps=2",
+                "algorithm.sepa.correct_rate_gate=0",
+            ]
+        ).algorithm
+    )
     assert algorithm.begin_step(1) == (LAMBDA if "sepa" in name else 0.0)
     return algorithm
 
@@ -89,8 +109,9 @@ def main() -> None:
     print(f"{'algorithm':<18}{'vectorized ms':>15}{'tokens/s':>14}{'python s':>10}{'speed-up':>10}")
     for name, transform in (("maxrl_gtpo_sepa", "gtpo_sepa"), ("maxrl_gtpo_hicra", "gtpo_hicra")):
         algorithm = vectorized(name)
-        fast_s, output = best_of(args.repeats, algorithm.compute, step["rewards"], step["logprobs"], step["mask"],
-                                 None, step["planning"])
+        fast_s, output = best_of(
+            args.repeats, algorithm.compute, step["rewards"], step["logprobs"], step["mask"], None, step["planning"]
+        )
         slow_s, (expected, metrics) = best_of(args.python_repeats, reference_step, *lists, transform)
         torch.testing.assert_close(output.token_advantages, torch.tensor(expected), rtol=1e-4, atol=1e-5)
         for key, value in metrics.items():

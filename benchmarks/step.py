@@ -19,8 +19,13 @@ from pathlib import Path
 from retrain.config import compose
 from retrain.run import run
 
-PHASES = [("sampling", "sample_time_s"), ("reward", "reward_time_s"),
-          ("advantages", "advantage_time_s"), ("training", "train_time_s"), ("other", "other_time_s")]
+PHASES = [
+    ("sampling", "sample_time_s"),
+    ("reward", "reward_time_s"),
+    ("advantages", "advantage_time_s"),
+    ("training", "train_time_s"),
+    ("other", "other_time_s"),
+]
 MODEL_COMPUTE = {"sample_time_s", "train_time_s"}
 
 
@@ -31,18 +36,26 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algorithm=grpo_none")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    overrides = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false",
-                 "logging.console_groups=0", f"training.max_steps={args.steps}", "training.save_every=0",
-                 *args.overrides]
+    overrides = [
+        "experiment=quickstart",
+        "eval.num_examples=0",
+        "logging.progress_bar=false",
+        "logging.console_groups=0",
+        f"training.max_steps={args.steps}",
+        "training.save_every=0",
+        *args.overrides,
+    ]
     cfg = compose(overrides)
     with tempfile.TemporaryDirectory() as tmp:
         run(cfg, run_dir=Path(tmp))
         lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines][args.warmup:]
+        records = [json.loads(line) for line in lines][args.warmup :]
     step = statistics.mean(r["step_time_s"] for r in records)
-    print(f"quickstart workload, {len(records)} measured steps ({args.warmup} warm-up skipped), "
-          f"B={cfg.training.batch_size} G={cfg.training.group_size} max_tokens={cfg.training.max_tokens}, "
-          f"algorithm={cfg.algorithm.name}")
+    print(
+        f"quickstart workload, {len(records)} measured steps ({args.warmup} warm-up skipped), "
+        f"B={cfg.training.batch_size} G={cfg.training.group_size} max_tokens={cfg.training.max_tokens}, "
+        f"algorithm={cfg.algorithm.name}"
+    )
     print(f"{'phase':<12}{'mean ms':>10}{'share':>9}")
     for name, key in PHASES:
         mean = statistics.mean(r[key] for r in records)

@@ -71,9 +71,18 @@ WORKLOADS = {
     "quickstart": Workload(["experiment=quickstart"], steps=40, warmup=5),
     # lr 1e-5 keeps the random policy where it starts: at quickstart's 1e-3 it drifts within a few steps, and
     # each side's completion lengths (the work of a step) go wherever its own samples push them.
-    "small64": Workload(["experiment=quickstart", f"model.name_or_path={MODEL_SLOT}", "training.batch_size=4",
-                         "training.max_tokens=64", "training.lr=1e-5", "reward._target_=_small64.vowel_share"],
-                        steps=12, warmup=3),
+    "small64": Workload(
+        [
+            "experiment=quickstart",
+            f"model.name_or_path={MODEL_SLOT}",
+            "training.batch_size=4",
+            "training.max_tokens=64",
+            "training.lr=1e-5",
+            "reward._target_=_small64.vowel_share",
+        ],
+        steps=12,
+        warmup=3,
+    ),
 }
 
 
@@ -87,18 +96,25 @@ class Measured:
 
 
 def retrain_measured(metrics_file: Path) -> Measured:
-    records = sorted((json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()),
-                     key=lambda record: record["step"])
-    return Measured(step_time_s=[r["step_time_s"] for r in records],
-                    completion_tokens=[r["mean_completion_tokens"] for r in records],
-                    rows_trained=[r["num_datums"] / (r["batch_size"] * r["group_size"]) for r in records])
+    records = sorted(
+        (json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()),
+        key=lambda record: record["step"],
+    )
+    return Measured(
+        step_time_s=[r["step_time_s"] for r in records],
+        completion_tokens=[r["mean_completion_tokens"] for r in records],
+        rows_trained=[r["num_datums"] / (r["batch_size"] * r["group_size"]) for r in records],
+    )
 
 
 def trl_measured(out_file: Path) -> Measured:
     """The worker's JSON; TRL forwards and backpropagates every row."""
     data = json.loads(out_file.read_text())
-    return Measured(step_time_s=data["step_time_s"], completion_tokens=data["completion_tokens"],
-                    rows_trained=[1.0] * len(data["step_time_s"]))
+    return Measured(
+        step_time_s=data["step_time_s"],
+        completion_tokens=data["completion_tokens"],
+        rows_trained=[1.0] * len(data["step_time_s"]),
+    )
 
 
 def steady(values: list[float], warmup: int) -> float:
@@ -110,16 +126,17 @@ def steady(values: list[float], warmup: int) -> float:
 
 def summary_line(workload: str, ratios: list[float]) -> str:
     """`retrain/TRL <workload> median <r> min <a> max <b>` over the rounds' step-time ratios."""
-    return (f"retrain/TRL {workload} median {statistics.median(ratios):.2f} "
-            f"min {min(ratios):.2f} max {max(ratios):.2f}")
+    return f"retrain/TRL {workload} median {statistics.median(ratios):.2f} min {min(ratios):.2f} max {max(ratios):.2f}"
 
 
 def round_line(workload: str, number: int, retrain: Measured, trl: Measured, warmup: int) -> str:
     ours, theirs = steady(retrain.step_time_s, warmup), steady(trl.step_time_s, warmup)
-    return (f"{workload} round {number}: retrain {ours:.3f} s/step, TRL {theirs:.3f} s/step, ratio {ours / theirs:.2f}"
-            f" | tokens/completion {steady(retrain.completion_tokens, warmup):.1f} vs "
-            f"{steady(trl.completion_tokens, warmup):.1f} | rows trained {steady(retrain.rows_trained, warmup):.0%} "
-            f"vs {steady(trl.rows_trained, warmup):.0%}")
+    return (
+        f"{workload} round {number}: retrain {ours:.3f} s/step, TRL {theirs:.3f} s/step, ratio {ours / theirs:.2f}"
+        f" | tokens/completion {steady(retrain.completion_tokens, warmup):.1f} vs "
+        f"{steady(trl.completion_tokens, warmup):.1f} | rows trained {steady(retrain.rows_trained, warmup):.0%} "
+        f"vs {steady(trl.rows_trained, warmup):.0%}"
+    )
 
 
 def run_logged(command: list[str], log_file: Path, env: dict[str, str], cwd: Path) -> None:
@@ -151,8 +168,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for both sides (default: torch's, one per core)")
     args = parser.parse_args()
     # Both sides see the same environment: the small64 reward importable by name, no Hub look-ups.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")])),
-           "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+    }
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
@@ -166,8 +186,11 @@ def main() -> None:
 
                 model_dir = write_model(work / "small64_model")
                 overrides = [override.replace(MODEL_SLOT, str(model_dir)) for override in overrides]
-            print(f"{name}: {steps} steps per process, {warmup} warm-up, training.seed = round - 1; overrides: "
-                  f"{' '.join(overrides)}", flush=True)
+            print(
+                f"{name}: {steps} steps per process, {warmup} warm-up, training.seed = round - 1; overrides: "
+                f"{' '.join(overrides)}",
+                flush=True,
+            )
             ratios = []
             for number in range(1, args.rounds + 1):
                 seeded = [*overrides, f"training.seed={number - 1}"]

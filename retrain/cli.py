@@ -26,8 +26,9 @@ log = logging.getLogger("retrain")
 # subcommand -> module with `main(argv) -> int`
 SUBCOMMANDS = {"status": "retrain.status", "squeeze": "retrain.squeeze"}
 # Hydra's words when a `_target_` does not import: "Error locating target 'x', ...\nfull_key: reward"
-UNLOCATABLE_TARGET = re.compile(r"Error locating target '(?P<target>[^']*)'.*?(?:\nfull_key: (?P<key>\S+))?\s*$",
-                                re.DOTALL)
+UNLOCATABLE_TARGET = re.compile(
+    r"Error locating target '(?P<target>[^']*)'.*?(?:\nfull_key: (?P<key>\S+))?\s*$", re.DOTALL
+)
 
 
 def _hydra_entry(cfg: DictConfig) -> None:
@@ -72,8 +73,15 @@ def _report_user_error(user_error: UserError, raised: BaseException) -> None:
     where = f" (traceback in {files[0].baseFilename})" if files else ""
     log.error("retrain: %s%s", " ".join(line.strip() for line in str(user_error).splitlines() if line.strip()), where)
     details = f"\n{user_error.details.rstrip()}" if user_error.details else ""
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "traceback of the error above:%s", (details,),
-                            (type(raised), raised, raised.__traceback__))
+    record = log.makeRecord(
+        log.name,
+        logging.ERROR,
+        __file__,
+        0,
+        "traceback of the error above:%s",
+        (details,),
+        (type(raised), raised, raised.__traceback__),
+    )
     for handler in files:
         if record.levelno >= handler.level:
             handler.handle(record)

@@ -118,7 +118,10 @@ class RetrainConfig:
 
 
 RUN_WIDE_SCHEMAS: dict[str, type] = {
-    "training": TrainingConfig, "scoring": ScoringConfig, "logging": LoggingConfig, "eval": EvalConfig,
+    "training": TrainingConfig,
+    "scoring": ScoringConfig,
+    "logging": LoggingConfig,
+    "eval": EvalConfig,
 }
 
 

@@ -27,8 +27,12 @@ def reproducible_torch(deterministic: bool, device: torch.device | str | None) -
     """Within the block: deterministic kernels on CPU always, everywhere when `deterministic` (strict:
     an op with no deterministic kernel raises). Enter it before the first CUDA matmul (cuBLAS reads
     its workspace setting once); the previous settings come back on exit (a sweep runs in one process)."""
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
         torch.use_deterministic_algorithms(True)

@@ -85,9 +85,13 @@ def hub_reachable(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
 
 def _fetch_message(repo_id: str, kind: str, setting: str, reason: str) -> str:
     # One line: Hydra shows a failed instantiation's error as its repr, which would escape newlines.
-    cache_note = ("HF_HUB_OFFLINE is set, and the Hugging Face cache holds no copy of it"
-                  if hub_constants.HF_HUB_OFFLINE
-                  else "with HF_HUB_OFFLINE=1, a copy already in the Hugging Face cache is used")
-    return (f"Could not fetch {kind} '{repo_id}' from the Hugging Face Hub ({reason}). Offline? Try the "
-            f"offline demo, `python -m retrain experiment=quickstart`, or point {setting} at a local "
-            f"directory or file ({cache_note}).")
+    cache_note = (
+        "HF_HUB_OFFLINE is set, and the Hugging Face cache holds no copy of it"
+        if hub_constants.HF_HUB_OFFLINE
+        else "with HF_HUB_OFFLINE=1, a copy already in the Hugging Face cache is used"
+    )
+    return (
+        f"Could not fetch {kind} '{repo_id}' from the Hugging Face Hub ({reason}). Offline? Try the "
+        f"offline demo, `python -m retrain experiment=quickstart`, or point {setting} at a local "
+        f"directory or file ({cache_note})."
+    )

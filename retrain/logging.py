@@ -60,14 +60,31 @@ def wandb_key(key: str) -> str:
 class WandbSink:
     """Logs each step to wandb under the seeds' `train/` prefixes; resumes the same wandb run."""
 
-    def __init__(self, *, project: str, entity: str, group: str, name: str, tags: list[str],
-                 config: dict[str, Any], run_dir: Path, run_id: str | None) -> None:
+    def __init__(
+        self,
+        *,
+        project: str,
+        entity: str,
+        group: str,
+        name: str,
+        tags: list[str],
+        config: dict[str, Any],
+        run_dir: Path,
+        run_id: str | None,
+    ) -> None:
         import wandb
 
         self._wandb = wandb
         self.run = wandb.init(
-            project=project, entity=entity or None, group=group or None, name=name or None,
-            tags=tags or None, config=config, dir=str(run_dir), id=run_id, resume="allow",
+            project=project,
+            entity=entity or None,
+            group=group or None,
+            name=name or None,
+            tags=tags or None,
+            config=config,
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
         )
 
     @property
@@ -75,8 +92,11 @@ class WandbSink:
         return self.run.id
 
     def log(self, record: dict[str, Any], step: int) -> None:
-        numeric = {wandb_key(k): v for k, v in record.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        numeric = {
+            wandb_key(k): v
+            for k, v in record.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        }
         numeric.update({wandb_key(k): int(v) for k, v in record.items() if isinstance(v, bool)})
         self.run.log(numeric, step=step)
 

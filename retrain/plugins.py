@@ -107,8 +107,9 @@ class PluginOutputError(UserError, ValueError):
 def check_shape(value: Any, shape: tuple[int, ...], *, what: str) -> torch.Tensor:
     """`value` must be a floating-point tensor of exactly `shape` (no silent broadcasting)."""
     if not isinstance(value, torch.Tensor):
-        raise PluginOutputError(f"{what} returned {type(value).__name__}, expected a torch.Tensor of shape "
-                                f"{list(shape)}")
+        raise PluginOutputError(
+            f"{what} returned {type(value).__name__}, expected a torch.Tensor of shape {list(shape)}"
+        )
     if tuple(value.shape) != shape:
         raise PluginOutputError(f"{what} returned shape {list(value.shape)}, expected {list(shape)}")
     if not value.is_floating_point():
@@ -121,8 +122,7 @@ def check_finite(value: torch.Tensor, *, what: str) -> torch.Tensor:
     if bool(torch.isfinite(value.sum(dim=-1)).all()) or bool(torch.isfinite(value).all()):
         return value
     index = tuple(int(i) for i in (~torch.isfinite(value)).nonzero()[0])
-    raise PluginOutputError(f"{what} returned non-finite values (e.g. {float(value[index])} at index "
-                            f"{list(index)})")
+    raise PluginOutputError(f"{what} returned non-finite values (e.g. {float(value[index])} at index {list(index)})")
 
 
 def _declared_attribute(part: Any, name: str) -> Any:

@@ -31,7 +31,6 @@ from retrain.backend.model import ChatPrompts, ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.batching import FixedBatching
 from retrain.campaign.preemption import requeue_on_preemption
-from retrain.checkpoint import latest_checkpoint, read_state
 from retrain.config import EvalConfig, LoggingConfig, TrainingConfig, check_known_keys
 from retrain.determinism import reproducible_torch
 from retrain.errors import ConfigError
@@ -39,6 +38,7 @@ from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.freshness import Probe
 from retrain.plugins import checked, plugin_name
 from retrain.reward.scorer import RewardScorer
+from retrain.rundir import STATE_FILE, Checkpoint, RunDir
 from retrain.trainer import PlanningDetection, Trainer
 from retrain.types import Example
 
@@ -53,8 +53,10 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     with exclusive_run_dir(run_dir), ExitStack() as parts:
         trainer = build_trainer(cfg, run_dir, parts)
         # a cluster's pre-emption signal: finish the step, checkpoint, requeue
-        with requeue_on_preemption(trainer), \
-                reproducible_torch(trainer.training.deterministic, getattr(trainer.backend, "device", None)):
+        with (
+            requeue_on_preemption(trainer),
+            reproducible_torch(trainer.training.deterministic, getattr(trainer.backend, "device", None)),
+        ):
             return trainer.run()
 
 
@@ -65,13 +67,17 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     backend_cls = get_class(cfg.backend._target_)
     capabilities = capabilities_of(backend_cls)
     engine_cls = backend_cls if capabilities.samples_itself else get_class(cfg.inference._target_)
-    preflight(algorithm, capabilities, backend_name=backend_cls.__name__,
-              engine_returns_entropies=bool(getattr(engine_cls, "returns_entropies", False)))
+    preflight(
+        algorithm,
+        capabilities,
+        backend_name=backend_cls.__name__,
+        engine_returns_entropies=bool(getattr(engine_cls, "returns_entropies", False)),
+    )
 
     resume = find_resume_checkpoint(cfg, run_dir)
     identity = config_identity(cfg)
     if resume is not None and not cfg.resume["from"]:
-        check_same_run(read_state(resume).get("config_identity", {}), identity, run_dir)
+        check_same_run(Checkpoint(resume).state().get("config_identity", {}), identity, run_dir)
     seed = resolve_seed(training.seed, resume)
     training = replace(training, seed=seed)
     batching = FixedBatching(training.batch_size)
@@ -86,20 +92,38 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     tokenizer = model.load_tokenizer()
     prompts = ChatPrompts(tokenizer, model.name_or_path)
     # a partial first: Hydra would turn dataclass kwargs back into configs
-    backend: Backend = checked(instantiate(cfg.backend, _partial_=True)(
-        model=model, optim=OptimSettings.from_config(training), loss=LossSettings.from_config(training), seed=seed),
-        BACKEND_CHECKS, f"backend {plugin_name(backend_cls)}")
+    backend: Backend = checked(
+        instantiate(cfg.backend, _partial_=True)(
+            model=model, optim=OptimSettings.from_config(training), loss=LossSettings.from_config(training), seed=seed
+        ),
+        BACKEND_CHECKS,
+        f"backend {plugin_name(backend_cls)}",
+    )
     parts.callback(backend.close)
     engine = build_engine(cfg, backend, capabilities, tokenizer)
     if engine is not backend:
         parts.callback(engine.close)
     output: LoggingConfig = OmegaConf.to_object(cfg.logging)  # type: ignore[assignment]
     run_config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    return Trainer(backend=backend, engine=engine, algorithm=algorithm, planning=planning_detection(algorithm, tokenizer),
-                   data=data, eval_examples=eval_examples, scorer=scorer, prompts=prompts,
-                   probe=Probe.from_tokenizer(tokenizer), batching=batching, training=training, evaluation=evaluation,
-                   output=output, run_dir=run_dir, resume_checkpoint=resume, run_config=run_config,
-                   config_identity=identity)
+    return Trainer(
+        backend=backend,
+        engine=engine,
+        algorithm=algorithm,
+        planning=planning_detection(algorithm, tokenizer),
+        data=data,
+        eval_examples=eval_examples,
+        scorer=scorer,
+        prompts=prompts,
+        probe=Probe.from_tokenizer(tokenizer),
+        batching=batching,
+        training=training,
+        evaluation=evaluation,
+        output=output,
+        run_dir=run_dir,
+        resume_checkpoint=resume,
+        run_config=run_config,
+        config_identity=identity,
+    )
 
 
 def build_engine(cfg: DictConfig, backend: Backend, capabilities: Capabilities, tokenizer: Any) -> InferenceEngine:
@@ -125,8 +149,10 @@ def held_out_examples(data: Any, num_examples: int) -> list[Example]:
         return []
     held_out = getattr(data, "held_out", None)
     if held_out is None:
-        raise ConfigError(f"eval.num_examples={num_examples}, but data source {plugin_name(data)} has no held-out "
-                          "split; set eval.num_examples=0 or choose data with one")
+        raise ConfigError(
+            f"eval.num_examples={num_examples}, but data source {plugin_name(data)} has no held-out "
+            "split; set eval.num_examples=0 or choose data with one"
+        )
     try:
         return list(held_out(num_examples))
     except ConfigError as error:
@@ -136,13 +162,15 @@ def held_out_examples(data: Any, num_examples: int) -> list[Example]:
 @contextmanager
 def exclusive_run_dir(run_dir: Path) -> Iterator[None]:
     """One process per run dir: two jobs that resolve to the same dir must not interleave writes."""
-    with open(run_dir / ".retrain.lock", "w") as lock:
+    with open(RunDir(run_dir).lock_file, "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(f"run dir {run_dir} is in use by another retrain process; in a sweep that "
-                              "varies more than algorithm and training.seed, add the varied keys to "
-                              "hydra.sweep.subdir (see docs/configuration.md)") from None
+            raise ConfigError(
+                f"run dir {run_dir} is in use by another retrain process; in a sweep that "
+                "varies more than algorithm and training.seed, add the varied keys to "
+                "hydra.sweep.subdir (see docs/configuration.md)"
+            ) from None
         yield
 
 
@@ -164,8 +192,9 @@ def config_identity(cfg: DictConfig) -> dict[str, Any]:
             flat[prefix] = node
 
     walk({k: v for k, v in container.items() if k not in NOT_IDENTITY}, "")
-    return {k: v for k, v in flat.items()
-            if not (k.startswith("training.") and k.split(".", 1)[1] in NOT_IDENTITY_TRAINING)}
+    return {
+        k: v for k, v in flat.items() if not (k.startswith("training.") and k.split(".", 1)[1] in NOT_IDENTITY_TRAINING)
+    }
 
 
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], run_dir: Path) -> None:
@@ -173,8 +202,10 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], run_dir: Path
     differing = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
     if differing and saved:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differing[:5])
-        raise ConfigError(f"run dir {run_dir} holds a run with a different config ({shown}); use a new "
-                          "hydra.run.dir, or resume.from=<that dir> to continue it with the new settings")
+        raise ConfigError(
+            f"run dir {run_dir} holds a run with a different config ({shown}); use a new "
+            "hydra.run.dir, or resume.from=<that dir> to continue it with the new settings"
+        )
 
 
 def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
@@ -185,19 +216,20 @@ def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
     source = str(cfg.resume["from"] or "")
     if source:
         path = Path(source).expanduser()
-        if (path / "trainer_state.json").is_file():
+        if Checkpoint(path).is_complete:
             return path
-        found = latest_checkpoint(path) if path.is_dir() else None
+        found = RunDir(path).latest_checkpoint() if path.is_dir() else None
         if found is None:
-            raise ConfigError(f"resume.from={source!r}: no checkpoint (trainer_state.json) found there")
-        return found
-    return latest_checkpoint(run_dir)
+            raise ConfigError(f"resume.from={source!r}: no checkpoint ({STATE_FILE}) found there")
+        return found.path
+    latest = RunDir(run_dir).latest_checkpoint()
+    return None if latest is None else latest.path
 
 
 def resolve_seed(configured: int, resume: Path | None) -> int:
     """A resumed run keeps its seed; seed -1 draws one (and the checkpoint records it)."""
     if resume is not None:
-        return int(read_state(resume)["seed"])
+        return int(Checkpoint(resume).state()["seed"])
     if configured >= 0:
         return configured
     seed = secrets.randbelow(2**31)

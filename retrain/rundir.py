@@ -209,8 +209,11 @@ class RunDir:
     # ---- checkpoints -------------------------------------------------------------------------
     def step_dirs(self) -> list[Path]:
         """Every checkpoints/step_N dir, complete or not, highest N first (temp dirs are hidden, not listed)."""
-        numbered = [(n, p) for p in self.checkpoints_dir.glob(f"{STEP_PREFIX}*")
-                    if (n := _step_number(p.name)) is not None and p.is_dir()]
+        numbered = [
+            (n, p)
+            for p in self.checkpoints_dir.glob(f"{STEP_PREFIX}*")
+            if (n := _step_number(p.name)) is not None and p.is_dir()
+        ]
         return [p for _, p in sorted(numbered, key=lambda item: item[0], reverse=True)]
 
     def checkpoints(self) -> list[Checkpoint]:
@@ -228,8 +231,9 @@ class RunDir:
         found = self.checkpoints()
         return found[0] if found else None
 
-    def save_checkpoint(self, completed_steps: int, write_payload: Callable[[Path], None], state: dict[str, Any],
-                        *, final: bool = False) -> Checkpoint:
+    def save_checkpoint(
+        self, completed_steps: int, write_payload: Callable[[Path], None], state: dict[str, Any], *, final: bool = False
+    ) -> Checkpoint:
         """Write final/ or checkpoints/step_N atomically (see `Checkpoint.write`)."""
         target = self.final_dir if final else self.checkpoint_dir(completed_steps)
         return Checkpoint.write(target, write_payload, state)

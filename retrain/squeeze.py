@@ -121,8 +121,10 @@ class SqueezeReport:
         return "\n".join(lines)
 
     def recommendation(self) -> str:
-        return (f"Recommended rank {self.recommended_rank} (of {self.source_rank}): the smallest rank whose mean "
-                f"variance retained over {self.num_modules} modules is >= {self.min_variance_retention:g}.")
+        return (
+            f"Recommended rank {self.recommended_rank} (of {self.source_rank}): the smallest rank whose mean "
+            f"variance retained over {self.num_modules} modules is >= {self.min_variance_retention:g}."
+        )
 
 
 def resolve_adapter_dir(path: Path) -> Path:
@@ -160,8 +162,10 @@ def lora_modules(weights: dict[str, torch.Tensor]) -> list[ModuleFactors]:
                 raise SqueezeError(f"{a_key} has no matching {b_key}")
             A, B = weights[a_key], weights[b_key]
             if A.dim() != 2 or B.dim() != 2 or B.shape[1] != A.shape[0]:
-                raise SqueezeError(f"{name}: factors of shape {tuple(A.shape)} and {tuple(B.shape)} are not "
-                                   "a 2-D LoRA pair (r×in and out×r)")
+                raise SqueezeError(
+                    f"{name}: factors of shape {tuple(A.shape)} and {tuple(B.shape)} are not "
+                    "a 2-D LoRA pair (r×in and out×r)"
+                )
             modules.append(ModuleFactors(name, a_key, b_key, A, B))
     if not modules:
         raise SqueezeError("no LoRA factors (…lora_A.weight / …lora_B.weight) in the adapter")
@@ -179,11 +183,12 @@ def spectrum(module: ModuleFactors) -> ModuleSpectrum:
 
 def default_target_ranks(source_rank: int) -> list[int]:
     ranks = [1 << i for i in range(source_rank.bit_length()) if (1 << i) < source_rank]
-    return ranks + [source_rank]
+    return [*ranks, source_rank]
 
 
-def analyse(adapter_dir: Path, min_variance_retention: float = 0.95,
-            target_ranks: list[int] | None = None) -> SqueezeReport:
+def analyse(
+    adapter_dir: Path, min_variance_retention: float = 0.95, target_ranks: list[int] | None = None
+) -> SqueezeReport:
     """Variance retained at each target rank, and the smallest rank that keeps enough."""
     SqueezeSettings(min_variance_retention=min_variance_retention, target_ranks=list(target_ranks or []))
     config, weights = read_adapter(adapter_dir)
@@ -200,9 +205,14 @@ def analyse(adapter_dir: Path, min_variance_retention: float = 0.95,
     # a float tolerance, so that a rank holding all the energy is never rejected for rounding
     enough = [k for k in ranks if mean[k] >= min_variance_retention - 1e-12]
     return SqueezeReport(
-        adapter_dir=str(adapter_dir), source_rank=source_rank, min_variance_retention=min_variance_retention,
-        target_ranks=ranks, mean_retention=mean, min_retention=worst,
-        recommended_rank=enough[0] if enough else source_rank, num_modules=len(spectra),
+        adapter_dir=str(adapter_dir),
+        source_rank=source_rank,
+        min_variance_retention=min_variance_retention,
+        target_ranks=ranks,
+        mean_retention=mean,
+        min_retention=worst,
+        recommended_rank=enough[0] if enough else source_rank,
+        num_modules=len(spectra),
         module_retention=per_module,
     )
 
@@ -254,14 +264,30 @@ def run_squeeze(adapter: Path, settings: SqueezeSettings) -> tuple[SqueezeReport
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="retrain squeeze",
-        description="LoRA-Squeeze: variance retained per rank, the recommended rank, optional compression.")
+        description="LoRA-Squeeze: variance retained per rank, the recommended rank, optional compression.",
+    )
     parser.add_argument("adapter", type=Path, help="PEFT adapter dir, or a run dir (its final/ adapter is used)")
-    parser.add_argument("--min-variance-retention", type=float, default=0.95, metavar="F",
-                        help="recommend the smallest rank whose mean retention is >= F (default 0.95)")
-    parser.add_argument("--target-ranks", type=_rank_list, default=[], metavar="K,K,...",
-                        help="ranks to evaluate (default: powers of two below the rank, and the rank)")
-    parser.add_argument("--compress-to", type=int, default=0, metavar="K",
-                        help="write a rank-K adapter to --output (default with --output: the recommended rank)")
+    parser.add_argument(
+        "--min-variance-retention",
+        type=float,
+        default=0.95,
+        metavar="F",
+        help="recommend the smallest rank whose mean retention is >= F (default 0.95)",
+    )
+    parser.add_argument(
+        "--target-ranks",
+        type=_rank_list,
+        default=[],
+        metavar="K,K,...",
+        help="ranks to evaluate (default: powers of two below the rank, and the rank)",
+    )
+    parser.add_argument(
+        "--compress-to",
+        type=int,
+        default=0,
+        metavar="K",
+        help="write a rank-K adapter to --output (default with --output: the recommended rank)",
+    )
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="where the compressed adapter goes")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
@@ -280,9 +306,12 @@ def main(argv: list[str]) -> int:
     if args.compress_to and args.output is None:
         parser.error("--compress-to needs --output DIR")
     try:
-        settings = SqueezeSettings(min_variance_retention=args.min_variance_retention,
-                                   target_ranks=args.target_ranks, compress_to=args.compress_to,
-                                   output_dir=str(args.output or ""))
+        settings = SqueezeSettings(
+            min_variance_retention=args.min_variance_retention,
+            target_ranks=args.target_ranks,
+            compress_to=args.compress_to,
+            output_dir=str(args.output or ""),
+        )
         report, written = run_squeeze(args.adapter, settings)
     except (SqueezeError, OSError) as error:
         print(f"retrain squeeze: error: {error}", file=sys.stderr)

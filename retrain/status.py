@@ -40,12 +40,22 @@ def run_report(run: RunInfo) -> dict[str, Any]:
     checkpoints = [p.name for p in reversed(files.step_dirs())] if files is not None else []
     status = files.read_status() if files is not None else {}
     return {
-        "dir": str(run.dir), "condition": run.condition, "seed": run.seed, "state": run.state,
-        "step": run.step, "max_steps": run.max_steps, "updated_at": run.updated_at, "error": run.error,
-        "final_correct_rate": scores.final, f"last_{LAST_K}_correct_rate": scores.last_k,
-        "running_correct_rate": last.get("running_correct_rate"), "last_step_time_s": last.get("step_time_s"),
-        "checkpoints": checkpoints, "final_adapter": run.has_adapter,
-        "eval": status.get("eval") or {}, "job": run.job,
+        "dir": str(run.dir),
+        "condition": run.condition,
+        "seed": run.seed,
+        "state": run.state,
+        "step": run.step,
+        "max_steps": run.max_steps,
+        "updated_at": run.updated_at,
+        "error": run.error,
+        "final_correct_rate": scores.final,
+        f"last_{LAST_K}_correct_rate": scores.last_k,
+        "running_correct_rate": last.get("running_correct_rate"),
+        "last_step_time_s": last.get("step_time_s"),
+        "checkpoints": checkpoints,
+        "final_adapter": run.has_adapter,
+        "eval": status.get("eval") or {},
+        "job": run.job,
     }
 
 
@@ -58,15 +68,19 @@ def render_run(report: dict[str, Any]) -> str:
         f"  condition: {report['condition']}  seed: {report['seed']}",
     ]
     if report["final_correct_rate"] is not None:
-        lines.append(f"  correct rate: last step {report['final_correct_rate']:.3f}, "
-                     f"last {LAST_K} steps {report[f'last_{LAST_K}_correct_rate']:.3f}, "
-                     f"running {report['running_correct_rate']:.3f}")
+        lines.append(
+            f"  correct rate: last step {report['final_correct_rate']:.3f}, "
+            f"last {LAST_K} steps {report[f'last_{LAST_K}_correct_rate']:.3f}, "
+            f"running {report['running_correct_rate']:.3f}"
+        )
     if report["last_step_time_s"] is not None:
         lines.append(f"  last step took {report['last_step_time_s']:.2f} s")
     for key, value in sorted(report["eval"].items()):
         lines.append(f"  {key}: {value:.3f}" if isinstance(value, float) else f"  {key}: {value}")
-    lines.append(f"  checkpoints: {', '.join(report['checkpoints']) or 'none'}; "
-                 f"final adapter: {'yes' if report['final_adapter'] else 'no'}")
+    lines.append(
+        f"  checkpoints: {', '.join(report['checkpoints']) or 'none'}; "
+        f"final adapter: {'yes' if report['final_adapter'] else 'no'}"
+    )
     job = report["job"]
     if job.get("hostname"):
         slurm = job.get("slurm") or {}
@@ -86,13 +100,23 @@ def overview(root: Path) -> list[dict[str, Any]]:
         path = Path(dirpath)
         if is_sweep_dir(path):
             campaign = collect(path)
-            entries.append({"kind": "sweep", "dir": str(path), "state": campaign.state,
-                            "counts": state_counts(campaign.runs)})
+            entries.append(
+                {"kind": "sweep", "dir": str(path), "state": campaign.state, "counts": state_counts(campaign.runs)}
+            )
             dirs.clear()
         elif RunDir(path).has_run():
             run = read_run(path)
-            entries.append({"kind": "run", "dir": str(path), "state": run.state, "step": run.step,
-                            "max_steps": run.max_steps, "condition": run.condition, "seed": run.seed})
+            entries.append(
+                {
+                    "kind": "run",
+                    "dir": str(path),
+                    "state": run.state,
+                    "step": run.step,
+                    "max_steps": run.max_steps,
+                    "condition": run.condition,
+                    "seed": run.seed,
+                }
+            )
             dirs.clear()
         else:
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -106,18 +130,26 @@ def render_overview(entries: list[dict[str, Any]]) -> str:
             counts = ", ".join(f"{n} {s}" for s, n in sorted(entry["counts"].items()))
             lines.append(f"sweep  {entry['state']:<8} {entry['dir']}  ({counts})")
         else:
-            lines.append(f"run    {entry['state']:<8} {entry['dir']}  ({entry['condition']}, seed {entry['seed']}, "
-                         f"step {entry['step'] + 1}/{entry['max_steps']})")
+            lines.append(
+                f"run    {entry['state']:<8} {entry['dir']}  ({entry['condition']}, seed {entry['seed']}, "
+                f"step {entry['step'] + 1}/{entry['max_steps']})"
+            )
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retrain status", description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", type=Path, nargs="?", default=Path("outputs"),
-                        help="a run dir, a sweep dir, or a folder holding them (default: outputs)")
+    parser.add_argument(
+        "path",
+        type=Path,
+        nargs="?",
+        default=Path("outputs"),
+        help="a run dir, a sweep dir, or a folder holding them (default: outputs)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    parser.add_argument("--write", action="store_true",
-                        help="sweeps: also rewrite manifest.json, summary.md/json and the plot")
+    parser.add_argument(
+        "--write", action="store_true", help="sweeps: also rewrite manifest.json, summary.md/json and the plot"
+    )
     return parser
 
 
@@ -130,8 +162,9 @@ def main(argv: list[str]) -> int:
     path = path.resolve()
     if is_sweep_dir(path):
         campaign = refresh(path) if args.write else collect(path)
-        summary = build_summary(campaign, plot="learning_curves.png" if (path / "learning_curves.png").is_file()
-                                else None)
+        summary = build_summary(
+            campaign, plot="learning_curves.png" if (path / "learning_curves.png").is_file() else None
+        )
         print(json.dumps(summary, indent=2, default=str) if args.json else render_markdown(summary), end="")
         return 0
     if RunDir(path).has_run():

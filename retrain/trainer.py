@@ -27,22 +27,18 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from retrain.algorithm.base import Algorithm
 from retrain.backend.base import Backend, capabilities_of
 from retrain.batching import Batching
-from retrain.checkpoint import CHECKPOINTS, FINAL, read_state, save_checkpoint, write_json_atomic
 from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
 from retrain.inference.base import InferenceEngine
 from retrain.inference.freshness import Probe, check_fresh
 from retrain.logging import JsonlLog, WandbSink, console_line
 from retrain.reward.scorer import Scorer
+from retrain.rundir import Checkpoint, RunDir
 from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger("retrain")
 
 CORRECT_THRESHOLD = 0.5  # a completion is correct when its reward is > 0.5 (SPEC §1)
-METRICS = "metrics.jsonl"
-STEPS_LOG = "emergence/steps.jsonl"
-GENERATIONS_LOG = "emergence/generations.jsonl"
-STATUS = "status.json"
 
 PromptEncoder = Callable[[list[str]], list[list[int]]]  # user messages -> chat-templated prompt ids
 PlanningDetection = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, mask) [N, T] -> planning mask
@@ -61,12 +57,27 @@ class Trainer:
     is the resolved config, recorded by wandb; `config_identity` is saved in every checkpoint.
     """
 
-    def __init__(self, *, backend: Backend, engine: InferenceEngine, algorithm: Algorithm,
-                 planning: PlanningDetection | None, data: DataSource, eval_examples: list[Example],
-                 scorer: Scorer, prompts: PromptEncoder, probe: Probe, batching: Batching,
-                 training: TrainingConfig, evaluation: EvalConfig, output: LoggingConfig, run_dir: Path,
-                 resume_checkpoint: Path | None = None, run_config: dict[str, Any] | None = None,
-                 config_identity: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        engine: InferenceEngine,
+        algorithm: Algorithm,
+        planning: PlanningDetection | None,
+        data: DataSource,
+        eval_examples: list[Example],
+        scorer: Scorer,
+        prompts: PromptEncoder,
+        probe: Probe,
+        batching: Batching,
+        training: TrainingConfig,
+        evaluation: EvalConfig,
+        output: LoggingConfig,
+        run_dir: Path,
+        resume_checkpoint: Path | None = None,
+        run_config: dict[str, Any] | None = None,
+        config_identity: dict[str, Any] | None = None,
+    ) -> None:
         self.backend = backend
         self.engine = engine
         self.capabilities = capabilities_of(backend)
@@ -88,9 +99,10 @@ class Trainer:
         self.config_identity = config_identity or {}
         self.wandb: WandbSink | None = None
         self.wandb_run_id: str | None = None
-        self.metrics = JsonlLog(run_dir / METRICS)
-        self.steps_log = JsonlLog(run_dir / STEPS_LOG)
-        self.generations_log = JsonlLog(run_dir / GENERATIONS_LOG)
+        self.files = RunDir(run_dir)
+        self.metrics = JsonlLog(self.files.metrics)
+        self.steps_log = JsonlLog(self.files.emergence_steps)
+        self.generations_log = JsonlLog(self.files.emergence_generations)
         self.next_step = 0
         self.total_correct = 0
         self.total_completions = 0
@@ -129,10 +141,17 @@ class Trainer:
 
     def _loop(self) -> None:
         training = self.training
-        with logging_redirect_tqdm(loggers=[logging.root]), tqdm(
-            total=training.max_steps, initial=self.next_step, desc=self.algorithm.name,
-            disable=not self.output.progress_bar, dynamic_ncols=True, leave=False,
-        ) as bar:
+        with (
+            logging_redirect_tqdm(loggers=[logging.root]),
+            tqdm(
+                total=training.max_steps,
+                initial=self.next_step,
+                desc=self.algorithm.name,
+                disable=not self.output.progress_bar,
+                dynamic_ncols=True,
+                leave=False,
+            ) as bar,
+        ):
             while self.next_step < training.max_steps:
                 step = self.next_step
                 record = self.train_step(step)
@@ -167,7 +186,8 @@ class Trainer:
         if self.planning is not None:
             planning = self.planning(rollouts.completion_ids, rollouts.completion_mask)
         advantage = self.algorithm.compute(
-            rewards, rollouts.logprobs, rollouts.completion_mask, rollouts.entropies, planning)
+            rewards, rollouts.logprobs, rollouts.completion_mask, rollouts.entropies, planning
+        )
         row_mask = advantage.group_has_signal.repeat_interleave(G)
         batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
 
@@ -238,45 +258,74 @@ class Trainer:
         log.info(console_line(record, self.algorithm.label, not self.capabilities.reports_sync_loss))
         self._write_status("running")
 
-    def _log_samples(self, step: int, examples: list[Example], rollouts: Rollouts,
-                     rewards: torch.Tensor, correct: torch.Tensor, planning: torch.Tensor | None) -> None:
+    def _log_samples(
+        self,
+        step: int,
+        examples: list[Example],
+        rollouts: Rollouts,
+        rewards: torch.Tensor,
+        correct: torch.Tensor,
+        planning: torch.Tensor | None,
+    ) -> None:
         G = self.training.group_size
         for b in range(min(self.output.console_groups, len(examples))):
             log.info("  group: %d/%d correct | answer=%s", int(correct[b].sum()), G, examples[b].reference)
         for n in range(min(self.output.generations_per_step, rollouts.num_rows)):
             example = examples[n // G]
-            self.generations_log.append({
-                "step": step, "example_id": example.id, "prompt": example.prompt,
-                "reference": example.reference, "completion": rollouts.texts[n],
-                "reward": float(rewards.view(-1)[n]), "hit_max_tokens": bool(rollouts.hit_max_tokens[n]),
-            })
+            self.generations_log.append(
+                {
+                    "step": step,
+                    "example_id": example.id,
+                    "prompt": example.prompt,
+                    "reference": example.reference,
+                    "completion": rollouts.texts[n],
+                    "reward": float(rewards.view(-1)[n]),
+                    "hit_max_tokens": bool(rollouts.hit_max_tokens[n]),
+                }
+            )
         tokens = rollouts.completion_mask.sum()
-        self.steps_log.append({
-            "step": step,
-            "condition": self.algorithm.name,
-            "correct_rate": float(correct.float().mean()),
-            "mean_completion_tokens": float(tokens) / rollouts.num_rows,
-            "planning_token_fraction": None if planning is None else float((planning & rollouts.completion_mask).sum()) / max(float(tokens), 1.0),
-        })
+        self.steps_log.append(
+            {
+                "step": step,
+                "condition": self.algorithm.name,
+                "correct_rate": float(correct.float().mean()),
+                "mean_completion_tokens": float(tokens) / rollouts.num_rows,
+                "planning_token_fraction": None
+                if planning is None
+                else float((planning & rollouts.completion_mask).sum()) / max(float(tokens), 1.0),
+            }
+        )
 
     def _write_status(self, state: str, error: str | None = None) -> dict[str, Any]:
         status = {
-            "state": state, "step": self.next_step - 1, "max_steps": self.training.max_steps,
-            "condition": self.algorithm.name, "seed": self.training.seed,
-            "updated_at": time.time(), "pid": os.getpid(), "hostname": socket.gethostname(),
-            "error": error, "eval": self.eval_results,
+            "state": state,
+            "step": self.next_step - 1,
+            "max_steps": self.training.max_steps,
+            "condition": self.algorithm.name,
+            "seed": self.training.seed,
+            "updated_at": time.time(),
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "error": error,
+            "eval": self.eval_results,
         }
-        write_json_atomic(self.run_dir / STATUS, status)
+        self.files.write_status(status)
         return status
 
     def _start_wandb(self) -> None:
         output = self.output
         if not output.wandb_project:
             return
-        self.wandb = WandbSink(project=output.wandb_project, entity=output.wandb_entity, group=output.wandb_group,
-                               name=output.wandb_run_name or f"{self.algorithm.name}_s{self.training.seed}",
-                               tags=list(output.wandb_tags), config=self.run_config, run_dir=self.run_dir,
-                               run_id=self.wandb_run_id)
+        self.wandb = WandbSink(
+            project=output.wandb_project,
+            entity=output.wandb_entity,
+            group=output.wandb_group,
+            name=output.wandb_run_name or f"{self.algorithm.name}_s{self.training.seed}",
+            tags=list(output.wandb_tags),
+            config=self.run_config,
+            run_dir=self.run_dir,
+            run_id=self.wandb_run_id,
+        )
         self.wandb_run_id = self.wandb.run_id
 
     # ---- evaluation ----------------------------------------------------------------------
@@ -289,9 +338,13 @@ class Trainer:
             f"eval/{when}_sampled_accuracy": self._accuracy(examples, self.sampling, self.evaluation.samples),
         }
         self.eval_results.update(results)
-        log.info("Held-out accuracy %s training (%d problems): greedy=%.1f%% sampled=%.1f%%", when,
-                 len(examples), 100 * results[f"eval/{when}_greedy_accuracy"],
-                 100 * results[f"eval/{when}_sampled_accuracy"])
+        log.info(
+            "Held-out accuracy %s training (%d problems): greedy=%.1f%% sampled=%.1f%%",
+            when,
+            len(examples),
+            100 * results[f"eval/{when}_greedy_accuracy"],
+            100 * results[f"eval/{when}_sampled_accuracy"],
+        )
         if self.wandb is not None:
             self.wandb.summary(results)
 
@@ -300,9 +353,13 @@ class Trainer:
         correct = 0
         chunk = self.training.batch_size
         for start in range(0, len(examples), chunk):
-            part = examples[start:start + chunk]
-            rollouts = self.engine.generate(self.prompts([e.prompt for e in part]), samples, sampling,
-                                            step_generator_seed(self.training.seed, -1 - start))
+            part = examples[start : start + chunk]
+            rollouts = self.engine.generate(
+                self.prompts([e.prompt for e in part]),
+                samples,
+                sampling,
+                step_generator_seed(self.training.seed, -1 - start),
+            )
             scored = self.scorer.score(rollouts.texts, [e for e in part for _ in range(samples)])
             correct += int((scored.rewards > CORRECT_THRESHOLD).sum())
         return correct / (len(examples) * samples)
@@ -311,7 +368,6 @@ class Trainer:
     def save(self, final: bool = False) -> Path:
         """Checkpoint everything a resumed run needs to continue the same trajectory."""
         completed = self.next_step
-        target = self.run_dir / FINAL if final else self.run_dir / CHECKPOINTS / f"step_{completed}"
         state = {
             "step": completed - 1,
             "completed_steps": completed,
@@ -330,16 +386,20 @@ class Trainer:
             "rng": _rng_state(),
             "config_identity": self.config_identity,
         }
-        save_checkpoint(target, self.backend.save, state)
+        checkpoint = self.files.save_checkpoint(completed, self.backend.save, state, final=final)
         self._last_saved_step = completed - 1
-        return target
+        return checkpoint.path
 
     def _restore(self, checkpoint: Path) -> bool:
         """Load a checkpoint; returns True when it is a finished run (nothing left to do)."""
-        state = read_state(checkpoint)
+        state = Checkpoint(checkpoint).state()
         if state["completed_steps"] >= self.training.max_steps:
-            log.info("Run at %s already finished %d/%d steps: nothing to resume.",
-                     checkpoint, state["completed_steps"], self.training.max_steps)
+            log.info(
+                "Run at %s already finished %d/%d steps: nothing to resume.",
+                checkpoint,
+                state["completed_steps"],
+                self.training.max_steps,
+            )
             self.next_step = state["completed_steps"]
             self.eval_results = dict(state.get("eval", {}))
             return True
@@ -354,9 +414,9 @@ class Trainer:
         _set_rng_state(state["rng"])
         self.next_step = state["completed_steps"]
         self._last_saved_step = state["step"]
-        source_run = _run_dir_of(checkpoint)
+        source_run = RunDir.of_checkpoint(checkpoint)
         for log_file in (self.metrics, self.steps_log, self.generations_log):
-            source = source_run / log_file.path.relative_to(self.run_dir)
+            source = source_run.path / log_file.path.relative_to(self.run_dir)
             log_file.restore_from(source, last_step=state["step"])
         log.info("Resumed from %s at step %d", checkpoint, self.next_step)
         return False
@@ -365,10 +425,6 @@ class Trainer:
 def _no_update() -> TrainResult:
     """A step whose every group was uniform: nothing to train on."""
     return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0)
-
-
-def _run_dir_of(checkpoint: Path) -> Path:
-    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint.parent
 
 
 def _rng_state() -> dict[str, Any]:

@@ -40,8 +40,12 @@ class SamplingParams:
 
     @classmethod
     def from_config(cls, training: TrainingConfig, return_entropies: bool = False) -> SamplingParams:
-        return cls(max_tokens=training.max_tokens, temperature=training.temperature, top_p=training.top_p,
-                   return_entropies=return_entropies)
+        return cls(
+            max_tokens=training.max_tokens,
+            temperature=training.temperature,
+            top_p=training.top_p,
+            return_entropies=return_entropies,
+        )
 
 
 @dataclass

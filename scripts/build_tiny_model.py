@@ -32,8 +32,8 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config,
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from retrain.data.arithmetic import ArithmeticData  # noqa: E402
-from retrain.types import Example  # noqa: E402
+from retrain.data.arithmetic import ArithmeticData
+from retrain.types import Example
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -101,9 +101,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen3ForCausal
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return model
 
 
@@ -171,9 +169,7 @@ def warm_start(
     """Cross-entropy on the training problems until sampled held-out accuracy hits the target."""
     held_out = data.held_out(args.eval_size)
     train = data.train_examples
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
-    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup_steps))
     order = torch.Generator().manual_seed(args.seed)
     model.train()

@@ -23,12 +23,21 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 def cli_env(one_thread: bool = True) -> dict[str, str]:
     """The environment of a CLI run: tests/ importable; one OpenMP thread, or torch's default (one per core)."""
     inherited = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    return {**inherited, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            **({"OMP_NUM_THREADS": "1"} if one_thread else {})}
+    return {
+        **inherited,
+        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        **({"OMP_NUM_THREADS": "1"} if one_thread else {}),
+    }
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None,
-            check: bool = True, one_thread: bool = True) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: list[str],
+    cwd: Path,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    one_thread: bool = True,
+) -> subprocess.CompletedProcess[str]:
     """Run `python -m retrain ...` as a user would (tests/ importable for plugins).
 
     `one_thread` (OMP_NUM_THREADS=1) keeps a run's speed steady on a busy machine, where two OpenMP
@@ -36,11 +45,13 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str
     thread count instead, as users do (docs/reproducibility.md).
     """
     full_env = {**cli_env(one_thread), **(env or {})}
-    result = subprocess.run([sys.executable, "-m", "retrain", *args], cwd=cwd, env=full_env,
-                            capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", "retrain", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"retrain {' '.join(args)} failed ({result.returncode}):\n"
-                             f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
+        raise AssertionError(
+            f"retrain {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
+        )
     return result
 
 

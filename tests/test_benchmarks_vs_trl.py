@@ -12,12 +12,22 @@ from benchmarks.vs_trl import Measured, retrain_measured, round_line, steady, su
 
 
 def test_retrain_metrics_are_read_in_step_order(tmp_path: Path) -> None:
-    records = [{"step": step, "step_time_s": time, "mean_completion_tokens": tokens, "num_datums": datums,
-                "batch_size": 8, "group_size": 8, "loss": 0.0}
-               for step, time, tokens, datums in [(1, 0.2, 6.0, 32), (0, 1.5, 5.0, 64)]]
+    records = [
+        {
+            "step": step,
+            "step_time_s": time,
+            "mean_completion_tokens": tokens,
+            "num_datums": datums,
+            "batch_size": 8,
+            "group_size": 8,
+            "loss": 0.0,
+        }
+        for step, time, tokens, datums in [(1, 0.2, 6.0, 32), (0, 1.5, 5.0, 64)]
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     assert retrain_measured(tmp_path / "metrics.jsonl") == Measured(
-        step_time_s=[1.5, 0.2], completion_tokens=[5.0, 6.0], rows_trained=[1.0, 0.5])
+        step_time_s=[1.5, 0.2], completion_tokens=[5.0, 6.0], rows_trained=[1.0, 0.5]
+    )
 
 
 def test_trl_trains_every_row(tmp_path: Path) -> None:
@@ -39,5 +49,7 @@ def test_round_line_ratio_uses_steady_means() -> None:
     retrain = Measured(step_time_s=[5.0, 0.1, 0.3], completion_tokens=[8, 6, 6], rows_trained=[1.0, 0.5, 1.0])
     trl = Measured(step_time_s=[9.0, 0.5, 0.5], completion_tokens=[8, 6, 7], rows_trained=[1.0, 1.0, 1.0])
     line = round_line("quickstart", 2, retrain, trl, warmup=1)
-    assert line == ("quickstart round 2: retrain 0.200 s/step, TRL 0.500 s/step, ratio 0.40 | tokens/completion "
-                    "6.0 vs 6.5 | rows trained 75% vs 100%")
+    assert line == (
+        "quickstart round 2: retrain 0.200 s/step, TRL 0.500 s/step, ratio 0.40 | tokens/completion "
+        "6.0 vs 6.5 | rows trained 75% vs 100%"
+    )

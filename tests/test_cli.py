@@ -34,17 +34,25 @@ def test_compose_errors_name_the_offending_key_or_option(tmp_path: Path) -> None
 
 
 def test_a_typo_added_with_plus_is_refused_before_anything_loads(tmp_path: Path) -> None:
-    result = run_cli(["experiment=quickstart", "+training.lrr=1e-4", f"hydra.run.dir={tmp_path / 'run'}"],
-                     cwd=tmp_path, check=False)
+    result = run_cli(
+        ["experiment=quickstart", "+training.lrr=1e-4", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False
+    )
     assert result.returncode != 0
     assert "unknown config key 'training.lrr'" in result.stdout + result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_preflight_refuses_token_credit_on_a_backend_that_aggregates_it(tmp_path: Path) -> None:
-    result = run_cli(["experiment=quickstart", "algorithm=maxrl_gtpo_sepa",
-                      "backend._target_=tests.plugins.training_plugins.ScalarAdvantageBackend",
-                      f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False)
+    result = run_cli(
+        [
+            "experiment=quickstart",
+            "algorithm=maxrl_gtpo_sepa",
+            "backend._target_=tests.plugins.training_plugins.ScalarAdvantageBackend",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        check=False,
+    )
     message = result.stdout + result.stderr
     assert result.returncode != 0
     assert "maxrl_gtpo_sepa" in message and "ScalarAdvantageBackend" in message
@@ -55,14 +63,28 @@ ERRORS = "tests.plugins.error_plugins"
 # kind -> (overrides, environment, what the one-line message must name)
 USER_ERRORS = {
     "config": (["scoring.timeout_s=0"], {}, "scoring.timeout_s"),
-    "unimportable target": ([f"reward._target_={ERRORS}.no_such_reward"], {}, f"reward._target_='{ERRORS}.no_such_reward'"),
+    "unimportable target": (
+        [f"reward._target_={ERRORS}.no_such_reward"],
+        {},
+        f"reward._target_='{ERRORS}.no_such_reward'",
+    ),
     "unreadable data": (["data=jsonl", "data.path={tmp}/broken.jsonl"], {}, "broken.jsonl': cannot read the records"),
-    "hub": (["model.name_or_path=retrain-tests/no-such-model"], {"HF_HUB_OFFLINE": "1"}, "'retrain-tests/no-such-model'"),
+    "hub": (
+        ["model.name_or_path=retrain-tests/no-such-model"],
+        {"HF_HUB_OFFLINE": "1"},
+        "'retrain-tests/no-such-model'",
+    ),
     "reward output": ([f"reward._target_={ERRORS}.text_reward"], {}, f"reward {ERRORS}.text_reward returned '"),
-    "reward worker": ([f"reward._target_={ERRORS}.UnloadableReward", "reward._partial_=false"], {},
-                      f"could not load reward {ERRORS}.UnloadableReward (RuntimeError: this reward holds"),
-    "plugin output": (["algorithm.advantage._target_=tests.plugins.algorithm_plugins.wrong_shape_advantage"], {},
-                      "tests.plugins.algorithm_plugins.wrong_shape_advantage"),
+    "reward worker": (
+        [f"reward._target_={ERRORS}.UnloadableReward", "reward._partial_=false"],
+        {},
+        f"could not load reward {ERRORS}.UnloadableReward (RuntimeError: this reward holds",
+    ),
+    "plugin output": (
+        ["algorithm.advantage._target_=tests.plugins.algorithm_plugins.wrong_shape_advantage"],
+        {},
+        "tests.plugins.algorithm_plugins.wrong_shape_advantage",
+    ),
 }
 
 
@@ -71,9 +93,19 @@ def test_a_users_mistake_reads_as_one_message_with_the_traceback_in_run_log(tmp_
     overrides, env, named = USER_ERRORS[kind]
     (tmp_path / "broken.jsonl").write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": \n')
     run_dir = tmp_path / "run"
-    result = run_cli(["experiment=quickstart", "eval.num_examples=0", "training.max_steps=1", "logging.progress_bar=false",
-                      f"hydra.run.dir={run_dir}", *(o.format(tmp=tmp_path) for o in overrides)],
-                     cwd=tmp_path, check=False, env=env)
+    result = run_cli(
+        [
+            "experiment=quickstart",
+            "eval.num_examples=0",
+            "training.max_steps=1",
+            "logging.progress_bar=false",
+            f"hydra.run.dir={run_dir}",
+            *(o.format(tmp=tmp_path) for o in overrides),
+        ],
+        cwd=tmp_path,
+        check=False,
+        env=env,
+    )
     console = result.stdout + result.stderr
     assert result.returncode == 1, console
     assert "Traceback" not in console, console

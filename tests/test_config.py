@@ -53,8 +53,13 @@ def check_targets(node: Any, runtime: dict, where: str) -> int:
 
 def test_every_group_and_sub_group_of_conf_is_listed():
     groups = config_groups()
-    assert set(GROUPS) | {"algorithm/advantage", "algorithm/transforms", "campaign", "experiment",
-                          "hydra/launcher"} <= set(groups)
+    assert set(GROUPS) | {
+        "algorithm/advantage",
+        "algorithm/transforms",
+        "campaign",
+        "experiment",
+        "hydra/launcher",
+    } <= set(groups)
     assert groups["hydra/launcher"] == ["local", "slurm"] and "maxrl_gtpo_sepa" in groups["algorithm"]
 
 
@@ -63,8 +68,11 @@ def test_every_option_composes_and_binds(group: str, option: str) -> None:
     cfg = compose([f"{'+' if group in APPENDED else ''}{group}={option}"], return_hydra_config=True)
     assert cfg.hydra.runtime.choices[group] == option
     checked = sum(check_targets(cfg[g], RUNTIME_KWARGS.get(g, {}), f"{group}={option}: {g}") for g in GROUPS)
-    checked += sum(check_targets(cfg.hydra[part], {}, f"{group}={option}: hydra.{part}") for part in HYDRA_PARTS
-                   if cfg.hydra[part] is not None)
+    checked += sum(
+        check_targets(cfg.hydra[part], {}, f"{group}={option}: hydra.{part}")
+        for part in HYDRA_PARTS
+        if cfg.hydra[part] is not None
+    )
     assert checked >= len(GROUPS)
     job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     OmegaConf.to_container(job, resolve=True)  # every interpolation resolves
@@ -76,9 +84,18 @@ def test_every_option_composes_and_binds(group: str, option: str) -> None:
 def test_every_experiment_preset_runs_two_steps(tmp_path: Path) -> None:
     """lightning-hydra-template's habit: `-m experiment=glob(*)`, each preset for a couple of steps."""
     sweep = tmp_path / "sweep"
-    run_cli(["--multirun", "experiment=glob(*)", "training.max_steps=2", "eval.num_examples=0",
-             "logging.progress_bar=false", f"hydra.sweep.dir={sweep}",
-             "hydra.sweep.subdir=${hydra:runtime.choices.experiment}"], cwd=tmp_path)
+    run_cli(
+        [
+            "--multirun",
+            "experiment=glob(*)",
+            "training.max_steps=2",
+            "eval.num_examples=0",
+            "logging.progress_bar=false",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.sweep.subdir=${hydra:runtime.choices.experiment}",
+        ],
+        cwd=tmp_path,
+    )
     for preset in config_groups()["experiment"]:
         assert [r["step"] for r in read_metrics(sweep / preset)] == [0, 1], preset
 
@@ -112,4 +129,5 @@ def test_reference_of_the_default_config_is_current() -> None:
     reference = Path(__file__).resolve().parents[1] / "docs" / "default-config.yaml"
     composed = OmegaConf.to_yaml(compose())
     assert reference.read_text() == composed, (
-        "the default config changed: regenerate with `python -m retrain --cfg job > docs/default-config.yaml`")
+        "the default config changed: regenerate with `python -m retrain --cfg job > docs/default-config.yaml`"
+    )

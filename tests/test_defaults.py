@@ -50,7 +50,12 @@ def test_a_constructor_defaults_agree_with_its_schema(group: str, path: Path) ->
 def test_the_optimiser_and_loss_settings_come_from_the_training_schema() -> None:
     training = TrainingConfig()
     optim, loss = OptimSettings.from_config(training), LossSettings.from_config(training)
-    assert (optim.lr, optim.weight_decay, list(optim.betas), optim.eps, optim.max_grad_norm) == \
-        (training.lr, training.weight_decay, training.betas, training.eps, training.max_grad_norm)
+    assert (optim.lr, optim.weight_decay, list(optim.betas), optim.eps, optim.max_grad_norm) == (
+        training.lr,
+        training.weight_decay,
+        training.betas,
+        training.eps,
+        training.max_grad_norm,
+    )
     assert (loss.clip_eps, loss.clip_eps_high, loss.upper_eps) == (0.0, None, 0.0)
     assert LossSettings.from_config(TrainingConfig(clip_eps=0.2)).upper_eps == 0.2  # clip_eps_high None = clip_eps

@@ -37,7 +37,7 @@ class Command:
         """The arguments after `python -m retrain` / `retrain`; None for any other program."""
         for prefix in RETRAIN:
             if self.argv[: len(prefix)] == prefix:
-                return self.argv[len(prefix):]
+                return self.argv[len(prefix) :]
         return None
 
 
@@ -143,6 +143,7 @@ def test_documented_commands_run(tmp_path: Path) -> None:
             printed = (result.stdout + result.stderr).splitlines()
             for line in documented_quickstart_output():
                 pattern = re.escape(line).replace(re.escape("..."), ".*")
-                assert any(re.fullmatch(pattern, out) for out in printed), \
+                assert any(re.fullmatch(pattern, out) for out in printed), (
                     f"docs/getting-started.md shows {line!r}; `{QUICKSTART}` printed:\n" + "\n".join(printed[-40:])
+                )
     assert (tmp_path / "outputs" / "runs").is_dir() and (tmp_path / "outputs" / "sweeps").is_dir()

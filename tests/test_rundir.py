@@ -19,14 +19,35 @@ def save(run_dir: RunDir, completed: int, final: bool = False) -> Path:
 
 def test_the_layout_is_the_documented_one(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path)
-    assert {name: getattr(run_dir, name).relative_to(tmp_path).as_posix() for name in (
-        "status_file", "metrics", "emergence_steps", "emergence_generations", "checkpoints_dir", "final_dir",
-        "final_adapter", "log_file", "job_file", "exit_file", "hydra_config", "lock_file")} == {
-        "status_file": "status.json", "metrics": "metrics.jsonl",
-        "emergence_steps": "emergence/steps.jsonl", "emergence_generations": "emergence/generations.jsonl",
-        "checkpoints_dir": "checkpoints", "final_dir": "final", "final_adapter": "final/adapter_model.safetensors",
-        "log_file": "run.log", "job_file": "job.json", "exit_file": "exit.json",
-        "hydra_config": ".hydra/config.yaml", "lock_file": ".retrain.lock",
+    assert {
+        name: getattr(run_dir, name).relative_to(tmp_path).as_posix()
+        for name in (
+            "status_file",
+            "metrics",
+            "emergence_steps",
+            "emergence_generations",
+            "checkpoints_dir",
+            "final_dir",
+            "final_adapter",
+            "log_file",
+            "job_file",
+            "exit_file",
+            "hydra_config",
+            "lock_file",
+        )
+    } == {
+        "status_file": "status.json",
+        "metrics": "metrics.jsonl",
+        "emergence_steps": "emergence/steps.jsonl",
+        "emergence_generations": "emergence/generations.jsonl",
+        "checkpoints_dir": "checkpoints",
+        "final_dir": "final",
+        "final_adapter": "final/adapter_model.safetensors",
+        "log_file": "run.log",
+        "job_file": "job.json",
+        "exit_file": "exit.json",
+        "hydra_config": ".hydra/config.yaml",
+        "lock_file": ".retrain.lock",
     }
     assert run_dir.checkpoint_dir(40) == tmp_path / "checkpoints" / "step_40"
     state = json.loads((save(run_dir, 3) / "trainer_state.json").read_text())

@@ -30,15 +30,24 @@ TARGETS = ["q_proj", "v_proj", "down_proj"]
 
 def tiny_base(seed: int = 0) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
     return Qwen3ForCausalLM(config).eval()
 
 
 def save_adapter(path: Path, use_rslora: bool = False) -> Path:
     """A real PEFT adapter whose B factors are non-zero (init_lora_weights=False draws both at random)."""
-    model = get_peft_model(tiny_base(), LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS,
-                                                   init_lora_weights=False, use_rslora=use_rslora))
+    model = get_peft_model(
+        tiny_base(),
+        LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS, init_lora_weights=False, use_rslora=use_rslora),
+    )
     model.save_pretrained(str(path))
     return path
 
@@ -127,8 +136,9 @@ def test_a_zero_update_retains_everything_at_rank_one(tmp_path: Path) -> None:
     assert report.recommended_rank == 1
 
 
-def test_cli_prints_table_and_writes_a_loadable_adapter(adapter: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_table_and_writes_a_loadable_adapter(
+    adapter: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = tmp_path / "run"
     final_dir = RunDir(run_dir).final_dir
     final_dir.mkdir(parents=True)

@@ -29,8 +29,7 @@ def test_a_live_run_is_running_and_a_vanished_one_dead(tmp_path: Path, capsys: p
     assert report["state"] == "dead" and report["seed"] == 2
 
 
-def test_sweep_status_prints_the_summary_and_can_rewrite_it(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_status_prints_the_summary_and_can_rewrite_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sweep_dir = tmp_path / "sweep"
     plan = expand(["algorithm=grpo_none,maxrl_gtpo_sepa", "training.seed=1,2"])
     start_manifest(sweep_dir, plan, CampaignSettings(last_k=3), "BasicLauncher", None)
@@ -52,8 +51,9 @@ def test_sweep_status_prints_the_summary_and_can_rewrite_it(tmp_path: Path,
 
 def test_folder_overview_and_bad_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sweep_dir = tmp_path / "sweeps" / "a"
-    start_manifest(sweep_dir, expand(["algorithm=grpo_none", "training.seed=1"]), CampaignSettings(),
-                   "BasicLauncher", None)
+    start_manifest(
+        sweep_dir, expand(["algorithm=grpo_none", "training.seed=1"]), CampaignSettings(), "BasicLauncher", None
+    )
     simulate_run(sweep_dir, "grpo_none", 1, 0.4, num=0)
     simulate_run(tmp_path / "runs", "maxrl_none", 5, 0.4, state="failed", error="ValueError: bad")
     assert main([str(tmp_path)]) == 0
@@ -69,8 +69,13 @@ def test_folder_overview_and_bad_paths(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_the_cli_dispatches_status(tmp_path: Path) -> None:
     run = simulate_run(tmp_path, "grpo_none", 3, 0.5)
-    result = subprocess.run([sys.executable, "-m", "retrain", "status", str(run.dir)],
-                            capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+    result = subprocess.run(
+        [sys.executable, "-m", "retrain", "status", str(run.dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[1],
+    )
     assert result.returncode == 0, result.stderr
     assert "state: done" in result.stdout
 

@@ -18,13 +18,20 @@ from retrain.run import build_trainer
 from retrain.trainer import Trainer
 from tests.backend.tiny_model import make_backend
 
-QUICK = ["experiment=quickstart", "eval.num_examples=0", "scoring.workers=1", "logging.console_groups=0",
-         "training.batch_size=4", "training.group_size=4"]
+QUICK = [
+    "experiment=quickstart",
+    "eval.num_examples=0",
+    "scoring.workers=1",
+    "logging.console_groups=0",
+    "training.batch_size=4",
+    "training.group_size=4",
+]
 
 
 @pytest.fixture
 def build(tmp_path: Path) -> Iterator:
     with ExitStack() as parts:
+
         def trainer(*overrides: str) -> Trainer:
             return build_trainer(compose([*QUICK, *overrides]), tmp_path / "run", parts)
 
@@ -37,8 +44,9 @@ def test_a_step_hands_the_weight_update_to_the_engine_and_proves_it_fresh(build)
     assert record["num_datums"] > 0 and not record["skipped_nonfinite"]
     assert trainer.engine.weights_version == trainer.backend.weights_version == 1
     assert record["sync_time_s"] > 0 and record["train_time_s"] > 0
-    assert record["step_time_s"] == pytest.approx(sum(v for k, v in record.items() if k.endswith("_s")
-                                                      and k != "step_time_s"))
+    assert record["step_time_s"] == pytest.approx(
+        sum(v for k, v in record.items() if k.endswith("_s") and k != "step_time_s")
+    )
 
 
 def test_an_engine_serving_other_weights_stops_the_run(build) -> None:
@@ -47,8 +55,9 @@ def test_an_engine_serving_other_weights_stops_the_run(build) -> None:
     other = make_backend(spec, seed=1).model  # its own copy of the model, with another base weight
     with torch.no_grad():
         other.get_input_embeddings().weight.mul_(1.5)
-    trainer.engine = PytorchEngine(trainer.engine.tokenizer, EngineResources(spec=spec, device=trainer.backend.device,
-                                                                             model=other))
+    trainer.engine = PytorchEngine(
+        trainer.engine.tokenizer, EngineResources(spec=spec, device=trainer.backend.device, model=other)
+    )
     with pytest.raises(StaleWeightsError, match="serves stale weights"):
         trainer.train_step(0)  # the adapter reaches the engine, but the probe shows other weights
 

@@ -20,8 +20,9 @@ SMALL = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=f
 
 def small_run(tmp_path: Path, name: str, *extra: str, steps: int = 4, one_thread: bool = True) -> Path:
     run_dir = tmp_path / name
-    run_cli([*SMALL, f"training.max_steps={steps}", f"hydra.run.dir={run_dir}", *extra], cwd=tmp_path,
-            one_thread=one_thread)
+    run_cli(
+        [*SMALL, f"training.max_steps={steps}", f"hydra.run.dir={run_dir}", *extra], cwd=tmp_path, one_thread=one_thread
+    )
     return run_dir
 
 
@@ -29,9 +30,21 @@ def test_quickstart_writes_the_run_dir_contract(tmp_path: Path) -> None:
     run_dir = small_run(tmp_path, "run", "training.save_every=2")
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2, 3]
-    for key in ["step", "condition", "loss", "mean_reward", "correct_rate", "running_correct_rate",
-                "num_datums", "max_token_hit_rate", "step_time_s", "batch_size", "group_size",
-                "sepa_lambda", "reward/errors"]:
+    for key in [
+        "step",
+        "condition",
+        "loss",
+        "mean_reward",
+        "correct_rate",
+        "running_correct_rate",
+        "num_datums",
+        "max_token_hit_rate",
+        "step_time_s",
+        "batch_size",
+        "group_size",
+        "sepa_lambda",
+        "reward/errors",
+    ]:
         assert key in records[0], key
     assert records[0]["batch_size"] == 8 and records[0]["group_size"] == 8
     assert (run_dir / "emergence" / "steps.jsonl").is_file()
@@ -58,14 +71,23 @@ def test_same_seed_gives_identical_metrics(tmp_path: Path) -> None:
 def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
     """With the default thread count, as users run (docs/reproducibility.md)."""
     steps = 6
-    reference = without_timing(read_metrics(small_run(tmp_path, "full", "training.save_every=1", steps=steps,
-                                                      one_thread=False)))
+    reference = without_timing(
+        read_metrics(small_run(tmp_path, "full", "training.save_every=1", steps=steps, one_thread=False))
+    )
 
     run_dir = tmp_path / "killed"
-    args = [sys.executable, "-m", "retrain", *SMALL, f"training.max_steps={steps}",
-            "training.save_every=1", f"hydra.run.dir={run_dir}"]
-    process = subprocess.Popen(args, cwd=tmp_path, env=cli_env(one_thread=False), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    args = [
+        sys.executable,
+        "-m",
+        "retrain",
+        *SMALL,
+        f"training.max_steps={steps}",
+        "training.save_every=1",
+        f"hydra.run.dir={run_dir}",
+    ]
+    process = subprocess.Popen(
+        args, cwd=tmp_path, env=cli_env(one_thread=False), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not (run_dir / "checkpoints" / "step_3").is_dir():
         time.sleep(0.05)
@@ -74,15 +96,19 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
     assert not (run_dir / "final").exists(), "the run finished before it could be killed"
 
     # same run dir, no resume flag: a requeued job resumes by itself
-    run_cli([*SMALL, f"training.max_steps={steps}", "training.save_every=1", f"hydra.run.dir={run_dir}"],
-            cwd=tmp_path, one_thread=False)
+    run_cli(
+        [*SMALL, f"training.max_steps={steps}", "training.save_every=1", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        one_thread=False,
+    )
     assert without_timing(read_metrics(run_dir)) == reference
 
     # explicit resume.from=<run dir> into a new run dir continues the same trajectory too
     partial = tmp_path / "partial"
     small_run(tmp_path, "partial", "training.save_every=1", steps=3, one_thread=False)
-    resumed = small_run(tmp_path, "resumed", "training.save_every=1", f"resume.from={partial}", steps=steps,
-                        one_thread=False)
+    resumed = small_run(
+        tmp_path, "resumed", "training.save_every=1", f"resume.from={partial}", steps=steps, one_thread=False
+    )
     assert without_timing(read_metrics(resumed)) == reference
 
 
@@ -96,24 +122,25 @@ def test_resuming_a_finished_run_is_a_clear_no_op(tmp_path: Path) -> None:
 
 def test_a_run_dir_holding_a_different_run_is_not_silently_reused(tmp_path: Path) -> None:
     run_dir = small_run(tmp_path, "taken", steps=1)
-    result = run_cli([*SMALL, "training.max_steps=2", "training.lr=0.002", f"hydra.run.dir={run_dir}"],
-                     cwd=tmp_path, check=False)
+    result = run_cli(
+        [*SMALL, "training.max_steps=2", "training.lr=0.002", f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False
+    )
     assert result.returncode != 0
     assert "different config" in result.stdout and "training.lr" in result.stdout
     assert len(read_metrics(run_dir)) == 1
 
 
 def test_custom_reward_plugin_from_the_command_line(tmp_path: Path) -> None:
-    run_dir = small_run(tmp_path, "plugin", "reward._target_=tests.plugins.training_plugins.digit_count_reward",
-                        steps=2)
+    run_dir = small_run(
+        tmp_path, "plugin", "reward._target_=tests.plugins.training_plugins.digit_count_reward", steps=2
+    )
     records = read_metrics(run_dir)
     assert len(records) == 2 and records[0]["reward/errors"] == 0
     assert 0.0 < records[0]["mean_reward"] < 1.0
 
 
 def test_a_crashing_reward_is_counted_and_survived(tmp_path: Path) -> None:
-    run_dir = small_run(tmp_path, "crash", "reward._target_=tests.plugins.training_plugins.flaky_reward",
-                        steps=2)
+    run_dir = small_run(tmp_path, "crash", "reward._target_=tests.plugins.training_plugins.flaky_reward", steps=2)
     records = read_metrics(run_dir)
     assert len(records) == 2
     assert all(r["reward/errors"] > 0 for r in records)
@@ -121,8 +148,11 @@ def test_a_crashing_reward_is_counted_and_survived(tmp_path: Path) -> None:
 
 def test_wandb_offline_run_holds_the_metrics(tmp_path: Path) -> None:
     run_dir = tmp_path / "wandb"
-    run_cli([*SMALL, "training.max_steps=2", f"hydra.run.dir={run_dir}", "logging.wandb_project=retrain-test"],
-            cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    run_cli(
+        [*SMALL, "training.max_steps=2", f"hydra.run.dir={run_dir}", "logging.wandb_project=retrain-test"],
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
     run_files = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(run_files) == 1, "no offline wandb run was written"
     history = offline_history(run_files[0])
@@ -136,11 +166,17 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path: Path) -> None:
 
 
 def test_local_model_dir_and_data_files_work_like_hub_ids(tmp_path: Path, shared_data: Path) -> None:
-    gsm8k = small_run(tmp_path, "gsm8k", "data=gsm8k", f"data.path={shared_data / 'gsm8k' / 'test.jsonl'}",
-                      steps=1)
+    gsm8k = small_run(tmp_path, "gsm8k", "data=gsm8k", f"data.path={shared_data / 'gsm8k' / 'test.jsonl'}", steps=1)
     assert read_metrics(gsm8k)[0]["step"] == 0
-    math500 = small_run(tmp_path, "math", "data=math", f"data.path={shared_data / 'math' / 'test.jsonl'}",
-                        f"model.name_or_path={TINY_MODEL_DIR}", "reward=math", steps=1)
+    math500 = small_run(
+        tmp_path,
+        "math",
+        "data=math",
+        f"data.path={shared_data / 'math' / 'test.jsonl'}",
+        f"model.name_or_path={TINY_MODEL_DIR}",
+        "reward=math",
+        steps=1,
+    )
     record = read_metrics(math500)[0]
     assert record["step"] == 0 and record["reward/errors"] == 0
     generation = json.loads((math500 / "emergence" / "generations.jsonl").read_text().splitlines()[0])
@@ -148,8 +184,17 @@ def test_local_model_dir_and_data_files_work_like_hub_ids(tmp_path: Path, shared
 
 
 def test_evaluation_without_held_out_problems_fails_before_the_model_loads(tmp_path: Path) -> None:
-    result = run_cli([*SMALL, "training.max_steps=1", "eval.num_examples=4", "data.held_out_size=0",
-                      f"hydra.run.dir={tmp_path / 'no_held_out'}"], cwd=tmp_path, check=False)
+    result = run_cli(
+        [
+            *SMALL,
+            "training.max_steps=1",
+            "eval.num_examples=4",
+            "data.held_out_size=0",
+            f"hydra.run.dir={tmp_path / 'no_held_out'}",
+        ],
+        cwd=tmp_path,
+        check=False,
+    )
     assert result.returncode != 0
     assert "eval.num_examples=4" in result.stdout and "data.held_out_size" in result.stdout
     assert "Loading train model" not in result.stdout + result.stderr
@@ -158,8 +203,13 @@ def test_evaluation_without_held_out_problems_fails_before_the_model_loads(tmp_p
 
 def test_default_run_offline_fails_fast_and_points_at_quickstart(tmp_path: Path) -> None:
     started = time.time()
-    result = run_cli(["training.max_steps=1", f"hydra.run.dir={tmp_path / 'default'}"], cwd=tmp_path,
-                     check=False, timeout=120, env={"HF_HUB_OFFLINE": "0"})
+    result = run_cli(
+        ["training.max_steps=1", f"hydra.run.dir={tmp_path / 'default'}"],
+        cwd=tmp_path,
+        check=False,
+        timeout=120,
+        env={"HF_HUB_OFFLINE": "0"},
+    )
     assert result.returncode != 0
     message = result.stdout + result.stderr
     assert "experiment=quickstart" in message

@@ -25,11 +25,11 @@ def _raw_records(data: bytes) -> list[bytes]:
         if left_in_block < RECORD_HEADER:
             pos += left_in_block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + RECORD_HEADER])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + RECORD_HEADER])
         if kind == 0 and length == 0:  # block padding
             pos += left_in_block
             continue
-        chunks += data[pos + RECORD_HEADER:pos + RECORD_HEADER + length]
+        chunks += data[pos + RECORD_HEADER : pos + RECORD_HEADER + length]
         pos += RECORD_HEADER + length
         if kind in (FULL, LAST):
             records.append(chunks)
@@ -44,6 +44,7 @@ def offline_history(run_file: Path) -> list[dict]:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
         if record.WhichOneof("record_type") == "history":
-            history.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json)
-                            for item in record.history.item})
+            history.append(
+                {"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in record.history.item}
+            )
     return history

@@ -37,12 +37,19 @@ class Algorithm(Protocol):
     def begin_step(self, step: int) -> float:
         """Before the step samples; returns SEPA's lambda for it (0 without SEPA)."""
 
-    def planning_mask(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                      tokenizer: Any) -> torch.Tensor:
+    def planning_mask(
+        self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, tokenizer: Any
+    ) -> torch.Tensor:
         """[N, T] bool planning tokens (called only when `needs_planning`)."""
 
-    def compute(self, rewards: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor,
-                entropies: torch.Tensor | None, planning: torch.Tensor | None) -> AdvantageOutput:
+    def compute(
+        self,
+        rewards: torch.Tensor,
+        logprobs: torch.Tensor,
+        mask: torch.Tensor,
+        entropies: torch.Tensor | None,
+        planning: torch.Tensor | None,
+    ) -> AdvantageOutput:
         """Token advantages for rewards [B, G] and the [N, T] sampler outputs."""
 
     def end_step(self, correct_rate: float) -> None:

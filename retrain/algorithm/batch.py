@@ -71,4 +71,5 @@ class AdvantageCap:
         clipped = int(torch.count_nonzero(advantages.abs() > self.cap))
         nonzero = int(torch.count_nonzero(advantages))
         return replace(batch, advantages=advantages.clamp(-self.cap, self.cap)).with_metrics(
-            adv_cap_fraction=clipped / max(nonzero, 1))
+            adv_cap_fraction=clipped / max(nonzero, 1)
+        )

@@ -47,13 +47,18 @@ def check_transform(result: Any, what: str, args: tuple[Any, ...], kwargs: dict[
     """A token transform: a TokenBatch whose advantages and uncertainty are finite [N, T] (padding zeroed)."""
     batch: TokenBatch = args[0]
     if not isinstance(result, TokenBatch):
-        raise PluginOutputError(f"{what} returned {type(result).__name__}, expected a TokenBatch "
-                                "(use dataclasses.replace(batch, advantages=...))")
+        raise PluginOutputError(
+            f"{what} returned {type(result).__name__}, expected a TokenBatch "
+            "(use dataclasses.replace(batch, advantages=...))"
+        )
     shape, mask = tuple(batch.mask.shape), batch.mask
     advantages, uncertainty = (
-        check_finite(torch.where(mask, check_shape(getattr(result, name), shape, what=f"{what} ({name})").float(), 0.0),
-                     what=f"{what} ({name})")
-        for name in ("advantages", "uncertainty"))
+        check_finite(
+            torch.where(mask, check_shape(getattr(result, name), shape, what=f"{what} ({name})").float(), 0.0),
+            what=f"{what} ({name})",
+        )
+        for name in ("advantages", "uncertainty")
+    )
     return replace(batch, advantages=advantages, uncertainty=uncertainty, metrics=result.metrics)
 
 
@@ -86,8 +91,10 @@ def checked_algorithm(algorithm: Any) -> Algorithm:
     """The algorithm the trainer runs: ours as is, a plugin (a subclass of ours too) with its outputs checked."""
     for attribute in ("name", "label", "token_varying", "needs_planning", "needs_entropies"):
         if not hasattr(algorithm, attribute):
-            raise ConfigError(f"{algorithm_what(algorithm)} has no `{attribute}`; an algorithm plugin offers "
-                              "the interface of retrain.algorithm.base.Algorithm (see docs/plugins.md)")
+            raise ConfigError(
+                f"{algorithm_what(algorithm)} has no `{attribute}`; an algorithm plugin offers "
+                "the interface of retrain.algorithm.base.Algorithm (see docs/plugins.md)"
+            )
     return checked(algorithm, ALGORITHM_CHECKS, algorithm_what(algorithm))
 
 
@@ -99,8 +106,10 @@ def check_algorithm_output(algorithm: Any, output: Any, batch_size: int, mask: t
 def check_output(what: str, output: Any, batch_size: int, mask: torch.Tensor) -> None:
     for attribute in ("token_advantages", "group_has_signal", "metrics"):
         if not hasattr(output, attribute):
-            raise PluginOutputError(f"{what}.compute returned {type(output).__name__} without "
-                                    f"`{attribute}`; return retrain.algorithm.base.AdvantageOutput")
+            raise PluginOutputError(
+                f"{what}.compute returned {type(output).__name__} without "
+                f"`{attribute}`; return retrain.algorithm.base.AdvantageOutput"
+            )
     where = f"{what}.compute (token_advantages)"
     advantages = check_finite(check_shape(output.token_advantages, tuple(mask.shape), what=where), what=where)
     if bool((advantages[~mask] != 0).any()):
@@ -108,12 +117,14 @@ def check_output(what: str, output: Any, batch_size: int, mask: torch.Tensor) ->
     flags = output.group_has_signal
     if not isinstance(flags, torch.Tensor) or flags.dtype != torch.bool or tuple(flags.shape) != (batch_size,):
         shown = list(flags.shape) if isinstance(flags, torch.Tensor) else type(flags).__name__
-        raise PluginOutputError(f"{what}.compute returned group_has_signal {shown}, expected a bool "
-                                f"tensor of shape [{batch_size}]")
+        raise PluginOutputError(
+            f"{what}.compute returned group_has_signal {shown}, expected a bool tensor of shape [{batch_size}]"
+        )
     for key, value in output.metrics.items():
         if not isinstance(key, str) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise PluginOutputError(f"{what}.compute returned metric {key!r}={value!r}; metrics must map "
-                                    "names to finite numbers")
+            raise PluginOutputError(
+                f"{what}.compute returned metric {key!r}={value!r}; metrics must map names to finite numbers"
+            )
 
 
 def require(condition: bool, message: str) -> None:

@@ -24,7 +24,12 @@ from retrain.algorithm.grams import DEFAULT_GRAMS
 # The seeds' transform modes, each in execution order (SEPA rewrites the uncertainty GTPO then reads);
 # condition `<advantage>_<mode>` runs them, the mode being named by `mode_name`.
 SEED_TRANSFORMS: list[list[str]] = [
-    [], ["gtpo"], ["gtpo", "hicra"], ["sepa", "gtpo"], ["sepa_amp", "gtpo"], ["sepa_amp_c", "gtpo"],
+    [],
+    ["gtpo"],
+    ["gtpo", "hicra"],
+    ["sepa", "gtpo"],
+    ["sepa_amp", "gtpo"],
+    ["sepa_amp_c", "gtpo"],
 ]
 NAME_RESOLVER = "retrain_condition_name"
 LABEL_RESOLVER = "retrain_condition_label"
@@ -137,8 +142,11 @@ class Conditions:
         for key, node in _raw(transforms).items():
             if node is None:  # switched off with `algorithm.transforms.<key>=null`
                 continue
-            found = (name for name, option in self.transforms.items()
-                     if set(option) == {key} and _same_part(option[key], node))
+            found = (
+                name
+                for name, option in self.transforms.items()
+                if set(option) == {key} and _same_part(option[key], node)
+            )
             names.append(next(found, str(key)))
         return mode_name(names)
 

@@ -13,10 +13,24 @@ from typing import Any
 from retrain.errors import ConfigError
 
 DEFAULT_GRAMS: tuple[str, ...] = (
-    "wait let me", "let me think", "on second thought", "let me check", "let me verify",
-    "is this right", "double check", "try another approach", "go back and", "start over",
-    "that's not right", "that doesn't work", "another way to", "or we could", "what if we",
-    "notice that", "the key is", "the key insight",
+    "wait let me",
+    "let me think",
+    "on second thought",
+    "let me check",
+    "let me verify",
+    "is this right",
+    "double check",
+    "try another approach",
+    "go back and",
+    "start over",
+    "that's not right",
+    "that doesn't work",
+    "another way to",
+    "or we could",
+    "what if we",
+    "notice that",
+    "the key is",
+    "the key insight",
 )
 APOSTROPHES = "'\u2019\u2018\u02bc"  # ASCII, right/left single quotation marks, modifier apostrophe
 

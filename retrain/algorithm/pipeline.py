@@ -38,28 +38,43 @@ class Algorithm:
     retrain's own are wrapped here, where they are composed, so their outputs are checked.
     """
 
-    def __init__(self, name: str, label: str, advantage: Callable[[torch.Tensor], torch.Tensor],
-                 uncertainty: str = "surprisal", transforms: Mapping[str, Transform | None] | None = None,
-                 surprisal_mask_rho: float = 0.0, batch_advantage_norm: bool = False,
-                 adv_clip_max: float = 0.0, gtpo: Mapping[str, Any] | None = None,
-                 hicra: Mapping[str, Any] | None = None, sepa: SEPASchedule | None = None,
-                 planning: PlanningDetector | None = None) -> None:
-        require(callable(advantage), f"algorithm.advantage must be a callable (rewards [B, G]) -> [B, G], "
-                f"got {advantage!r}; name a function with `_target_` and `_partial_: true`")
+    def __init__(
+        self,
+        name: str,
+        label: str,
+        advantage: Callable[[torch.Tensor], torch.Tensor],
+        uncertainty: str = "surprisal",
+        transforms: Mapping[str, Transform | None] | None = None,
+        surprisal_mask_rho: float = 0.0,
+        batch_advantage_norm: bool = False,
+        adv_clip_max: float = 0.0,
+        gtpo: Mapping[str, Any] | None = None,
+        hicra: Mapping[str, Any] | None = None,
+        sepa: SEPASchedule | None = None,
+        planning: PlanningDetector | None = None,
+    ) -> None:
+        require(
+            callable(advantage),
+            f"algorithm.advantage must be a callable (rewards [B, G]) -> [B, G], "
+            f"got {advantage!r}; name a function with `_target_` and `_partial_: true`",
+        )
         require(surprisal_mask_rho >= 0.0, f"algorithm.surprisal_mask_rho={surprisal_mask_rho} must be >= 0")
         require(adv_clip_max >= 0.0, f"algorithm.adv_clip_max={adv_clip_max} must be >= 0")
         self.name = name
         self.label = label or name
         self.advantage = checked(advantage, ADVANTAGE_CHECKS, f"episode advantage {plugin_name(advantage)}")
         self.uncertainty = resolve_uncertainty(uncertainty)
-        self._uncertainty_fn = checked(self.uncertainty.fn, UNCERTAINTY_CHECKS,
-                                       f"uncertainty {self.uncertainty.name!r}")
+        self._uncertainty_fn = checked(
+            self.uncertainty.fn, UNCERTAINTY_CHECKS, f"uncertainty {self.uncertainty.name!r}"
+        )
         self.stages: list[tuple[str, Transform]] = []
         for key, transform in (transforms or {}).items():
             if transform is None:  # `algorithm.transforms.hicra=null` switches a transform off
                 continue
-            require(callable(transform), f"algorithm.transforms.{key} must be a callable (TokenBatch) -> "
-                    f"TokenBatch, got {transform!r}")
+            require(
+                callable(transform),
+                f"algorithm.transforms.{key} must be a callable (TokenBatch) -> TokenBatch, got {transform!r}",
+            )
             what = f"transform algorithm.transforms.{key} ({plugin_name(transform)})"
             self.stages.append((key, checked(transform, TRANSFORM_CHECKS, what)))
         if surprisal_mask_rho > 0.0:
@@ -95,12 +110,18 @@ class Algorithm:
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary for `retrain explain`-style reports and preflight messages."""
-        return {"name": self.name, "label": self.label, "advantage": plugin_name(self.advantage),
-                "uncertainty": self.uncertainty.name,
-                "transforms": {key: plugin_name(t) for key, t in self.stages},
-                "token_varying": self.token_varying, "needs_planning": self.needs_planning,
-                "needs_entropies": self.needs_entropies, "uses_sepa": self.uses_sepa,
-                **self.hyperparameters}
+        return {
+            "name": self.name,
+            "label": self.label,
+            "advantage": plugin_name(self.advantage),
+            "uncertainty": self.uncertainty.name,
+            "transforms": {key: plugin_name(t) for key, t in self.stages},
+            "token_varying": self.token_varying,
+            "needs_planning": self.needs_planning,
+            "needs_entropies": self.needs_entropies,
+            "uses_sepa": self.uses_sepa,
+            **self.hyperparameters,
+        }
 
     # ---- the step ----------------------------------------------------------------------------------
     def begin_step(self, step: int) -> float:
@@ -109,12 +130,19 @@ class Algorithm:
         self._execution_variance = None
         return self._lambda
 
-    def planning_mask(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                      tokenizer: Any) -> torch.Tensor:
+    def planning_mask(
+        self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, tokenizer: Any
+    ) -> torch.Tensor:
         return self.planning.mask(completion_ids, completion_mask, tokenizer)
 
-    def compute(self, rewards: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor,
-                entropies: torch.Tensor | None = None, planning: torch.Tensor | None = None) -> AdvantageOutput:
+    def compute(
+        self,
+        rewards: torch.Tensor,
+        logprobs: torch.Tensor,
+        mask: torch.Tensor,
+        entropies: torch.Tensor | None = None,
+        planning: torch.Tensor | None = None,
+    ) -> AdvantageOutput:
         """Token advantages for one step (see the module docstring for shapes)."""
         mask = mask.bool()
         self._check_inputs(rewards, logprobs, mask, entropies, planning)
@@ -130,9 +158,16 @@ class Algorithm:
         raw = capped(zeroed)  # every kind, plugins included, is capped at MAX_UNCERTAINTY
         if planning is not None:
             planning = planning.bool() & mask
-        batch = TokenBatch(advantages=mask_weights * episode.reshape(-1, 1), uncertainty=raw,
-                           raw_uncertainty=raw, mask=mask, planning=planning, group_size=group_size,
-                           sepa_lambda=self._lambda, mask_weights=mask_weights)
+        batch = TokenBatch(
+            advantages=mask_weights * episode.reshape(-1, 1),
+            uncertainty=raw,
+            raw_uncertainty=raw,
+            mask=mask,
+            planning=planning,
+            group_size=group_size,
+            sepa_lambda=self._lambda,
+            mask_weights=mask_weights,
+        )
         before = split_moments(raw, batch)
         for _, transform in self.stages:
             batch = transform(batch)
@@ -158,8 +193,14 @@ class Algorithm:
         self.sepa.load_state_dict(dict(state["sepa"]))
 
     # ---- helpers -----------------------------------------------------------------------------------
-    def _check_inputs(self, rewards: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor,
-                      entropies: torch.Tensor | None, planning: torch.Tensor | None) -> None:
+    def _check_inputs(
+        self,
+        rewards: torch.Tensor,
+        logprobs: torch.Tensor,
+        mask: torch.Tensor,
+        entropies: torch.Tensor | None,
+        planning: torch.Tensor | None,
+    ) -> None:
         if rewards.dim() != 2:
             raise ValueError(f"rewards must be [B, G], got shape {list(rewards.shape)}")
         rows = rewards.shape[0] * rewards.shape[1]
@@ -171,8 +212,10 @@ class Algorithm:
         if not bool(torch.isfinite(rewards).all()):
             raise ValueError(f"rewards contain non-finite values: {rewards.tolist()}")
         if planning is None and self.needs_planning:
-            raise ValueError(f"algorithm '{self.name}' needs the planning mask: pass "
-                             "algorithm.planning_mask(completion_ids, completion_mask, tokenizer)")
+            raise ValueError(
+                f"algorithm '{self.name}' needs the planning mask: pass "
+                "algorithm.planning_mask(completion_ids, completion_mask, tokenizer)"
+            )
 
     @staticmethod
     def _auto_observation(raw: torch.Tensor, batch: TokenBatch, execution: Moments) -> float:
@@ -188,11 +231,18 @@ class Algorithm:
         return {
             "sepa_lambda": self._lambda,
             "sepa_gate_open": float(self.uses_sepa and self.sepa.gate_open),
-            "exec_entropy_mean": exec_before.mean, "exec_entropy_var": exec_before.var,
-            "plan_entropy_mean": plan_before.mean, "plan_entropy_var": plan_before.var,
-            f"{prefix}/exec_count": float(exec_before.count), f"{prefix}/plan_count": float(plan_before.count),
-            f"{prefix}/exec_mean_before": exec_before.mean, f"{prefix}/exec_var_before": exec_before.var,
-            f"{prefix}/plan_mean_before": plan_before.mean, f"{prefix}/plan_var_before": plan_before.var,
-            f"{prefix}/exec_mean_after": exec_after.mean, f"{prefix}/exec_var_after": exec_after.var,
-            f"{prefix}/plan_mean_after": plan_after.mean, f"{prefix}/plan_var_after": plan_after.var,
+            "exec_entropy_mean": exec_before.mean,
+            "exec_entropy_var": exec_before.var,
+            "plan_entropy_mean": plan_before.mean,
+            "plan_entropy_var": plan_before.var,
+            f"{prefix}/exec_count": float(exec_before.count),
+            f"{prefix}/plan_count": float(plan_before.count),
+            f"{prefix}/exec_mean_before": exec_before.mean,
+            f"{prefix}/exec_var_before": exec_before.var,
+            f"{prefix}/plan_mean_before": plan_before.mean,
+            f"{prefix}/plan_var_before": plan_before.var,
+            f"{prefix}/exec_mean_after": exec_after.mean,
+            f"{prefix}/exec_var_after": exec_after.var,
+            f"{prefix}/plan_mean_after": plan_after.mean,
+            f"{prefix}/plan_var_after": plan_after.var,
         }

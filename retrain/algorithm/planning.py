@@ -45,7 +45,7 @@ class TokenBytes:
         return b"".join(map(self.pieces.__getitem__, ids.tolist())), self.lengths[ids]
 
 
-_TABLES: "weakref.WeakKeyDictionary[Any, TokenBytes]" = weakref.WeakKeyDictionary()
+_TABLES: weakref.WeakKeyDictionary[Any, TokenBytes] = weakref.WeakKeyDictionary()
 
 
 def token_bytes(tokenizer: Any) -> TokenBytes:
@@ -102,14 +102,13 @@ def _decoded_pieces(tokenizer: Any) -> list[bytes]:
     anchor = tokenizer.encode("a", add_special_tokens=False)[:1]
     prefix = tokenizer.decode(anchor, clean_up_tokenization_spaces=False)
     special = _special_ids(tokenizer)
-    texts = tokenizer.batch_decode([[*anchor, i] for i in range(len(tokenizer))],
-                                   clean_up_tokenization_spaces=False)
+    texts = tokenizer.batch_decode([[*anchor, i] for i in range(len(tokenizer))], clean_up_tokenization_spaces=False)
     pieces = []
     for i, text in enumerate(texts):
         if i in special:
             pieces.append(b"")
         elif text.startswith(prefix):
-            pieces.append(text[len(prefix):].encode("utf-8"))
+            pieces.append(text[len(prefix) :].encode("utf-8"))
         else:
             pieces.append(tokenizer.decode([i], clean_up_tokenization_spaces=False).encode("utf-8"))
     return pieces

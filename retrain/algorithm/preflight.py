@@ -56,8 +56,13 @@ def _varies_within_rows(advantages: torch.Tensor, mask: torch.Tensor) -> bool:
     return bool(((high - low)[real] > VARIATION_TOLERANCE).any())
 
 
-def preflight(algorithm: Any, capabilities: Capabilities, backend_name: str = "local",
-              engine_returns_entropies: bool | None = None, engine_name: str | None = None) -> ProbeReport:
+def preflight(
+    algorithm: Any,
+    capabilities: Capabilities,
+    backend_name: str = "local",
+    engine_returns_entropies: bool | None = None,
+    engine_name: str | None = None,
+) -> ProbeReport:
     """Raise ConfigError naming the algorithm and the backend/engine when they cannot work together.
 
     Entropies are available when the backend carries them (`capabilities.returns_entropies`) and,
@@ -68,9 +73,11 @@ def preflight(algorithm: Any, capabilities: Capabilities, backend_name: str = "l
     entropies_available = capabilities.returns_entropies and engine_returns_entropies is not False
     if algorithm.needs_entropies and not entropies_available:
         kind = getattr(getattr(algorithm, "uncertainty", None), "name", "its uncertainty kind")
-        raise ConfigError(f"algorithm '{name}' uses uncertainty {kind!r}, which needs per-token Shannon "
-                          f"entropies, but {serving} cannot return them; set algorithm.uncertainty=surprisal "
-                          "(or predictive_variance), or use backend=local with inference=pytorch")
+        raise ConfigError(
+            f"algorithm '{name}' uses uncertainty {kind!r}, which needs per-token Shannon "
+            f"entropies, but {serving} cannot return them; set algorithm.uncertainty=surprisal "
+            "(or predictive_variance), or use backend=local with inference=pytorch"
+        )
     probe = copy.deepcopy(algorithm)  # the real algorithm's schedule state stays untouched
     probe.end_step(1.0)
     probe.begin_step(LATE_STEP)
@@ -83,9 +90,12 @@ def preflight(algorithm: Any, capabilities: Capabilities, backend_name: str = "l
         why = "its advantages vary across a completion's tokens"
         if observed and not algorithm.token_varying:
             why = "its probe produced advantages that vary across a completion's tokens (it declares none)"
-        raise ConfigError(f"algorithm '{name}' cannot run on {serving}: {why}, but the backend sends one "
-                          "advantage per completion (preserves_token_advantages=false), which would silently "
-                          "discard its credit assignment. Use a token-uniform algorithm (grpo_none, maxrl_none) "
-                          "or a backend that preserves token advantages (backend=local)")
-    return ProbeReport(token_varying, bool(algorithm.needs_planning), bool(algorithm.needs_entropies),
-                       tuple(sorted(output.metrics)))
+        raise ConfigError(
+            f"algorithm '{name}' cannot run on {serving}: {why}, but the backend sends one "
+            "advantage per completion (preserves_token_advantages=false), which would silently "
+            "discard its credit assignment. Use a token-uniform algorithm (grpo_none, maxrl_none) "
+            "or a backend that preserves token advantages (backend=local)"
+        )
+    return ProbeReport(
+        token_varying, bool(algorithm.needs_planning), bool(algorithm.needs_entropies), tuple(sorted(output.metrics))
+    )

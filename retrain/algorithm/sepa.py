@@ -34,12 +34,15 @@ class SEPASchedule(SEPASettings):
     gate_open: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        require(self.schedule in SCHEDULES,
-                f"algorithm.sepa.schedule={self.schedule!r} must be one of {list(SCHEDULES)}")
+        require(
+            self.schedule in SCHEDULES, f"algorithm.sepa.schedule={self.schedule!r} must be one of {list(SCHEDULES)}"
+        )
         require(self.steps >= 0, f"algorithm.sepa.steps={self.steps} must be >= 0")
         require(self.delay_steps >= 0, f"algorithm.sepa.delay_steps={self.delay_steps} must be >= 0")
-        require(0.0 <= self.correct_rate_gate <= 1.0,
-                f"algorithm.sepa.correct_rate_gate={self.correct_rate_gate} must be in [0, 1]")
+        require(
+            0.0 <= self.correct_rate_gate <= 1.0,
+            f"algorithm.sepa.correct_rate_gate={self.correct_rate_gate} must be in [0, 1]",
+        )
         require(0.0 <= self.ema_decay <= 1.0, f"algorithm.sepa.ema_decay={self.ema_decay} must be in [0, 1]")
         require(self.warmup >= 1, f"algorithm.sepa.warmup={self.warmup} must be >= 1")
         require(self.var_threshold > 0.0, f"algorithm.sepa.var_threshold={self.var_threshold} must be > 0")
@@ -78,8 +81,12 @@ class SEPASchedule(SEPASettings):
                 self.var_0 = max(self.var_ema, VAR_FLOOR)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"var_ema": self.var_ema, "var_0": self.var_0, "warmup_seen": self.warmup_seen,
-                "gate_open": self.gate_open}
+        return {
+            "var_ema": self.var_ema,
+            "var_0": self.var_0,
+            "warmup_seen": self.warmup_seen,
+            "gate_open": self.gate_open,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         unknown = set(state) - {"var_ema", "var_0", "warmup_seen", "gate_open"}

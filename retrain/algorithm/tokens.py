@@ -61,7 +61,7 @@ class TokenBatch:
         assert self.mask_weights is not None
         return self.mask_weights if self.planning_weights is None else self.mask_weights - self.planning_weights
 
-    def with_metrics(self, **values: float) -> "TokenBatch":
+    def with_metrics(self, **values: float) -> TokenBatch:
         """A copy whose metrics include `values` (transforms report through this)."""
         return replace(self, metrics={**self.metrics, **values})
 
@@ -92,8 +92,10 @@ def split_moments(values: torch.Tensor, batch: TokenBatch) -> tuple[Moments, Mom
         on_plan = values * batch.planning_weights
         plan_total, plan_squares = block_sum(on_plan), block_squares(on_plan)
         plan_count = float(batch.planning_lengths.sum())
-    return (_moments(count - plan_count, total - plan_total, squares - plan_squares),
-            _moments(plan_count, plan_total, plan_squares))
+    return (
+        _moments(count - plan_count, total - plan_total, squares - plan_squares),
+        _moments(plan_count, plan_total, plan_squares),
+    )
 
 
 def weighted_moments(values: torch.Tensor, weights: torch.Tensor) -> Moments:
@@ -121,4 +123,4 @@ def _moments(count: float, total: float, squares: float) -> Moments:
     if count < 0.5:
         return Moments(0, 0.0, 0.0)
     mean = total / count
-    return Moments(int(round(count)), mean, max(squares / count - mean * mean, 0.0))
+    return Moments(round(count), mean, max(squares / count - mean * mean, 0.0))

@@ -121,8 +121,11 @@ class HICRA:
     uses_sepa_lambda = False
 
     def __init__(self, alpha: float = HICRAConfig.alpha) -> None:
-        require(0.0 <= alpha <= 1.0, f"algorithm.hicra.alpha={alpha} must be in [0, 1] (above 1 it would flip "
-                "the sign of negative planning-token advantages)")
+        require(
+            0.0 <= alpha <= 1.0,
+            f"algorithm.hicra.alpha={alpha} must be in [0, 1] (above 1 it would flip "
+            "the sign of negative planning-token advantages)",
+        )
         self.alpha = alpha
 
     def __call__(self, batch: TokenBatch) -> TokenBatch:
@@ -148,8 +151,9 @@ class SurprisalMask:
     uses_sepa_lambda = False
 
     def __init__(self, rho: float) -> None:
-        require(rho > 0.0 and math.isfinite(rho), f"algorithm.surprisal_mask_rho={rho} must be > 0 "
-                "(0 disables the mask)")
+        require(
+            rho > 0.0 and math.isfinite(rho), f"algorithm.surprisal_mask_rho={rho} must be > 0 (0 disables the mask)"
+        )
         self.rho = rho
 
     def __call__(self, batch: TokenBatch) -> TokenBatch:

@@ -7,8 +7,8 @@ a user function may declare `needs_entropies = True` and `metric_prefix = "..."`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from hydra.utils import get_object
@@ -28,21 +28,21 @@ def surprisal(logprobs: torch.Tensor, mask: torch.Tensor, entropies: torch.Tenso
 
 
 @built_in
-def predictive_variance(logprobs: torch.Tensor, mask: torch.Tensor,
-                        entropies: torch.Tensor | None) -> torch.Tensor:
+def predictive_variance(logprobs: torch.Tensor, mask: torch.Tensor, entropies: torch.Tensor | None) -> torch.Tensor:
     """p(1 - p) of the sampled token: the variance of a Bernoulli 'was this token drawn'."""
     p = logprobs.clamp_min(-MAX_UNCERTAINTY).exp()
     return (p * (1.0 - p)).clamp_max(MAX_UNCERTAINTY)
 
 
 @built_in
-def shannon_entropy(logprobs: torch.Tensor, mask: torch.Tensor,
-                    entropies: torch.Tensor | None) -> torch.Tensor:
+def shannon_entropy(logprobs: torch.Tensor, mask: torch.Tensor, entropies: torch.Tensor | None) -> torch.Tensor:
     """-sum q log q over the sampler's whole next-token distribution (served by the engine)."""
     if entropies is None:
-        raise ConfigError("uncertainty 'shannon_entropy' needs per-token entropies, but the inference "
-                          "engine returned none; use algorithm.uncertainty=surprisal or an engine that "
-                          "returns entropies (inference=pytorch)")
+        raise ConfigError(
+            "uncertainty 'shannon_entropy' needs per-token entropies, but the inference "
+            "engine returned none; use algorithm.uncertainty=surprisal or an engine that "
+            "returns entropies (inference=pytorch)"
+        )
     return entropies.clamp_max(MAX_UNCERTAINTY)
 
 
@@ -61,8 +61,7 @@ class UncertaintyKind:
 
 BUILTIN_KINDS: dict[str, UncertaintyKind] = {
     "surprisal": UncertaintyKind("surprisal", surprisal, False, "surprisal"),
-    "predictive_variance": UncertaintyKind("predictive_variance", predictive_variance, False,
-                                           "predictive_variance"),
+    "predictive_variance": UncertaintyKind("predictive_variance", predictive_variance, False, "predictive_variance"),
     "shannon_entropy": UncertaintyKind("shannon_entropy", shannon_entropy, True, "entropy"),
 }
 ALIASES: dict[str, str] = {
@@ -80,14 +79,19 @@ def resolve_uncertainty(spec: str) -> UncertaintyKind:
         return BUILTIN_KINDS[name]
     choices = ", ".join([*BUILTIN_KINDS, *ALIASES])
     if "." not in spec:
-        raise ConfigError(f"algorithm.uncertainty={spec!r} is not a known uncertainty kind ({choices}) "
-                          "nor a dotted path to a function")
+        raise ConfigError(
+            f"algorithm.uncertainty={spec!r} is not a known uncertainty kind ({choices}) "
+            "nor a dotted path to a function"
+        )
     try:
         fn = get_object(spec)
     except Exception as error:
         raise ConfigError(f"algorithm.uncertainty={spec!r}: cannot import it ({error})") from error
     if not callable(fn):
-        raise ConfigError(f"algorithm.uncertainty={spec!r} is a {type(fn).__name__}, not a function "
-                          "(logprobs, mask, entropies) -> tensor")
-    return UncertaintyKind(spec, fn, bool(declared(fn, "needs_entropies", False)),
-                           str(declared(fn, "metric_prefix", "uncertainty")))
+        raise ConfigError(
+            f"algorithm.uncertainty={spec!r} is a {type(fn).__name__}, not a function "
+            "(logprobs, mask, entropies) -> tensor"
+        )
+    return UncertaintyKind(
+        spec, fn, bool(declared(fn, "needs_entropies", False)), str(declared(fn, "metric_prefix", "uncertainty"))
+    )

@@ -86,15 +86,18 @@ def check_train_result(result: Any, what: str, args: tuple[Any, ...], kwargs: di
     if not isinstance(result, TrainResult):
         raise PluginOutputError(f"{what}.train returned {type(result).__name__}, expected a TrainResult")
     if result.update is not None and not isinstance(result.update, WeightUpdate):
-        raise PluginOutputError(f"{what}.train returned update={type(result.update).__name__}, expected a "
-                                "WeightUpdate or None")
+        raise PluginOutputError(
+            f"{what}.train returned update={type(result.update).__name__}, expected a WeightUpdate or None"
+        )
     numbers = dict(result.metrics)
     if not result.skipped_nonfinite:
         numbers.update(loss=result.loss, grad_norm=result.grad_norm)
     for key, value in numbers.items():
         if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise PluginOutputError(f"{what}.train returned {key}={value!r}; expected a finite number "
-                                    "(a non-finite loss sets skipped_nonfinite instead)")
+            raise PluginOutputError(
+                f"{what}.train returned {key}={value!r}; expected a finite number "
+                "(a non-finite loss sets skipped_nonfinite instead)"
+            )
     return result
 
 

@@ -47,29 +47,42 @@ class TokenLoss:
     clipped: torch.Tensor  # [R, T] bool: the clipped branch of the objective was taken
 
 
-def policy_token_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                      settings: LossSettings) -> TokenLoss:
+def policy_token_loss(
+    new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, settings: LossSettings
+) -> TokenLoss:
     """−ratio·A, or with clip_eps > 0 the pessimistic −min(ratio·A, clip(ratio, 1−ε, 1+ε_high)·A)."""
     ratio = torch.exp(new_logprobs - old_logprobs)
     unclipped = ratio * advantages
     if not settings.clipped:
         return TokenLoss(loss=-unclipped, ratio=ratio.detach(), clipped=torch.zeros_like(ratio, dtype=torch.bool))
     bounded = ratio.clamp(1.0 - settings.clip_eps, 1.0 + settings.upper_eps) * advantages
-    return TokenLoss(loss=-torch.minimum(unclipped, bounded), ratio=ratio.detach(),
-                     clipped=(bounded < unclipped).detach())
+    return TokenLoss(
+        loss=-torch.minimum(unclipped, bounded), ratio=ratio.detach(), clipped=(bounded < unclipped).detach()
+    )
 
 
 @built_in
 class LocalBackend:
     """Satisfies retrain.backend.base.Backend; see the module docstring."""
 
-    capabilities = Capabilities(reports_sync_loss=True, preserves_token_advantages=True,
-                                supports_checkpoint_resume=True, resume_runtime_dependent=False,
-                                returns_entropies=True)
+    capabilities = Capabilities(
+        reports_sync_loss=True,
+        preserves_token_advantages=True,
+        supports_checkpoint_resume=True,
+        resume_runtime_dependent=False,
+        returns_entropies=True,
+    )
 
-    def __init__(self, model: ModelSpec, optim: OptimSettings, loss: LossSettings, seed: int,
-                 devices: str = LocalBackendConfig.devices, micro_batch_size: int = LocalBackendConfig.micro_batch_size,
-                 gradient_checkpointing: bool = LocalBackendConfig.gradient_checkpointing) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        optim: OptimSettings,
+        loss: LossSettings,
+        seed: int,
+        devices: str = LocalBackendConfig.devices,
+        micro_batch_size: int = LocalBackendConfig.micro_batch_size,
+        gradient_checkpointing: bool = LocalBackendConfig.gradient_checkpointing,
+    ) -> None:
         if micro_batch_size < 0:
             raise ConfigError(f"backend.micro_batch_size must be >= 0 (0 = all rows), got {micro_batch_size}")
         self.spec = model
@@ -84,8 +97,13 @@ class LocalBackend:
             _enable_activation_checkpointing(self.model)
         self.adapter = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
         self.trainable = list(self.adapter.values())
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=optim.lr, betas=(optim.betas[0], optim.betas[1]),
-                                           eps=optim.eps, weight_decay=optim.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.trainable,
+            lr=optim.lr,
+            betas=(optim.betas[0], optim.betas[1]),
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
         self.weights_version = 0
         self.probe_tolerance = probe_tolerance(self.model.dtype)
         log.info(self.trainable_parameters)
@@ -94,8 +112,9 @@ class LocalBackend:
     @property
     def trainable_parameters(self) -> str:
         trainable, total = self.model.get_nb_trainable_parameters()
-        return (f"trainable params: {trainable:,d} || all params: {total:,d} || "
-                f"trainable%: {100 * trainable / total:.4f}")
+        return (
+            f"trainable params: {trainable:,d} || all params: {total:,d} || trainable%: {100 * trainable / total:.4f}"
+        )
 
     def engine_resources(self) -> EngineResources:
         return EngineResources(spec=self.spec, device=self.device, model=self.model)
@@ -130,8 +149,11 @@ class LocalBackend:
             ratio_sum += float(token_loss.ratio[mask].sum())
             ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
             clipped += int(token_loss.clipped[mask].sum())
-        metrics = {"policy/ratio_mean": ratio_sum / num_tokens, "policy/ratio_max": ratio_max,
-                   "policy/clip_frac": clipped / num_tokens}
+        metrics = {
+            "policy/ratio_mean": ratio_sum / num_tokens,
+            "policy/ratio_max": ratio_max,
+            "policy/clip_frac": clipped / num_tokens,
+        }
 
         grad_norm = self._clip_gradients()
         skipped = not (math.isfinite(loss_total) and math.isfinite(grad_norm))
@@ -144,8 +166,14 @@ class LocalBackend:
         if not skipped:
             self.weights_version += 1
             update = WeightUpdate(version=self.weights_version, tensors=self.adapter)
-        return TrainResult(loss=loss_total, grad_norm=grad_norm, skipped_nonfinite=skipped,
-                           num_tokens=num_tokens, metrics=metrics, update=update)
+        return TrainResult(
+            loss=loss_total,
+            grad_norm=grad_norm,
+            skipped_nonfinite=skipped,
+            num_tokens=num_tokens,
+            metrics=metrics,
+            update=update,
+        )
 
     def probe_logprobs(self, probe: Probe) -> torch.Tensor:
         prompt = torch.tensor([probe.prompt_ids], device=self.device)
@@ -153,13 +181,21 @@ class LocalBackend:
         if self.model.training:  # as the engine samples: no dropout
             self.model.eval()
         with torch.inference_mode():
-            logprobs = completion_logprobs(self.model, prompt, torch.ones_like(prompt, dtype=torch.bool),
-                                           torch.zeros(1, dtype=torch.long, device=self.device), completion,
-                                           torch.ones_like(completion, dtype=torch.bool), 1.0, share_prompts=False)
+            logprobs = completion_logprobs(
+                self.model,
+                prompt,
+                torch.ones_like(prompt, dtype=torch.bool),
+                torch.zeros(1, dtype=torch.long, device=self.device),
+                completion,
+                torch.ones_like(completion, dtype=torch.bool),
+                1.0,
+                share_prompts=False,
+            )
         return logprobs[0].cpu()
 
-    def _micro_batch_loss(self, rollouts: Rollouts, advantages: torch.Tensor, contributing: torch.Tensor,
-                          rows: torch.Tensor) -> tuple[TokenLoss, torch.Tensor]:
+    def _micro_batch_loss(
+        self, rollouts: Rollouts, advantages: torch.Tensor, contributing: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[TokenLoss, torch.Tensor]:
         """Forward the chosen rows exactly as the sampler saw them (trimmed of all-padding columns)."""
         prompts, prompt_index = (rows // rollouts.group_size).unique(return_inverse=True)
         prompt_mask = rollouts.prompt_mask[prompts]
@@ -167,9 +203,15 @@ class LocalBackend:
         first = int(prompt_mask.any(dim=0).nonzero()[0])
         width = int(completion_mask.any(dim=0).nonzero()[-1]) + 1
         new_logprobs = completion_logprobs(
-            self.model, rollouts.prompt_ids[prompts, first:], prompt_mask[:, first:], prompt_index,
-            rollouts.completion_ids[rows, :width], completion_mask[:, :width], rollouts.temperature,
-            share_prompts=not self.activation_checkpointing)
+            self.model,
+            rollouts.prompt_ids[prompts, first:],
+            prompt_mask[:, first:],
+            prompt_index,
+            rollouts.completion_ids[rows, :width],
+            completion_mask[:, :width],
+            rollouts.temperature,
+            share_prompts=not self.activation_checkpointing,
+        )
         old_logprobs = rollouts.logprobs[rows, :width]
         token_loss = policy_token_loss(new_logprobs, old_logprobs, advantages[rows, :width], self.loss_settings)
         return token_loss, contributing[rows, :width]
@@ -193,8 +235,10 @@ class LocalBackend:
         result: Any = set_peft_model_state_dict(self.model, weights)  # torch's (missing_keys, unexpected_keys)
         missing = [key for key in result.missing_keys if "lora_" in key]
         if result.unexpected_keys or missing:
-            raise ValueError(f"adapter in {path} does not fit this model: unexpected weights "
-                             f"{result.unexpected_keys[:5]}, missing LoRA weights {missing[:5]}")
+            raise ValueError(
+                f"adapter in {path} does not fit this model: unexpected weights "
+                f"{result.unexpected_keys[:5]}, missing LoRA weights {missing[:5]}"
+            )
         optimizer_file = path / OPTIMIZER_FILE
         if optimizer_file.exists():
             self.optimizer.load_state_dict(torch.load(optimizer_file, map_location=self.device, weights_only=True))
@@ -226,9 +270,14 @@ def _optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
 
 def _on_device(rollouts: Rollouts, device: torch.device) -> Rollouts:
     """The tensors training reads, moved to the training device once per step."""
-    return replace(rollouts, prompt_ids=rollouts.prompt_ids.to(device), prompt_mask=rollouts.prompt_mask.to(device),
-                   completion_ids=rollouts.completion_ids.to(device),
-                   completion_mask=rollouts.completion_mask.to(device), logprobs=rollouts.logprobs.to(device))
+    return replace(
+        rollouts,
+        prompt_ids=rollouts.prompt_ids.to(device),
+        prompt_mask=rollouts.prompt_mask.to(device),
+        completion_ids=rollouts.completion_ids.to(device),
+        completion_mask=rollouts.completion_mask.to(device),
+        logprobs=rollouts.logprobs.to(device),
+    )
 
 
 def _enable_activation_checkpointing(model: Any) -> None:

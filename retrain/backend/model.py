@@ -72,7 +72,7 @@ class ModelSpec:
     def source(self) -> tuple[str, bool]:
         """(directory or Hub id to load from, whether it is a Hub id)."""
         if self.name_or_path.startswith(ASSET_PREFIX):
-            return str(bundled_asset_dir(self.name_or_path[len(ASSET_PREFIX):])), False
+            return str(bundled_asset_dir(self.name_or_path[len(ASSET_PREFIX) :])), False
         local = local_path(self.name_or_path, "model.name_or_path")
         if local is None:
             return self.name_or_path, True
@@ -101,8 +101,14 @@ class ModelSpec:
         with self._fetching(from_hub):
             base = AutoModelForCausalLM.from_pretrained(path, revision=self.revision, dtype=self.torch_dtype(device))
         base.to(device)  # type: ignore[arg-type]  # transformers' annotation of `to` is wrong
-        lora = LoraConfig(r=self.lora_rank, lora_alpha=self.effective_alpha, lora_dropout=self.lora_dropout,
-                          target_modules=self.target_modules, bias="none", task_type="CAUSAL_LM")
+        lora = LoraConfig(
+            r=self.lora_rank,
+            lora_alpha=self.effective_alpha,
+            lora_dropout=self.lora_dropout,
+            target_modules=self.target_modules,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
         cuda_devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda_devices):
             torch.manual_seed(seed)
@@ -111,8 +117,9 @@ class ModelSpec:
                     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
                     return get_peft_model(base, lora)
             except ValueError as error:
-                raise ConfigError(f"model.target_modules={self.target_modules} do not fit "
-                                  f"{self.name_or_path}: {error}") from error
+                raise ConfigError(
+                    f"model.target_modules={self.target_modules} do not fit {self.name_or_path}: {error}"
+                ) from error
 
     def _fetching(self, from_hub: bool) -> AbstractContextManager[None]:
         """Hub downloads fail fast, naming the model and the offline demo, when the Hub is unreachable."""
@@ -133,8 +140,9 @@ class ChatPrompts:
         missing = list(dict.fromkeys(prompt for prompt in prompts if prompt not in self._encoded))
         if missing:
             conversations = [[{"role": "user", "content": prompt}] for prompt in missing]
-            encoded = self.tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True,
-                                                         return_dict=True)
+            encoded = self.tokenizer.apply_chat_template(
+                conversations, add_generation_prompt=True, tokenize=True, return_dict=True
+            )
             self._encoded.update(zip(missing, (list(ids) for ids in encoded["input_ids"])))
         return [self._encoded[prompt] for prompt in prompts]
 
@@ -143,8 +151,10 @@ def bundled_asset_dir(name: str) -> Path:
     """Directory of a model shipped in retrain/assets/ (the `retrain:<name>` form of name_or_path)."""
     directory = Path(str(resources.files("retrain.assets").joinpath(name)))
     if not directory.is_dir():
-        raise ConfigError(f"model.name_or_path={ASSET_PREFIX}{name}: no bundled model at {directory} "
-                          "(is the retrain package installed completely?)")
+        raise ConfigError(
+            f"model.name_or_path={ASSET_PREFIX}{name}: no bundled model at {directory} "
+            "(is the retrain package installed completely?)"
+        )
     return directory
 
 
@@ -156,7 +166,8 @@ def resolve_device(devices: str) -> torch.device:
     if len(specs) > 1:
         raise ConfigError(
             f"backend.devices={devices!r}: split mode (inference and training on different GPUs) is not "
-            "supported by backend=local yet; give one device, e.g. backend.devices=gpu:0")
+            "supported by backend=local yet; give one device, e.g. backend.devices=gpu:0"
+        )
     spec = specs[0] if specs else ""
     if spec == "cpu":
         return torch.device("cpu")
@@ -164,8 +175,11 @@ def resolve_device(devices: str) -> torch.device:
     if kind != "gpu" or not index.isdigit():
         raise ConfigError(f"backend.devices={devices!r} is not 'cpu' or 'gpu:N'")
     if not torch.cuda.is_available():
-        warnings.warn(f"backend.devices={devices!r} but CUDA is not available: falling back to CPU (fp32)",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"backend.devices={devices!r} but CUDA is not available: falling back to CPU (fp32)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return torch.device("cpu")
     if int(index) >= torch.cuda.device_count():
         raise ConfigError(f"backend.devices={devices!r}: only {torch.cuda.device_count()} CUDA device(s) visible")

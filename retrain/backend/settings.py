@@ -28,8 +28,13 @@ class OptimSettings:
 
     @classmethod
     def from_config(cls, training: TrainingConfig) -> OptimSettings:
-        return cls(lr=training.lr, weight_decay=training.weight_decay, betas=tuple(training.betas),
-                   eps=training.eps, max_grad_norm=training.max_grad_norm)
+        return cls(
+            lr=training.lr,
+            weight_decay=training.weight_decay,
+            betas=tuple(training.betas),
+            eps=training.eps,
+            max_grad_norm=training.max_grad_norm,
+        )
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -65,7 +70,8 @@ class LossSettings:
         if self.clip_eps == 0 and self.clip_eps_high:
             raise ConfigError(
                 f"training.clip_eps_high={self.clip_eps_high} needs training.clip_eps > 0 "
-                "(clip_eps = 0 selects the unclipped importance-sampling loss)")
+                "(clip_eps = 0 selects the unclipped importance-sampling loss)"
+            )
 
     @property
     def clipped(self) -> bool:

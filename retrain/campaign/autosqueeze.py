@@ -32,8 +32,9 @@ def squeeze_settings(config: DictConfig) -> SqueezeSettings | None:
     return SqueezeSettings.from_mapping(values)
 
 
-def squeeze_first_finished(sweep_dir: Path, run_dir: RunDir, settings: SqueezeSettings,
-                           config: DictConfig) -> dict[str, Any] | None:
+def squeeze_first_finished(
+    sweep_dir: Path, run_dir: RunDir, settings: SqueezeSettings, config: DictConfig
+) -> dict[str, Any] | None:
     """Analyse `run_dir`'s final adapter unless a run already was; call under the sweep lock."""
     target = sweep_dir / SQUEEZE_FILE
     if target.exists():
@@ -63,13 +64,20 @@ def log_to_wandb(report: SqueezeReport, run_name: str, config: DictConfig) -> No
     import wandb
 
     logging_cfg = config.logging
-    run = wandb.init(project=logging_cfg.wandb_project, entity=logging_cfg.wandb_entity or None,
-                     group=logging_cfg.wandb_group or None, name=f"squeeze_{run_name}", job_type="squeeze",
-                     config={"source_run": run_name, "min_variance_retention": report.min_variance_retention},
-                     dir=str(Path(report.adapter_dir).parent), reinit="finish_previous")
-    table = wandb.Table(columns=["rank", "mean_variance_retained", "worst_module"],
-                        data=[[k, report.mean_retention[k], report.min_retention[k]] for k in report.target_ranks])
+    run = wandb.init(
+        project=logging_cfg.wandb_project,
+        entity=logging_cfg.wandb_entity or None,
+        group=logging_cfg.wandb_group or None,
+        name=f"squeeze_{run_name}",
+        job_type="squeeze",
+        config={"source_run": run_name, "min_variance_retention": report.min_variance_retention},
+        dir=str(Path(report.adapter_dir).parent),
+        reinit="finish_previous",
+    )
+    table = wandb.Table(
+        columns=["rank", "mean_variance_retained", "worst_module"],
+        data=[[k, report.mean_retention[k], report.min_retention[k]] for k in report.target_ranks],
+    )
     run.log({"squeeze/variance": table})
-    run.summary.update({"squeeze/recommended_rank": report.recommended_rank,
-                        "squeeze/source_rank": report.source_rank})
+    run.summary.update({"squeeze/recommended_rank": report.recommended_rank, "squeeze/source_rank": report.source_rank})
     run.finish()

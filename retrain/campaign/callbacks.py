@@ -49,16 +49,25 @@ def _multirun(config: DictConfig) -> bool:
 
 
 def _slurm_ids() -> dict[str, Any]:
-    names = {"job_id": "SLURM_JOB_ID", "array_job_id": "SLURM_ARRAY_JOB_ID",
-             "array_task_id": "SLURM_ARRAY_TASK_ID", "restart_count": "SLURM_RESTART_COUNT"}
+    names = {
+        "job_id": "SLURM_JOB_ID",
+        "array_job_id": "SLURM_ARRAY_JOB_ID",
+        "array_task_id": "SLURM_ARRAY_TASK_ID",
+        "restart_count": "SLURM_RESTART_COUNT",
+    }
     return {key: os.environ[var] for key, var in names.items() if var in os.environ}
 
 
 class CampaignCallback(Callback):
     """Manifest at the start, per-job files, live summary; LoRA-Squeeze of the first finished run."""
 
-    def __init__(self, baseline: str = "grpo_none", last_k: int = 10,
-                 entropy_pair: list[str] | None = None, confidence: float = 0.95) -> None:
+    def __init__(
+        self,
+        baseline: str = "grpo_none",
+        last_k: int = 10,
+        entropy_pair: list[str] | None = None,
+        confidence: float = 0.95,
+    ) -> None:
         pair = list(entropy_pair) if entropy_pair is not None else CampaignSettings().entropy_pair
         self.settings = CampaignSettings(baseline=baseline, last_k=last_k, entropy_pair=pair, confidence=confidence)
         self._sweep_dir: Path | None = None
@@ -70,18 +79,25 @@ class CampaignCallback(Callback):
         self._sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         launcher = str(config.hydra.launcher.get("_target_", "")).rsplit(".", 1)[-1]
         plan = planned_jobs(config)
-        start_manifest(self._sweep_dir, plan, self.settings, launcher,
-                       None if squeeze is None else OmegaConf.to_container(config.squeeze, resolve=True))
-        log.info("Campaign: %s jobs, manifest at %s", "?" if plan is None else len(plan),
-                 self._sweep_dir / "manifest.json")
+        start_manifest(
+            self._sweep_dir,
+            plan,
+            self.settings,
+            launcher,
+            None if squeeze is None else OmegaConf.to_container(config.squeeze, resolve=True),
+        )
+        log.info(
+            "Campaign: %s jobs, manifest at %s", "?" if plan is None else len(plan), self._sweep_dir / "manifest.json"
+        )
         # Hydra skips on_multirun_end when a job fails or the driver is interrupted: refresh anyway.
         atexit.register(self._refresh_at_exit)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         campaign = refresh(Path(str(config.hydra.sweep.dir)).resolve())
         self._ended = True
-        log.info("Campaign %s: %s. Summary: %s", campaign.sweep_dir.name, campaign.state,
-                 campaign.sweep_dir / "summary.md")
+        log.info(
+            "Campaign %s: %s. Summary: %s", campaign.sweep_dir.name, campaign.state, campaign.sweep_dir / "summary.md"
+        )
 
     def _refresh_at_exit(self) -> None:
         if self._ended or self._sweep_dir is None:
@@ -95,12 +111,17 @@ class CampaignCallback(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = RunDir(Path(str(config.hydra.runtime.output_dir)))
         run_dir.exit_file.unlink(missing_ok=True)  # an earlier attempt's ending is not this one's
-        write_json_atomic(run_dir.job_file, {
-            "num": int(config.hydra.job.num) if _multirun(config) else None,
-            "overrides": list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False)),
-            "pid": os.getpid(), "hostname": socket.gethostname(), "started_at": time.time(),
-            "slurm": _slurm_ids(),
-        })
+        write_json_atomic(
+            run_dir.job_file,
+            {
+                "num": int(config.hydra.job.num) if _multirun(config) else None,
+                "overrides": list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False)),
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
+                "started_at": time.time(),
+                "slurm": _slurm_ids(),
+            },
+        )
         if _multirun(config):
             refresh(sweep_dir_of(config), with_summary=False)
 
@@ -108,12 +129,17 @@ class CampaignCallback(Callback):
         run_dir = RunDir(Path(str(config.hydra.runtime.output_dir)))
         failed = job_return.status == JobStatus.FAILED
         value = getattr(job_return, "_return_value", None)  # .return_value re-raises a job's exception
-        write_json_atomic(run_dir.exit_file, {
-            "status": "failed" if failed else "completed",
-            "error": f"{type(value).__name__}: {value}" if failed else None,
-            "finished_at": time.time(), "pid": os.getpid(), "hostname": socket.gethostname(),
-            "slurm": _slurm_ids(),
-        })
+        write_json_atomic(
+            run_dir.exit_file,
+            {
+                "status": "failed" if failed else "completed",
+                "error": f"{type(value).__name__}: {value}" if failed else None,
+                "finished_at": time.time(),
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
+                "slurm": _slurm_ids(),
+            },
+        )
         if not _multirun(config):
             return
         sweep_dir = sweep_dir_of(config)

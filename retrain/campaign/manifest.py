@@ -114,14 +114,26 @@ def sweep_lock(sweep_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def start_manifest(sweep_dir: Path, plan: list[PlannedJob] | None, settings: CampaignSettings,
-                   launcher: str, squeeze_settings: dict[str, Any] | None) -> None:
+def start_manifest(
+    sweep_dir: Path,
+    plan: list[PlannedJob] | None,
+    settings: CampaignSettings,
+    launcher: str,
+    squeeze_settings: dict[str, Any] | None,
+) -> None:
     """The manifest before any job runs: the plan, the settings and who drives the sweep."""
     payload = {
-        "sweep_dir": str(sweep_dir), "state": "running", "created_at": time.time(), "updated_at": time.time(),
-        "launcher": launcher, "driver": {"pid": os.getpid(), "hostname": socket.gethostname()},
-        "settings": asdict(settings), "plan": None if plan is None else [job.to_json() for job in plan],
-        "runs": [], "squeeze_settings": squeeze_settings, "squeeze": None,
+        "sweep_dir": str(sweep_dir),
+        "state": "running",
+        "created_at": time.time(),
+        "updated_at": time.time(),
+        "launcher": launcher,
+        "driver": {"pid": os.getpid(), "hostname": socket.gethostname()},
+        "settings": asdict(settings),
+        "plan": None if plan is None else [job.to_json() for job in plan],
+        "runs": [],
+        "squeeze_settings": squeeze_settings,
+        "squeeze": None,
     }
     with sweep_lock(sweep_dir):
         write_json_atomic(sweep_dir / MANIFEST, payload)
@@ -192,9 +204,15 @@ def collect(sweep_dir: Path) -> Campaign:
         runs.append(run)
     runs += [runs_by_num[num] for num in sorted(runs_by_num)] + unnumbered
     return Campaign(
-        sweep_dir=sweep_dir, settings=settings, plan=plan, runs=runs, state=sweep_state(runs, driver_alive),
-        driver={**driver, "alive": driver_alive}, created_at=manifest.get("created_at"),
-        launcher=manifest.get("launcher"), squeeze=read_json(sweep_dir / SQUEEZE_FILE),
+        sweep_dir=sweep_dir,
+        settings=settings,
+        plan=plan,
+        runs=runs,
+        state=sweep_state(runs, driver_alive),
+        driver={**driver, "alive": driver_alive},
+        created_at=manifest.get("created_at"),
+        launcher=manifest.get("launcher"),
+        squeeze=read_json(sweep_dir / SQUEEZE_FILE),
         squeeze_settings=manifest.get("squeeze_settings"),
     )
 
@@ -206,9 +224,15 @@ def _not_started(sweep_dir: Path, job: PlannedJob, driver_alive: bool | None, cl
     else:
         alive = driver_alive is not False
     name = f"{job.condition}_s{job.seed}" if job.condition and job.seed is not None else f"job{job.num}"
-    return RunInfo(dir=None, name=name, condition=job.condition, seed=job.seed,
-                   state="pending" if alive else "missing", job={"num": job.num, "overrides": job.overrides},
-                   error=None if alive else "never started: its launcher is gone")
+    return RunInfo(
+        dir=None,
+        name=name,
+        condition=job.condition,
+        seed=job.seed,
+        state="pending" if alive else "missing",
+        job={"num": job.num, "overrides": job.overrides},
+        error=None if alive else "never started: its launcher is gone",
+    )
 
 
 def sweep_state(runs: list[RunInfo], driver_alive: bool | None = None) -> str:

@@ -8,14 +8,17 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only: jobs run headless
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from retrain.campaign.runs import RunInfo  # noqa: E402
-from retrain.campaign.stats import CORRECT_RATE, ENTROPY_VAR  # noqa: E402
+from retrain.campaign.runs import RunInfo
+from retrain.campaign.stats import CORRECT_RATE, ENTROPY_VAR
 
 CURVES_PNG = "learning_curves.png"
-PANELS = [(CORRECT_RATE, "correct rate (smoothed)"), ("running_correct_rate", "running correct rate"),
-          (ENTROPY_VAR, "execution-token entropy variance (smoothed)")]
+PANELS = [
+    (CORRECT_RATE, "correct rate (smoothed)"),
+    ("running_correct_rate", "running correct rate"),
+    (ENTROPY_VAR, "execution-token entropy variance (smoothed)"),
+]
 SMOOTHED = {CORRECT_RATE, ENTROPY_VAR}
 
 
@@ -32,8 +35,11 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 
 def series(run: RunInfo, metric: str, window: int) -> dict[int, float]:
-    points = [(int(r["step"]), float(r[metric])) for r in run.metrics
-              if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric]) and "step" in r]
+    points = [
+        (int(r["step"]), float(r[metric]))
+        for r in run.metrics
+        if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric]) and "step" in r
+    ]
     if not points:
         return {}
     steps, values = zip(*points)
@@ -70,8 +76,14 @@ def plot_learning_curves(runs: list[RunInfo], conditions: list[str], path: Path,
             steps, means, stds = band(curves)
             color = colors(index % 10)
             axis.plot(steps, means, color=color, label=f"{condition} (n={len(curves)})")
-            axis.fill_between(steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                              color=color, alpha=0.12, linewidth=0)
+            axis.fill_between(
+                steps,
+                [m - s for m, s in zip(means, stds)],
+                [m + s for m, s in zip(means, stds)],
+                color=color,
+                alpha=0.12,
+                linewidth=0,
+            )
         axis.set_xlabel("step")
         axis.set_title(label + (f", window {window}" if metric in SMOOTHED and window > 1 else ""), fontsize=10)
         axis.grid(alpha=0.3)

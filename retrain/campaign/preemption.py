@@ -64,8 +64,11 @@ def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
 
     def on_signal(number: int, frame: Any) -> None:
         if number not in received:
-            log.warning("Received %s: stopping after this step to checkpoint%s.", signal.Signals(number).name,
-                        " and requeue" if number == warning else "")
+            log.warning(
+                "Received %s: stopping after this step to checkpoint%s.",
+                signal.Signals(number).name,
+                " and requeue" if number == warning else "",
+            )
         received.add(number)
         trainer.request_stop()
 

@@ -12,8 +12,9 @@ from retrain.rundir import write_json_atomic
 
 
 def write_summary(campaign: Campaign) -> dict[str, Any]:
-    png = plot_learning_curves(campaign.runs, campaign.conditions, campaign.sweep_dir / CURVES_PNG,
-                               title=campaign.sweep_dir.name)
+    png = plot_learning_curves(
+        campaign.runs, campaign.conditions, campaign.sweep_dir / CURVES_PNG, title=campaign.sweep_dir.name
+    )
     summary = build_summary(campaign, plot=png.name if png else None)
     write_json_atomic(campaign.sweep_dir / SUMMARY_JSON, summary)
     tmp = campaign.sweep_dir / f".{SUMMARY_MD}.tmp"

@@ -26,8 +26,20 @@ from omegaconf import OmegaConf
 from retrain.config import register_resolvers
 from retrain.rundir import RunDir
 
-SLURM_ALIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
-               "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+SLURM_ALIVE = {
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "SUSPENDED",
+    "CONFIGURING",
+    "COMPLETING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+}
 
 
 @dataclass
@@ -54,10 +66,19 @@ class RunInfo:
     def brief(self) -> dict[str, Any]:
         """The manifest's view of the run (no per-step records)."""
         return {
-            "name": self.name, "dir": None if self.dir is None else str(self.dir), "condition": self.condition, "seed": self.seed,
-            "state": self.state, "step": self.step, "max_steps": self.max_steps, "error": self.error,
-            "updated_at": self.updated_at, "num_metrics": len(self.metrics), "has_adapter": self.has_adapter,
-            "job": self.job, "exit": self.exit,
+            "name": self.name,
+            "dir": None if self.dir is None else str(self.dir),
+            "condition": self.condition,
+            "seed": self.seed,
+            "state": self.state,
+            "step": self.step,
+            "max_steps": self.max_steps,
+            "error": self.error,
+            "updated_at": self.updated_at,
+            "num_metrics": len(self.metrics),
+            "has_adapter": self.has_adapter,
+            "job": self.job,
+            "exit": self.exit,
         }
 
 
@@ -85,8 +106,13 @@ def slurm_states(job_ids: list[str]) -> dict[str, str]:
     if not job_ids or shutil.which("sacct") is None:
         return {}
     try:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return {}
     states = {}
@@ -104,8 +130,9 @@ def slurm_job_id(job: dict[str, Any]) -> str | None:
     return slurm.get("job_id")
 
 
-def resolve_state(recorded: str | None, process: dict[str, Any], exit_info: dict[str, Any] | None,
-                  cluster_state: str | None) -> str:
+def resolve_state(
+    recorded: str | None, process: dict[str, Any], exit_info: dict[str, Any] | None, cluster_state: str | None
+) -> str:
     """Combine what the run wrote with whether its process (hostname, pid) or cluster job still exists."""
     if exit_info is not None and exit_info.get("status") == "failed" and recorded != "done":
         return "failed"
@@ -140,11 +167,19 @@ def read_run(run_dir: Path, cluster_states: dict[str, str] | None = None) -> Run
     max_steps = status.get("max_steps", (config.get("training") or {}).get("max_steps"))
     error = status.get("error") or (exit_info or {}).get("error")
     return RunInfo(
-        dir=run_dir, name=run_dir.name, condition=condition, seed=None if seed is None else int(seed),
+        dir=run_dir,
+        name=run_dir.name,
+        condition=condition,
+        seed=None if seed is None else int(seed),
         # job.json is rewritten by every attempt (a requeue is a new process); status.json as a fallback
         state=resolve_state(status.get("state"), job if job.get("pid") else status, exit_info, cluster_state),
-        step=int(status.get("step", -1)), max_steps=max_steps, error=error,
-        updated_at=status.get("updated_at"), job=job, exit=exit_info, metrics=files.metrics_records(),
+        step=int(status.get("step", -1)),
+        max_steps=max_steps,
+        error=error,
+        updated_at=status.get("updated_at"),
+        job=job,
+        exit=exit_info,
+        metrics=files.metrics_records(),
     )
 
 

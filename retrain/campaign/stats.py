@@ -37,8 +37,7 @@ class Estimate:
             return "—"
         if self.std is None:
             return f"{self.mean:.{digits}f} (n=1)"
-        return (f"{self.mean:.{digits}f} ± {self.std:.{digits}f} "
-                f"[{self.ci_low:.{digits}f}, {self.ci_high:.{digits}f}]")
+        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f} [{self.ci_low:.{digits}f}, {self.ci_high:.{digits}f}]"
 
 
 def estimate(values: list[float], confidence: float = 0.95) -> Estimate:
@@ -123,12 +122,16 @@ def run_scores(records: list[dict[str, Any]], last_k: int) -> RunScores:
         completions = int(record.get("batch_size", 0)) * int(record.get("group_size", 0))
         total += completions
         correct += round(float(record[CORRECT_RATE]) * completions)
-    entropy = [float(r[ENTROPY_VAR]) for r in tail
-               if isinstance(r.get(ENTROPY_VAR), (int, float)) and math.isfinite(r[ENTROPY_VAR])]
+    entropy = [
+        float(r[ENTROPY_VAR])
+        for r in tail
+        if isinstance(r.get(ENTROPY_VAR), (int, float)) and math.isfinite(r[ENTROPY_VAR])
+    ]
     return RunScores(
         final=float(steps[-1][CORRECT_RATE]),
         last_k=sum(float(r[CORRECT_RATE]) for r in tail) / len(tail),
-        correct=correct, total=total,
+        correct=correct,
+        total=total,
         entropy_var=sum(entropy) / len(entropy) if entropy else None,
         steps=len(steps),
     )

@@ -59,7 +59,8 @@ def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[st
         }
         if condition != baseline and baseline is not None:
             row["fisher_vs_baseline"] = fisher_exact(
-                correct, total, sum(s.correct for s in base_scores), sum(s.total for s in base_scores)).to_json()
+                correct, total, sum(s.correct for s in base_scores), sum(s.total for s in base_scores)
+            ).to_json()
             row["welch_vs_baseline"] = welch_t([s.last_k for s in own], [s.last_k for s in base_scores]).to_json()
         rows.append(row)
     return baseline, rows
@@ -70,8 +71,10 @@ def entropy_comparison(campaign: Campaign, scores: dict[str, RunScores]) -> dict
     first, second = campaign.settings.entropy_pair
     if first not in campaign.conditions or second not in campaign.conditions:
         return None
-    values = {c: [scores[r.name].entropy_var for r in campaign.runs if r.condition == c and r.state == "done"]
-              for c in (first, second)}
+    values = {
+        c: [scores[r.name].entropy_var for r in campaign.runs if r.condition == c and r.state == "done"]
+        for c in (first, second)
+    }
     return {
         "metric": ENTROPY_VAR,
         "conditions": [first, second],
@@ -94,8 +97,11 @@ def build_summary(campaign: Campaign, plot: str | None) -> dict[str, Any]:
         "conditions": rows,
         "entropy_comparison": entropy_comparison(campaign, scores),
         "runs": [_run_row(run, scores[run.name]) for run in campaign.runs],
-        "failed": [{"name": r.name, "state": r.state, "error": r.error, "dir": None if r.dir is None else str(r.dir)}
-                   for r in campaign.runs if r.state in ("failed", "dead", "missing")],
+        "failed": [
+            {"name": r.name, "state": r.state, "error": r.error, "dir": None if r.dir is None else str(r.dir)}
+            for r in campaign.runs
+            if r.state in ("failed", "dead", "missing")
+        ],
         "squeeze": campaign.squeeze,
         "plot": plot,
     }
@@ -103,10 +109,19 @@ def build_summary(campaign: Campaign, plot: str | None) -> dict[str, Any]:
 
 def _run_row(run: RunInfo, scores: RunScores) -> dict[str, Any]:
     return {
-        "name": run.name, "condition": run.condition, "seed": run.seed, "state": run.state,
-        "step": run.step, "max_steps": run.max_steps, "final": scores.final, "last_k": scores.last_k,
-        "entropy_var": scores.entropy_var, "updated_at": run.updated_at, "error": run.error,
-        "has_adapter": run.has_adapter, "dir": None if run.dir is None else str(run.dir),
+        "name": run.name,
+        "condition": run.condition,
+        "seed": run.seed,
+        "state": run.state,
+        "step": run.step,
+        "max_steps": run.max_steps,
+        "final": scores.final,
+        "last_k": scores.last_k,
+        "entropy_var": scores.entropy_var,
+        "updated_at": run.updated_at,
+        "error": run.error,
+        "has_adapter": run.has_adapter,
+        "dir": None if run.dir is None else str(run.dir),
     }
 
 
@@ -148,7 +163,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"| `{row['condition']}` | {row['done']}/{row['runs']} | {_estimate_text(row['final'])} "
             f"| {_estimate_text(row['last_k'])} | {pooled_text} | {_test_text(row['fisher_vs_baseline'], 'OR')} "
-            f"| {_test_text(row['welch_vs_baseline'], 't')} |")
+            f"| {_test_text(row['welch_vs_baseline'], 't')} |"
+        )
     comparison = summary["entropy_comparison"]
     if comparison is not None:
         first, second = comparison["conditions"]
@@ -169,13 +185,20 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines += ["", f"## LoRA-Squeeze of `{squeeze['run']}`", "", squeeze["table"], "", squeeze["recommendation"]]
         if squeeze.get("compressed"):
             lines.append(f"Compressed adapter: `{squeeze['compressed']}`")
-    lines += ["", "## Runs", "", f"| run | state | step | final | last-{k} | {ENTROPY_VAR} | updated | error |",
-              "|---|---|---:|---:|---:|---:|---|---|"]
+    lines += [
+        "",
+        "## Runs",
+        "",
+        f"| run | state | step | final | last-{k} | {ENTROPY_VAR} | updated | error |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
     for run in summary["runs"]:
         step = f"{run['step'] + 1}/{run['max_steps']}" if run["max_steps"] else str(run["step"] + 1)
         error = (run["error"] or "").replace("|", "\\|").replace("\n", " ")[:160]
-        lines.append(f"| `{run['name']}` | {run['state']} | {step} | {_num(run['final'])} | {_num(run['last_k'])} "
-                     f"| {_num(run['entropy_var'], 4)} | {describe_age(run['updated_at'])} | {error} |")
+        lines.append(
+            f"| `{run['name']}` | {run['state']} | {step} | {_num(run['final'])} | {_num(run['last_k'])} "
+            f"| {_num(run['entropy_var'], 4)} | {describe_age(run['updated_at'])} | {error} |"
+        )
     if summary["failed"]:
         lines += ["", "## Failed or lost runs", ""]
         lines += [f"- `{f['name']}` ({f['state']}): {f['error'] or 'no error recorded'}" for f in summary["failed"]]

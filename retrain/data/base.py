@@ -82,9 +82,15 @@ class ExampleData:
     `shuffle_held_out=False`. `held_out_setting` is the key that sizes the held-out set, named in errors.
     """
 
-    def __init__(self, name: str, train: list[Example], seed: int,
-                 held_out: Callable[[], list[Example]] | None, shuffle_held_out: bool = True,
-                 held_out_setting: str = "data.held_out_split") -> None:
+    def __init__(
+        self,
+        name: str,
+        train: list[Example],
+        seed: int,
+        held_out: Callable[[], list[Example]] | None,
+        shuffle_held_out: bool = True,
+        held_out_setting: str = "data.held_out_split",
+    ) -> None:
         if not train:
             raise ConfigError(f"data={name} loaded no training examples (check its path, split and filters)")
         self.name = name
@@ -107,14 +113,17 @@ class ExampleData:
 
     def held_out(self, n: int) -> list[Example]:
         if self._load_held_out is None:
-            raise ConfigError(f"data={self.name} has no held-out split: set data.held_out_split "
-                              f"(e.g. test) to a split of data.path")
+            raise ConfigError(
+                f"data={self.name} has no held-out split: set data.held_out_split (e.g. test) to a split of data.path"
+            )
         if self._held_out is None:
             loaded = self._load_held_out()
             self._held_out = fixed_order(loaded) if self._shuffle_held_out else loaded
         if not 0 <= n <= len(self._held_out):
-            raise ConfigError(f"held_out({n}) asks for more than the {len(self._held_out)} held-out "
-                              f"examples of data={self.name} (see {self._held_out_setting})")
+            raise ConfigError(
+                f"held_out({n}) asks for more than the {len(self._held_out)} held-out "
+                f"examples of data={self.name} (see {self._held_out_setting})"
+            )
         return self._held_out[:n]
 
     def state_dict(self) -> dict[str, Any]:
@@ -123,8 +132,10 @@ class ExampleData:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("num_examples", len(self._train))
         if saved != len(self._train):
-            raise ConfigError(f"the checkpoint's data cursor is for {saved} examples but data={self.name} "
-                              f"now has {len(self._train)}: resume with the data settings of the run")
+            raise ConfigError(
+                f"the checkpoint's data cursor is for {saved} examples but data={self.name} "
+                f"now has {len(self._train)}: resume with the data settings of the run"
+            )
         self._train.load_state_dict(state)
 
 

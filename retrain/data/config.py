@@ -14,8 +14,7 @@ from retrain.data.prompts import DEFAULT_PROMPT_TEMPLATE
 
 MATH_PATH = "EleutherAI/hendrycks_math"
 # The five subjects of the original retrain runs (4,551 problems in MATH's train split).
-SEED_SUBJECTS = ("intermediate_algebra", "precalculus", "number_theory", "counting_and_probability",
-                 "geometry")
+SEED_SUBJECTS = ("intermediate_algebra", "precalculus", "number_theory", "counting_and_probability", "geometry")
 GSM8K_PATH = "openai/gsm8k"
 
 

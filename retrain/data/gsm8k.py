@@ -26,26 +26,42 @@ def gsm8k_reference(answer: str) -> str:
 class Gsm8kData(ExampleData):
     """GSM8K's train split for training and its test split as the held-out set."""
 
-    def __init__(self, seed: int, path: str = GSM8K_PATH, config_name: str = "main", split: str = "train",
-                 held_out_split: str = "test", prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
-                 max_examples: int = 0) -> None:
+    def __init__(
+        self,
+        seed: int,
+        path: str = GSM8K_PATH,
+        config_name: str = "main",
+        split: str = "train",
+        held_out_split: str = "test",
+        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+        max_examples: int = 0,
+    ) -> None:
         check_template(prompt_template, {"question"}, "data.prompt_template")
 
         def load(which: str, split_setting: str) -> list[Example]:
             dataset = load_records(path, which, config_name or None, split_setting=split_setting)
-            require_fields(dataset, {"GSM8K's question field": "question", "GSM8K's answer field": "answer"},
-                           f"{path} ({which})")
+            require_fields(
+                dataset, {"GSM8K's question field": "question", "GSM8K's answer field": "answer"}, f"{path} ({which})"
+            )
             examples = []
             for index, record in enumerate(dataset):
                 try:
                     reference = gsm8k_reference(record["answer"])
                 except ValueError as exc:
                     raise ConfigError(f"data.path={path!r}, {which} record {index}: {exc}") from exc
-                examples.append(Example(
-                    prompt=fill_template(prompt_template, question=record["question"]), reference=reference,
-                    id=f"gsm8k/{which}/{index}", extra={"question": record["question"]}))
+                examples.append(
+                    Example(
+                        prompt=fill_template(prompt_template, question=record["question"]),
+                        reference=reference,
+                        id=f"gsm8k/{which}/{index}",
+                        extra={"question": record["question"]},
+                    )
+                )
             return examples
 
         super().__init__(
-            name="gsm8k", train=fixed_subset(load(split, "data.split"), max_examples), seed=seed,
-            held_out=(lambda: load(held_out_split, "data.held_out_split")) if held_out_split else None)
+            name="gsm8k",
+            train=fixed_subset(load(split, "data.split"), max_examples),
+            seed=seed,
+            held_out=(lambda: load(held_out_split, "data.held_out_split")) if held_out_split else None,
+        )

@@ -23,8 +23,9 @@ FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv
 
 
 # ---- loading ------------------------------------------------------------------------------
-def load_records(path: str, split: str, config_name: str | None = None, setting: str = "data.path",
-                 split_setting: str = "data.split") -> datasets.Dataset:
+def load_records(
+    path: str, split: str, config_name: str | None = None, setting: str = "data.path", split_setting: str = "data.split"
+) -> datasets.Dataset:
     """One split of a Hub data set, a local data set directory, or a local file.
 
     A directory is read the way the Hub is (its README's configs, else splits named by file:
@@ -36,11 +37,18 @@ def load_records(path: str, split: str, config_name: str | None = None, setting:
     if local is not None and local.is_file():
         builder = FILE_BUILDERS.get(local.suffix.lower())
         if builder is None:
-            raise ConfigError(f"{setting}={path!r}: unsupported file type {local.suffix!r} "
-                              f"(use one of {', '.join(FILE_BUILDERS)})")
+            raise ConfigError(
+                f"{setting}={path!r}: unsupported file type {local.suffix!r} (use one of {', '.join(FILE_BUILDERS)})"
+            )
         with _readable(path, setting):
-            return _load(builder, None, split, {"data_files": {"train": str(local)}}, split_setting,
-                         f"{path} is a single file, which is one split named 'train'")
+            return _load(
+                builder,
+                None,
+                split,
+                {"data_files": {"train": str(local)}},
+                split_setting,
+                f"{path} is a single file, which is one split named 'train'",
+            )
     source = str(local) if local is not None else path
     with _fetching(path, local, setting), _readable(path, setting):
         name = _pick_config(source, config_name, setting)
@@ -80,8 +88,9 @@ def _pick_config(source: str, config_name: str | None, setting: str) -> str | No
     raise ConfigError(f"{setting}={source!r} has no config {config_name!r}; it has {available}")
 
 
-def _load(source: str, name: str | None, split: str, kwargs: dict[str, Any], split_setting: str,
-          where: str) -> datasets.Dataset:
+def _load(
+    source: str, name: str | None, split: str, kwargs: dict[str, Any], split_setting: str, where: str
+) -> datasets.Dataset:
     try:
         return datasets.load_dataset(source, name, split=split, **kwargs)
     except ValueError as exc:
@@ -102,31 +111,49 @@ def require_fields(dataset: datasets.Dataset, fields: dict[str, str], source: st
 class JsonlData(ExampleData):
     """Prompts and references from any jsonl/json/parquet/csv file, data set directory or Hub id."""
 
-    def __init__(self, seed: int, path: str, split: str = "train", held_out_split: str = "",
-                 config_name: str = "", question_field: str = "question", answer_field: str = "answer",
-                 id_field: str = "", extra_fields: Iterable[str] = (),
-                 prompt_template: str = DEFAULT_PROMPT_TEMPLATE, max_examples: int = 0) -> None:
+    def __init__(
+        self,
+        seed: int,
+        path: str,
+        split: str = "train",
+        held_out_split: str = "",
+        config_name: str = "",
+        question_field: str = "question",
+        answer_field: str = "answer",
+        id_field: str = "",
+        extra_fields: Iterable[str] = (),
+        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+        max_examples: int = 0,
+    ) -> None:
         if not path:
-            raise ConfigError("data=jsonl needs data.path: a jsonl/json/parquet/csv file, a data set "
-                              "directory or a Hub id")
+            raise ConfigError(
+                "data=jsonl needs data.path: a jsonl/json/parquet/csv file, a data set directory or a Hub id"
+            )
         check_template(prompt_template, {"question"}, "data.prompt_template")
         extra_names = [str(name) for name in extra_fields]
-        fields = {"data.question_field": question_field, "data.answer_field": answer_field,
-                  **({"data.id_field": id_field} if id_field else {}),
-                  **{f"data.extra_fields[{i}]": name for i, name in enumerate(extra_names)}}
+        fields = {
+            "data.question_field": question_field,
+            "data.answer_field": answer_field,
+            **({"data.id_field": id_field} if id_field else {}),
+            **{f"data.extra_fields[{i}]": name for i, name in enumerate(extra_names)},
+        }
 
         def load(which: str, split_setting: str) -> list[Example]:
             dataset = load_records(path, which, config_name or None, split_setting=split_setting)
             require_fields(dataset, fields, f"{path} ({which})")
             return [
-                Example(prompt=fill_template(prompt_template, question=str(record[question_field])),
-                        reference=str(record[answer_field]).strip(),
-                        id=str(record[id_field]) if id_field else f"{which}/{index}",
-                        extra={"question": str(record[question_field]),
-                               **{name: record[name] for name in extra_names}})
+                Example(
+                    prompt=fill_template(prompt_template, question=str(record[question_field])),
+                    reference=str(record[answer_field]).strip(),
+                    id=str(record[id_field]) if id_field else f"{which}/{index}",
+                    extra={"question": str(record[question_field]), **{name: record[name] for name in extra_names}},
+                )
                 for index, record in enumerate(dataset)
             ]
 
         super().__init__(
-            name="jsonl", train=fixed_subset(load(split, "data.split"), max_examples), seed=seed,
-            held_out=(lambda: load(held_out_split, "data.held_out_split")) if held_out_split else None)
+            name="jsonl",
+            train=fixed_subset(load(split, "data.split"), max_examples),
+            seed=seed,
+            held_out=(lambda: load(held_out_split, "data.held_out_split")) if held_out_split else None,
+        )

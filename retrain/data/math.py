@@ -28,7 +28,7 @@ SUBJECT_FIELDS = ("subject", "type")  # MATH-500 says "subject", the original MA
 
 
 def normalize_subject(name: str) -> str:
-    """"Counting & Probability" -> "counting_and_probability" (both spellings occur in the wild)."""
+    """ "Counting & Probability" -> "counting_and_probability" (both spellings occur in the wild)."""
     return re.sub(r"[^a-z0-9]+", "_", name.lower().replace("&", " and ")).strip("_")
 
 
@@ -44,22 +44,32 @@ def math_reference(record: dict[str, Any]) -> str | None:
 class MathData(ExampleData):
     """MATH problems of the chosen subjects; the reference is the final boxed answer."""
 
-    def __init__(self, seed: int, path: str = MATH_PATH, subjects: Iterable[str] = SEED_SUBJECTS,
-                 split: str = "train", held_out_split: str = "test",
-                 prompt_template: str = DEFAULT_PROMPT_TEMPLATE, max_examples: int = 0) -> None:
+    def __init__(
+        self,
+        seed: int,
+        path: str = MATH_PATH,
+        subjects: Iterable[str] = SEED_SUBJECTS,
+        split: str = "train",
+        held_out_split: str = "test",
+        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+        max_examples: int = 0,
+    ) -> None:
         check_template(prompt_template, {"question"}, "data.prompt_template")
         wanted = [normalize_subject(subject) for subject in subjects]
         configs = {normalize_subject(name): name for name in config_names(path)}
         # A data set with one config per subject (the Hub mirror) is loaded config by config.
-        by_config = (all(subject in configs for subject in wanted) if wanted
-                     else len(configs) > 1 and "default" not in configs)
+        by_config = (
+            all(subject in configs for subject in wanted) if wanted else len(configs) > 1 and "default" not in configs
+        )
 
         def load(which: str, split_setting: str) -> list[Example]:
             parts: list[tuple[str | None, datasets.Dataset]]
             if by_config:
                 chosen = wanted or sorted(configs)
-                parts = [(subject, load_records(path, which, configs[subject], split_setting=split_setting))
-                         for subject in chosen]
+                parts = [
+                    (subject, load_records(path, which, configs[subject], split_setting=split_setting))
+                    for subject in chosen
+                ]
             else:
                 parts = [(None, load_records(path, which, split_setting=split_setting))]
             examples: list[Example] = []
@@ -73,7 +83,8 @@ class MathData(ExampleData):
                         if subject is None:
                             raise ConfigError(
                                 f"data.path={path!r}: records carry no {' or '.join(SUBJECT_FIELDS)} "
-                                f"field, so data.subjects cannot filter them; set data.subjects=[]")
+                                f"field, so data.subjects cannot filter them; set data.subjects=[]"
+                            )
                         seen.add(subject)
                         if subject not in wanted:
                             continue
@@ -84,16 +95,24 @@ class MathData(ExampleData):
                         examples.append(example)
             absent = sorted(set(wanted) - seen) if wanted and not by_config else []
             if absent:
-                raise ConfigError(f"data.subjects: {absent} not in the {which} split of {path!r} "
-                                  f"(its subjects: {sorted(seen)})")
+                raise ConfigError(
+                    f"data.subjects: {absent} not in the {which} split of {path!r} (its subjects: {sorted(seen)})"
+                )
             if skipped:
-                log.warning("data=math: skipped %d %s records of %s with no answer and no \\boxed{} "
-                            "in the solution", skipped, which, path)
+                log.warning(
+                    "data=math: skipped %d %s records of %s with no answer and no \\boxed{} in the solution",
+                    skipped,
+                    which,
+                    path,
+                )
             return examples
 
         super().__init__(
-            name="math", train=fixed_subset(load(split, "data.split"), max_examples), seed=seed,
-            held_out=(lambda: load(held_out_split, "data.held_out_split")) if held_out_split else None)
+            name="math",
+            train=fixed_subset(load(split, "data.split"), max_examples),
+            seed=seed,
+            held_out=(lambda: load(held_out_split, "data.held_out_split")) if held_out_split else None,
+        )
 
 
 def _record_subject(record: dict[str, Any]) -> str | None:
@@ -104,12 +123,15 @@ def _record_subject(record: dict[str, Any]) -> str | None:
     return None
 
 
-def _math_example(record: dict[str, Any], subject: str | None, split: str, index: int,
-                  template: str) -> Example | None:
+def _math_example(record: dict[str, Any], subject: str | None, split: str, index: int, template: str) -> Example | None:
     reference = math_reference(record)
     if reference is None:
         return None
     problem = str(record["problem"])
     record_id = record.get("unique_id") or f"{subject or 'math'}/{split}/{index}"
-    return Example(prompt=fill_template(template, question=problem), reference=reference, id=str(record_id),
-                   extra={"question": problem, "subject": subject, "level": record.get("level")})
+    return Example(
+        prompt=fill_template(template, question=problem),
+        reference=reference,
+        id=str(record_id),
+        extra={"question": problem, "subject": subject, "level": record.get("level")},
+    )

@@ -11,9 +11,7 @@ import re
 
 from retrain.errors import ConfigError
 
-DEFAULT_PROMPT_TEMPLATE = (
-    "{question}\n\nSolve the problem step by step. Put your final answer in \\boxed{}."
-)
+DEFAULT_PROMPT_TEMPLATE = "{question}\n\nSolve the problem step by step. Put your final answer in \\boxed{}."
 
 
 def check_template(template: str, required: set[str], setting: str) -> None:

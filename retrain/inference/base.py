@@ -47,8 +47,9 @@ class InferenceEngine(Protocol):
 
     returns_entropies: bool  # whether `generate` can fill Rollouts.entropies
 
-    def generate(self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams,
-                 generator_seed: int | None) -> Rollouts:
+    def generate(
+        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+    ) -> Rollouts:
         """Sample `group_size` completions per prompt; rows are group-major (n = b·G + g).
         The same `generator_seed` gives the same rollouts on the same device and weights."""
 
@@ -71,23 +72,30 @@ def check_rollouts(rollouts: Any, what: str, args: tuple[Any, ...], kwargs: dict
         raise PluginOutputError(f"{what}.generate returned {type(rollouts).__name__}, expected Rollouts")
     rows = len(prompt_ids) * group_size
     if rollouts.group_size != group_size or rollouts.batch_size != len(prompt_ids):
-        raise PluginOutputError(f"{what}.generate returned {rollouts.batch_size} prompts × group size "
-                                f"{rollouts.group_size}, expected {len(prompt_ids)} × {group_size}")
+        raise PluginOutputError(
+            f"{what}.generate returned {rollouts.batch_size} prompts × group size "
+            f"{rollouts.group_size}, expected {len(prompt_ids)} × {group_size}"
+        )
     width = rollouts.completion_ids.shape[-1]
     shape = (rows, width)
     for name in ("completion_mask", "completion_ids"):
         if tuple(getattr(rollouts, name).shape) != shape:
-            raise PluginOutputError(f"{what}.generate returned {name} of shape "
-                                    f"{list(getattr(rollouts, name).shape)}, expected {list(shape)}")
+            raise PluginOutputError(
+                f"{what}.generate returned {name} of shape "
+                f"{list(getattr(rollouts, name).shape)}, expected {list(shape)}"
+            )
     mask = rollouts.completion_mask.bool()
     for name in ("logprobs", "entropies"):
         value = getattr(rollouts, name)
-        if value is not None and not bool(torch.isfinite(check_shape(value, shape, what=f"{what}.generate "
-                                                                     f"({name})")[mask]).all()):
+        if value is not None and not bool(
+            torch.isfinite(check_shape(value, shape, what=f"{what}.generate ({name})")[mask]).all()
+        ):
             raise PluginOutputError(f"{what}.generate returned non-finite {name} on completion tokens")
     if len(rollouts.texts) != rows or tuple(rollouts.hit_max_tokens.shape) != (rows,):
-        raise PluginOutputError(f"{what}.generate returned {len(rollouts.texts)} texts and hit_max_tokens of "
-                                f"shape {list(rollouts.hit_max_tokens.shape)}, expected {rows} of each")
+        raise PluginOutputError(
+            f"{what}.generate returned {len(rollouts.texts)} texts and hit_max_tokens of "
+            f"shape {list(rollouts.hit_max_tokens.shape)}, expected {rows} of each"
+        )
     return rollouts
 
 

@@ -34,8 +34,9 @@ class Probe:
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> Probe:
         token_ids = list(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
-        return cls(prompt_ids=token_ids[:-PROBE_CONTINUATION_TOKENS],
-                   completion_ids=token_ids[-PROBE_CONTINUATION_TOKENS:])
+        return cls(
+            prompt_ids=token_ids[:-PROBE_CONTINUATION_TOKENS], completion_ids=token_ids[-PROBE_CONTINUATION_TOKENS:]
+        )
 
 
 def probe_tolerance(dtype: torch.dtype) -> float:
@@ -49,7 +50,9 @@ def check_fresh(engine: InferenceEngine, backend: Backend, probe: Probe, version
     trained = backend.probe_logprobs(probe).float().cpu()
     gap = float((served - trained).abs().mean())
     if not gap <= backend.probe_tolerance:
-        raise StaleWeightsError(f"the inference engine serves stale weights: after the sync to weights version "
-                                f"{version}, its log-probs on the probe differ from the trainer's by {gap:.3g} "
-                                f"(tolerance {backend.probe_tolerance})")
+        raise StaleWeightsError(
+            f"the inference engine serves stale weights: after the sync to weights version "
+            f"{version}, its log-probs on the probe differ from the trainer's by {gap:.3g} "
+            f"(tolerance {backend.probe_tolerance})"
+        )
     return gap

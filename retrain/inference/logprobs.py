@@ -25,8 +25,8 @@ def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> t
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.bool)
     for row, seq in enumerate(sequences):
-        ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-        mask[row, width - len(seq):] = True
+        ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+        mask[row, width - len(seq) :] = True
     return ids.to(device), mask.to(device)
 
 
@@ -41,9 +41,16 @@ def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor
     return torch.log_softmax(logits.float() / scale, dim=-1)
 
 
-def completion_logprobs(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, prompt_index: torch.Tensor,
-                        completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float,
-                        share_prompts: bool = True) -> torch.Tensor:
+def completion_logprobs(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float,
+    share_prompts: bool = True,
+) -> torch.Tensor:
     """[R, T] log-prob of each completion token given its prompt and the completion tokens before it
     (0 on padding); differentiable when grad is enabled.
 
@@ -53,11 +60,13 @@ def completion_logprobs(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
     checkpointing, which drops KV caches).
     """
     if share_prompts:
-        logits = _logits_with_shared_prompts(model, prompt_ids, prompt_mask, prompt_index, completion_ids,
-                                             completion_mask)
+        logits = _logits_with_shared_prompts(
+            model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask
+        )
     else:
-        logits = _logits_in_one_forward(model, prompt_ids[prompt_index], prompt_mask[prompt_index], completion_ids,
-                                        completion_mask)
+        logits = _logits_in_one_forward(
+            model, prompt_ids[prompt_index], prompt_mask[prompt_index], completion_ids, completion_mask
+        )
     scale = temperature if temperature > 0 else 1.0
     scaled = logits.float() / scale
     chosen = scaled.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
@@ -65,28 +74,48 @@ def completion_logprobs(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch
     return logprobs.masked_fill(~completion_mask, 0.0)
 
 
-def _logits_in_one_forward(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                           completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+def _logits_in_one_forward(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+) -> torch.Tensor:
     """[R, T, V] next-token logits for every completion position, from one forward per row."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     width = completion_ids.shape[1]
-    output = model(input_ids=input_ids, attention_mask=attention_mask.long(),
-                   position_ids=positions_from_mask(attention_mask), use_cache=False, logits_to_keep=width + 1)
+    output = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask.long(),
+        position_ids=positions_from_mask(attention_mask),
+        use_cache=False,
+        logits_to_keep=width + 1,
+    )
     # Logits at position i predict token i + 1: the last width + 1 positions cover every completion
     # token (the first is predicted from the prompt's last token); the very last predicts nothing.
     return output.logits[:, :-1]
 
 
-def _logits_with_shared_prompts(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                                prompt_index: torch.Tensor, completion_ids: torch.Tensor,
-                                completion_mask: torch.Tensor) -> torch.Tensor:
+def _logits_with_shared_prompts(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+) -> torch.Tensor:
     """[R, T, V] next-token logits: one prefill per prompt, its cache repeated per row, then one
     forward over every row's completion tokens (but the last, which predicts nothing)."""
     cache = DynamicCache(config=model.config)
-    prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask.long(),
-                    position_ids=positions_from_mask(prompt_mask), past_key_values=cache, use_cache=True,
-                    logits_to_keep=1)
+    prefill = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask.long(),
+        position_ids=positions_from_mask(prompt_mask),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     first = prefill.logits[prompt_index, -1:]  # predicts completion token 0
     width = completion_ids.shape[1]
     if width == 1:
@@ -95,6 +124,11 @@ def _logits_with_shared_prompts(model: Any, prompt_ids: torch.Tensor, prompt_mas
     row_prompt_mask = prompt_mask[prompt_index]
     attention_mask = torch.cat([row_prompt_mask, completion_mask[:, :-1]], dim=1)
     positions = row_prompt_mask.sum(dim=1, keepdim=True) + torch.arange(width - 1, device=completion_ids.device)
-    rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention_mask.long(), position_ids=positions,
-                 past_key_values=cache, use_cache=True)
+    rest = model(
+        input_ids=completion_ids[:, :-1],
+        attention_mask=attention_mask.long(),
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    )
     return torch.cat([first, rest.logits], dim=1)

@@ -43,8 +43,9 @@ class TokenChoice:
     entropies: torch.Tensor | None  # [R] float32
 
 
-def choose_tokens(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
-                  with_entropy: bool) -> TokenChoice:
+def choose_tokens(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None, with_entropy: bool
+) -> TokenChoice:
     """Pick one token per row from [R, V] logits: argmax at T = 0, else top-p sampling."""
     logp = scaled_log_softmax(logits, sampling.temperature)
     rows = logp.shape[0]
@@ -63,8 +64,12 @@ def choose_tokens(logits: torch.Tensor, sampling: SamplingParams, generator: tor
         picked = torch.multinomial(nucleus, 1, generator=generator)
         tokens = order.gather(-1, picked).squeeze(-1)
     entropies = -(logp.exp() * logp).sum(dim=-1) if with_entropy else None
-    return TokenChoice(tokens=tokens, logprobs=logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
-                       kept_mass=kept_mass, entropies=entropies)
+    return TokenChoice(
+        tokens=tokens,
+        logprobs=logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
+        kept_mass=kept_mass,
+        entropies=entropies,
+    )
 
 
 class Decoded(NamedTuple):
@@ -84,11 +89,14 @@ class PytorchEngine:
 
     returns_entropies = True
 
-    def __init__(self, tokenizer: Any, resources: EngineResources,
-                 prefix_caching: bool = PytorchEngineConfig.prefix_caching) -> None:
+    def __init__(
+        self, tokenizer: Any, resources: EngineResources, prefix_caching: bool = PytorchEngineConfig.prefix_caching
+    ) -> None:
         if resources.model is None:
-            raise ConfigError("inference=pytorch samples in-process with the training model, but the backend "
-                              "shares none; choose an engine that loads its own weights")
+            raise ConfigError(
+                "inference=pytorch samples in-process with the training model, but the backend "
+                "shares none; choose an engine that loads its own weights"
+            )
         self.model = resources.model
         self.tokenizer = tokenizer
         self.device = torch.device(resources.device)
@@ -99,8 +107,9 @@ class PytorchEngine:
             raise ValueError("the tokenizer defines no EOS/pad token: completions could never stop")
         self.weights_version = 0
 
-    def generate(self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams,
-                 generator_seed: int | None) -> Rollouts:
+    def generate(
+        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+    ) -> Rollouts:
         _check_sampling(group_size, sampling)
         prompts, prompt_mask = left_pad(prompt_ids, self.pad_id, self.device)
         generator = None
@@ -113,12 +122,15 @@ class PytorchEngine:
         width = int(mask.sum(dim=1).max())
         completion_ids, completion_mask = _export(ids[:, :width]), _export(mask[:, :width])
         return Rollouts(
-            prompt_ids=_export(prompts), prompt_mask=_export(prompt_mask),
-            completion_ids=completion_ids, completion_mask=completion_mask,
+            prompt_ids=_export(prompts),
+            prompt_mask=_export(prompt_mask),
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
             logprobs=_export(logprobs[:, :width]),
             texts=self.tokenizer.batch_decode(
                 [row[row_mask].tolist() for row, row_mask in zip(completion_ids, completion_mask)],
-                skip_special_tokens=True),
+                skip_special_tokens=True,
+            ),
             group_size=group_size,
             hit_max_tokens=_export(~finished),
             entropies=_export(entropies[:, :width]) if entropies is not None else None,
@@ -126,16 +138,23 @@ class PytorchEngine:
             metrics={"policy/top_p_mass": float(kept_mass[mask].mean())} if sampling.temperature > 0 else {},
         )
 
-    def _decode(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
-                sampling: SamplingParams, generator: torch.Generator | None) -> Decoded:
+    def _decode(
+        self,
+        prompts: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        group_size: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Decoded:
         rows = prompts.shape[0] * group_size
         steps = sampling.max_tokens
         ids = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=self.device)
         mask = torch.zeros((rows, steps), dtype=torch.bool, device=self.device)
         logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=self.device)
         kept_mass = torch.ones((rows, steps), dtype=torch.float32, device=self.device)
-        entropies = torch.zeros((rows, steps), dtype=torch.float32, device=self.device) \
-            if sampling.return_entropies else None
+        entropies = (
+            torch.zeros((rows, steps), dtype=torch.float32, device=self.device) if sampling.return_entropies else None
+        )
         finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
 
         logits, cache, attention = self._prefill(prompts, prompt_mask, group_size)
@@ -161,23 +180,34 @@ class PytorchEngine:
                 cache.batch_select_indices(keep)
                 active, attention, positions, tokens = active[keep], attention[keep], positions[keep], tokens[keep]
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
-            output = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=attention,
-                                position_ids=positions.unsqueeze(-1), past_key_values=cache, use_cache=True)
+            output = self.model(
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=attention,
+                position_ids=positions.unsqueeze(-1),
+                past_key_values=cache,
+                use_cache=True,
+            )
             positions = positions + 1
             logits = output.logits[:, -1]
         return Decoded(ids, mask, logprobs, entropies, kept_mass, finished)
 
-    def _prefill(self, prompts: torch.Tensor, prompt_mask: torch.Tensor,
-                 group_size: int) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+    def _prefill(
+        self, prompts: torch.Tensor, prompt_mask: torch.Tensor, group_size: int
+    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
         """Run the prompts once and return (next-token logits, KV cache, attention mask) for all B·G rows."""
         if not self.prefix_caching:
             prompts = prompts.repeat_interleave(group_size, dim=0)
             prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
         cache = DynamicCache(config=self.model.config)
         attention = prompt_mask.long()
-        output = self.model(input_ids=prompts, attention_mask=attention,
-                            position_ids=positions_from_mask(prompt_mask), past_key_values=cache,
-                            use_cache=True, logits_to_keep=1)
+        output = self.model(
+            input_ids=prompts,
+            attention_mask=attention,
+            position_ids=positions_from_mask(prompt_mask),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         logits = output.logits[:, -1]
         if self.prefix_caching:
             cache.batch_repeat_interleave(group_size)
@@ -189,8 +219,10 @@ class PytorchEngine:
         """Load the update's weights into the model sampled with. Tensors that are this model's own
         parameters (the backend shares its model) are already in place and are not copied."""
         if update.version < self.weights_version:
-            raise StaleWeightsError(f"asked to sync to weights version {update.version}, but the engine already "
-                                    f"serves version {self.weights_version}")
+            raise StaleWeightsError(
+                f"asked to sync to weights version {update.version}, but the engine already "
+                f"serves version {self.weights_version}"
+            )
         if update.adapter_dir is not None:
             set_peft_model_state_dict(self.model, load_peft_weights(str(update.adapter_dir), device=str(self.device)))
         else:
@@ -213,16 +245,24 @@ class PytorchEngine:
         _eval_mode(self.model)
         with torch.inference_mode():
             cache = DynamicCache(config=self.model.config)
-            output = self.model(input_ids=prompt, attention_mask=torch.ones_like(prompt), past_key_values=cache,
-                                use_cache=True, logits_to_keep=1)
+            output = self.model(
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             logits = [output.logits[:, -1]]
             length = prompt.shape[1]
             for token in continuation[:-1]:
                 length += 1
-                output = self.model(input_ids=token.view(1, 1),
-                                    attention_mask=torch.ones((1, length), device=self.device, dtype=torch.long),
-                                    position_ids=torch.tensor([[length - 1]], device=self.device),
-                                    past_key_values=cache, use_cache=True)
+                output = self.model(
+                    input_ids=token.view(1, 1),
+                    attention_mask=torch.ones((1, length), device=self.device, dtype=torch.long),
+                    position_ids=torch.tensor([[length - 1]], device=self.device),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
                 logits.append(output.logits[:, -1])
             logprobs = scaled_log_softmax(torch.cat(logits), 1.0)
             return _export(logprobs.gather(-1, continuation.unsqueeze(-1)).squeeze(-1))

@@ -22,8 +22,7 @@ def checked_reward_value(value: object, reward_name: str) -> float:
         number = float(value)
         if math.isfinite(number):
             return number
-        raise RewardOutputError(
-            f"reward {reward_name} returned {number!r}; a reward must return a finite number")
+        raise RewardOutputError(f"reward {reward_name} returned {number!r}; a reward must return a finite number")
     shown = repr(value)
     if len(shown) > _REPR_LIMIT:
         shown = shown[:_REPR_LIMIT] + "..."
@@ -32,5 +31,5 @@ def checked_reward_value(value: object, reward_name: str) -> float:
         with contextlib.suppress(TypeError):  # a 0-d tensor or array has __len__ but no length
             what = f"a {type(value).__name__} of {len(value)} values ({shown})"
     raise RewardOutputError(
-        f"reward {reward_name} returned {what}; a reward is called once per completion and must "
-        f"return one finite float")
+        f"reward {reward_name} returned {what}; a reward is called once per completion and must return one finite float"
+    )

@@ -40,12 +40,17 @@ class JudgeReward:
     the example's `extra["question"]` (every built-in data source sets it).
     """
 
-    def __init__(self, model: str = JudgeRewardConfig.model, base_url: str = JudgeRewardConfig.base_url,
-                 api_key_env: str = JudgeRewardConfig.api_key_env,
-                 prompt_template: str = JudgeRewardConfig.prompt_template,
-                 max_tokens: int = JudgeRewardConfig.max_tokens, temperature: float = JudgeRewardConfig.temperature,
-                 request_timeout_s: float = JudgeRewardConfig.request_timeout_s,
-                 max_concurrency: int = JudgeRewardConfig.max_concurrency) -> None:
+    def __init__(
+        self,
+        model: str = JudgeRewardConfig.model,
+        base_url: str = JudgeRewardConfig.base_url,
+        api_key_env: str = JudgeRewardConfig.api_key_env,
+        prompt_template: str = JudgeRewardConfig.prompt_template,
+        max_tokens: int = JudgeRewardConfig.max_tokens,
+        temperature: float = JudgeRewardConfig.temperature,
+        request_timeout_s: float = JudgeRewardConfig.request_timeout_s,
+        max_concurrency: int = JudgeRewardConfig.max_concurrency,
+    ) -> None:
         if not model:
             raise ConfigError("reward.model must name the judge model, got an empty string")
         if not base_url.startswith(("http://", "https://")):
@@ -65,10 +70,15 @@ class JudgeReward:
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, response: str, reference: str, **extra: Any) -> float:
-        prompt = fill_template(self.prompt_template, question=str(extra.get("question", "")),
-                               reference=reference, response=response)
-        payload = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                   "max_tokens": self.max_tokens, "temperature": self.temperature}
+        prompt = fill_template(
+            self.prompt_template, question=str(extra.get("question", "")), reference=reference, response=response
+        )
+        payload = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+        }
         reply = await self._client_for_this_loop().post(self.url, json=payload, headers=self._headers())
         reply.raise_for_status()
         try:
@@ -91,7 +101,8 @@ class JudgeReward:
         if self._client is None or self._client_loop is not loop:
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.request_timeout_s, pool=None),
-                limits=httpx.Limits(max_connections=self.max_concurrency))
+                limits=httpx.Limits(max_connections=self.max_concurrency),
+            )
             self._client_loop = loop
         return self._client
 

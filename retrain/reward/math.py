@@ -33,11 +33,17 @@ class MathReward:
     every completion of a group shares its reference, so it is parsed once, not G times.
     """
 
-    def __init__(self, parse_timeout_s: int = MathRewardConfig.parse_timeout_s,
-                 verify_timeout_s: int = MathRewardConfig.verify_timeout_s,
-                 cache_size: int = MathRewardConfig.cache_size) -> None:
-        for key, value in (("parse_timeout_s", parse_timeout_s), ("verify_timeout_s", verify_timeout_s),
-                           ("cache_size", cache_size)):
+    def __init__(
+        self,
+        parse_timeout_s: int = MathRewardConfig.parse_timeout_s,
+        verify_timeout_s: int = MathRewardConfig.verify_timeout_s,
+        cache_size: int = MathRewardConfig.cache_size,
+    ) -> None:
+        for key, value in (
+            ("parse_timeout_s", parse_timeout_s),
+            ("verify_timeout_s", verify_timeout_s),
+            ("cache_size", cache_size),
+        ):
             if value < 1:
                 raise ConfigError(f"reward.{key} must be at least 1, got {value}")
         # math-verify's alarms take whole seconds.
@@ -58,8 +64,9 @@ class MathReward:
             return 0.0
         in_main_thread = threading.current_thread() is threading.main_thread()
         try:
-            equal = verify(gold, predicted, timeout_seconds=self.verify_timeout_s if in_main_thread else None,
-                           raise_on_error=True)
+            equal = verify(
+                gold, predicted, timeout_seconds=self.verify_timeout_s if in_main_thread else None, raise_on_error=True
+            )
         except TimeoutException as exc:  # a BaseException: make it an ordinary, countable failure
             raise TimeoutError(f"math-verify could not compare within {self.verify_timeout_s} s") from exc
         return 1.0 if equal else 0.0
@@ -73,12 +80,14 @@ class MathReward:
     def _parse(self, answer: str) -> list[Any]:
         in_main_thread = threading.current_thread() is threading.main_thread()
         try:
-            return parse(f"\\boxed{{{answer}}}", extraction_config=_EXTRACTION,
-                         parsing_timeout=self.parse_timeout_s if in_main_thread else None,
-                         raise_on_error=True)
+            return parse(
+                f"\\boxed{{{answer}}}",
+                extraction_config=_EXTRACTION,
+                parsing_timeout=self.parse_timeout_s if in_main_thread else None,
+                raise_on_error=True,
+            )
         except TimeoutException as exc:
-            raise TimeoutError(f"math-verify could not parse {answer[:80]!r} within "
-                               f"{self.parse_timeout_s} s") from exc
+            raise TimeoutError(f"math-verify could not parse {answer[:80]!r} within {self.parse_timeout_s} s") from exc
 
     # The cache holds sympy objects and a bound method: rebuild it, empty, wherever we are unpickled.
     def __getstate__(self) -> dict[str, Any]:

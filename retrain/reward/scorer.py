@@ -120,8 +120,9 @@ class RewardScorer:
     RewardOutputError, since that is a bug in the reward rather than a bad completion.
     """
 
-    def __init__(self, reward_fn: Callable[..., Any], name: str | None = None, timeout_s: float = 30.0,
-                 workers: int = 0) -> None:
+    def __init__(
+        self, reward_fn: Callable[..., Any], name: str | None = None, timeout_s: float = 30.0, workers: int = 0
+    ) -> None:
         if not timeout_s > 0:
             raise ConfigError(f"scoring.timeout_s must be positive, got {timeout_s}")
         if workers < 0:
@@ -150,12 +151,15 @@ class RewardScorer:
     def score(self, responses: list[str], examples: list[Example]) -> ScoreResult:
         """Rewards for row-aligned `responses` and `examples` (row n is scored against examples[n])."""
         if len(responses) != len(examples):
-            raise ValueError(f"score() got {len(responses)} responses but {len(examples)} examples; "
-                             f"they must be row-aligned")
+            raise ValueError(
+                f"score() got {len(responses)} responses but {len(examples)} examples; they must be row-aligned"
+            )
         if not self._finalizer.alive:
             raise RuntimeError(f"reward scorer for {self.name} is closed")
-        rows = [(n, response, example.reference, dict(example.extra))
-                for n, (response, example) in enumerate(zip(responses, examples))]
+        rows = [
+            (n, response, example.reference, dict(example.extra))
+            for n, (response, example) in enumerate(zip(responses, examples))
+        ]
         outcome = _Outcome(len(rows))
         try:
             self._run(rows, outcome)
@@ -165,12 +169,21 @@ class RewardScorer:
             raise
         if outcome.failures:
             first = min(outcome.failures)
-            log.warning("reward %s: %d of %d completions failed and scored 0 (%d timed out); "
-                        "first, row %d: %s", self.name, len(outcome.failures), len(rows),
-                        outcome.timeouts, first, outcome.failures[first])
-        return ScoreResult(rewards=torch.tensor(outcome.rewards, dtype=torch.float32),
-                           errors=len(outcome.failures), timeouts=outcome.timeouts,
-                           failures=dict(sorted(outcome.failures.items())))
+            log.warning(
+                "reward %s: %d of %d completions failed and scored 0 (%d timed out); first, row %d: %s",
+                self.name,
+                len(outcome.failures),
+                len(rows),
+                outcome.timeouts,
+                first,
+                outcome.failures[first],
+            )
+        return ScoreResult(
+            rewards=torch.tensor(outcome.rewards, dtype=torch.float32),
+            errors=len(outcome.failures),
+            timeouts=outcome.timeouts,
+            failures=dict(sorted(outcome.failures.items())),
+        )
 
     def close(self) -> None:
         """Stop the worker processes (idempotent)."""
@@ -190,7 +203,8 @@ class RewardScorer:
         if not self.concurrent:
             size = math.ceil(size / CHUNKS_PER_WORKER)
         pending: deque[list[int]] = deque(
-            list(range(start, min(start + size, len(rows)))) for start in range(0, len(rows), size))
+            list(range(start, min(start + size, len(rows)))) for start in range(0, len(rows), size)
+        )
         while pending or any(worker.rows for worker in self._workers):
             for worker in self._workers:
                 if worker.ready and not worker.rows and pending:
@@ -203,12 +217,10 @@ class RewardScorer:
             worker.conn.send([rows[n] for n in indices])
         worker.deadline = time.monotonic() + self.timeout_s + (ASYNC_GRACE_S if self.concurrent else 0.0)
 
-    def _await_messages(self, rows: list[worker_module.Row], outcome: _Outcome,
-                        pending: deque[list[int]]) -> None:
+    def _await_messages(self, rows: list[worker_module.Row], outcome: _Outcome, pending: deque[list[int]]) -> None:
         busy = [worker for worker in self._workers if worker.rows or not worker.ready]
         next_deadline = min((self._deadline_of(worker) for worker in busy), default=math.inf)
-        ready_conns = set(wait([worker.conn for worker in busy],
-                               timeout=max(0.0, next_deadline - time.monotonic())))
+        ready_conns = set(wait([worker.conn for worker in busy], timeout=max(0.0, next_deadline - time.monotonic())))
         for worker in busy:
             if worker.conn in ready_conns:
                 self._drain(worker, rows, outcome, pending)
@@ -220,8 +232,9 @@ class RewardScorer:
     def _deadline_of(self, worker: _Worker) -> float:
         return worker.deadline if worker.ready else worker.started_at + STARTUP_TIMEOUT_S
 
-    def _drain(self, worker: _Worker, rows: list[worker_module.Row], outcome: _Outcome,
-               pending: deque[list[int]]) -> None:
+    def _drain(
+        self, worker: _Worker, rows: list[worker_module.Row], outcome: _Outcome, pending: deque[list[int]]
+    ) -> None:
         """Read every message the worker has sent; a closed pipe means the worker died."""
         try:
             while worker.conn.poll():
@@ -230,8 +243,9 @@ class RewardScorer:
         except (EOFError, OSError):
             self._on_crash(worker, outcome, pending)
 
-    def _handle(self, worker: _Worker, kind: str, index: int, payload: Any,
-                rows: list[worker_module.Row], outcome: _Outcome) -> None:
+    def _handle(
+        self, worker: _Worker, kind: str, index: int, payload: Any, rows: list[worker_module.Row], outcome: _Outcome
+    ) -> None:
         if kind == "ready":
             worker.ready = True
             return
@@ -250,8 +264,7 @@ class RewardScorer:
 
     def _on_deadline(self, worker: _Worker, outcome: _Outcome, pending: deque[list[int]]) -> None:
         if not worker.ready:
-            raise RewardWorkerError(f"a scoring worker did not load reward {self.name} within "
-                                    f"{STARTUP_TIMEOUT_S:g} s")
+            raise RewardWorkerError(f"a scoring worker did not load reward {self.name} within {STARTUP_TIMEOUT_S:g} s")
         why = f"no result after {self.timeout_s:g} s (worker killed)"
         self._fail_current(worker, outcome, pending, why, timed_out=True)
         self._replace([worker])
@@ -262,14 +275,14 @@ class RewardScorer:
         except subprocess.TimeoutExpired:
             code = None
         if not worker.ready:
-            raise RewardWorkerError(
-                f"a scoring worker exited (code {code}) while loading reward {self.name}")
+            raise RewardWorkerError(f"a scoring worker exited (code {code}) while loading reward {self.name}")
         why = f"the scoring worker died (exit code {code}) while scoring this completion"
         self._fail_current(worker, outcome, pending, why, timed_out=False)
         self._replace([worker])
 
-    def _fail_current(self, worker: _Worker, outcome: _Outcome, pending: deque[list[int]], why: str,
-                      timed_out: bool) -> None:
+    def _fail_current(
+        self, worker: _Worker, outcome: _Outcome, pending: deque[list[int]], why: str, timed_out: bool
+    ) -> None:
         """A sync worker was on its first unanswered row: fail it, give the rest to others.
 
         An async worker ran its whole chunk at once, so every unanswered row shares the blame.
@@ -277,7 +290,7 @@ class RewardScorer:
         blamed = worker.rows if self.concurrent else worker.rows[:1]
         for index in blamed:
             outcome.fail(index, why, timed_out=timed_out)
-        rest = worker.rows[len(blamed):]
+        rest = worker.rows[len(blamed) :]
         if rest:
             pending.appendleft(rest)
         worker.rows = []
@@ -287,8 +300,12 @@ class RewardScorer:
         parent_end, child_end = socket.socketpair()
         child_fd = child_end.detach()
         try:
-            process = subprocess.Popen([sys.executable, "-m", worker_module.__name__, str(child_fd)],
-                                       pass_fds=(child_fd,), stdin=subprocess.DEVNULL, env=_worker_env())
+            process = subprocess.Popen(
+                [sys.executable, "-m", worker_module.__name__, str(child_fd)],
+                pass_fds=(child_fd,),
+                stdin=subprocess.DEVNULL,
+                env=_worker_env(),
+            )
         finally:
             os.close(child_fd)  # the worker holds the only copy, so its death reads as EOF here
         conn = Connection(parent_end.detach())

@@ -77,8 +77,7 @@ def serve(conn: Connection) -> None:
         loop.close()
 
 
-def _score_one(reward: Callable[..., Any], reward_name: str, row: Row,
-               loop: asyncio.AbstractEventLoop) -> Message:
+def _score_one(reward: Callable[..., Any], reward_name: str, row: Row, loop: asyncio.AbstractEventLoop) -> Message:
     index, response, reference, extra = row
     try:
         value = reward(response, reference, **extra)
@@ -91,8 +90,9 @@ def _score_one(reward: Callable[..., Any], reward_name: str, row: Row,
     return _checked(value, reward_name, index)
 
 
-async def _score_concurrently(reward: Callable[..., Any], reward_name: str, chunk: list[Row],
-                              conn: Connection, timeout_s: float) -> None:
+async def _score_concurrently(
+    reward: Callable[..., Any], reward_name: str, chunk: list[Row], conn: Connection, timeout_s: float
+) -> None:
     """Async rewards (LLM judges, remote verifiers) wait on I/O: run a whole chunk at once."""
 
     async def one(row: Row) -> None:

@@ -33,8 +33,14 @@ def preset_names() -> list[str]:
     return sorted(algorithm_conditions().presets())
 
 
-def synthetic_step(groups: int = 3, group_size: int = 4, tokens: int = 16, seed: int = 0,
-                   planning_rate: float = 0.2, entropies: bool = True) -> dict:
+def synthetic_step(
+    groups: int = 3,
+    group_size: int = 4,
+    tokens: int = 16,
+    seed: int = 0,
+    planning_rate: float = 0.2,
+    entropies: bool = True,
+) -> dict:
     """Mixed binary rewards (one uniform group), ragged lengths, random log-probs and planning."""
     generator = torch.Generator().manual_seed(seed)
     rows = groups * group_size
@@ -46,8 +52,13 @@ def synthetic_step(groups: int = 3, group_size: int = 4, tokens: int = 16, seed:
     mask = torch.arange(tokens).unsqueeze(0) < lengths.unsqueeze(1)
     logprobs = torch.log(torch.rand(rows, tokens, generator=generator).clamp_min(1e-4)) * mask
     planning = (torch.rand(rows, tokens, generator=generator) < planning_rate) & mask
-    step = {"rewards": rewards, "logprobs": logprobs, "mask": mask, "planning": planning,
-            "entropies": torch.rand(rows, tokens, generator=generator) * 3.0 * mask if entropies else None}
+    step = {
+        "rewards": rewards,
+        "logprobs": logprobs,
+        "mask": mask,
+        "planning": planning,
+        "entropies": torch.rand(rows, tokens, generator=generator) * 3.0 * mask if entropies else None,
+    }
     return step
 
 

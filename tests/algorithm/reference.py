@@ -56,10 +56,22 @@ def gtpo(advantages: list[float], u: list[float], beta: float) -> list[float]:
     return [a * max(0.0, 1 + beta * (x / (mean + 1e-8) - 1)) for a, x in zip(advantages, u)]
 
 
-def token_advantages(*, advantage: str, transform: str, rewards: list[list[float]], logprobs: list[list[float]],
-                     planning: list[list[bool]], entropies: list[list[float]] | None, kind: str = "surprisal",
-                     lam: float = 0.0, beta: float = 0.1, alpha: float = 0.2, rho: float = 0.0,
-                     batch_norm: bool = False, cap: float = 0.0) -> list[list[float]]:
+def token_advantages(
+    *,
+    advantage: str,
+    transform: str,
+    rewards: list[list[float]],
+    logprobs: list[list[float]],
+    planning: list[list[bool]],
+    entropies: list[list[float]] | None,
+    kind: str = "surprisal",
+    lam: float = 0.0,
+    beta: float = 0.1,
+    alpha: float = 0.2,
+    rho: float = 0.0,
+    batch_norm: bool = False,
+    cap: float = 0.0,
+) -> list[list[float]]:
     """Token advantages of every completion's real tokens (`logprobs` rows hold real tokens only)."""
     batch_norm = batch_norm or advantage == "reinforce_pp"
     out, raw_rows = [], []
@@ -69,8 +81,9 @@ def token_advantages(*, advantage: str, transform: str, rewards: list[list[float
         for g, a in enumerate(values):
             row = b * len(group) + g
             plan = planning[row]
-            raw = [uncertainty(kind, lp, entropies[row][t] if entropies else None)
-                   for t, lp in enumerate(logprobs[row])]
+            raw = [
+                uncertainty(kind, lp, entropies[row][t] if entropies else None) for t, lp in enumerate(logprobs[row])
+            ]
             raw_rows.append(raw)
             u = raw
             variant = sepa_variant(transform)
@@ -104,16 +117,21 @@ def token_advantages(*, advantage: str, transform: str, rewards: list[list[float
     return out
 
 
-def uncertainty_moments(*, transform: str, logprobs: list[list[float]], planning: list[list[bool]],
-                        entropies: list[list[float]] | None = None, kind: str = "surprisal",
-                        lam: float = 0.0) -> dict[str, float]:
+def uncertainty_moments(
+    *,
+    transform: str,
+    logprobs: list[list[float]],
+    planning: list[list[bool]],
+    entropies: list[list[float]] | None = None,
+    kind: str = "surprisal",
+    lam: float = 0.0,
+) -> dict[str, float]:
     """Mean and (population) variance of execution and planning uncertainty over the step's real tokens,
     before and after SEPA: the pipeline's `<prefix>/{exec,plan}_{mean,var}_{before,after}` metrics."""
     values: dict[str, list[float]] = {f"{part}_{when}": [] for part in ("exec", "plan") for when in ("before", "after")}
     variant = sepa_variant(transform)
     for row, plan in enumerate(planning):
-        before = [uncertainty(kind, lp, entropies[row][t] if entropies else None)
-                  for t, lp in enumerate(logprobs[row])]
+        before = [uncertainty(kind, lp, entropies[row][t] if entropies else None) for t, lp in enumerate(logprobs[row])]
         after = sepa(variant, before, plan, lam) if variant is not None else before
         for when, u in (("before", before), ("after", after)):
             for x, p in zip(u, plan):

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrain.algorithm.advantages import grpo, grpo_std, groups_with_signal, maxrl, reinforce_pp, rloo
+from retrain.algorithm.advantages import groups_with_signal, grpo, grpo_std, maxrl, reinforce_pp, rloo
 
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
 
@@ -17,8 +17,13 @@ def test_grpo_centres_without_dividing():
 
 
 def test_maxrl_divides_by_the_mean_and_zeroes_all_wrong_groups():
-    expected = torch.tensor([[0.5 / 0.500001, -0.5 / 0.500001, -0.5 / 0.500001, 0.5 / 0.500001],
-                             [0.0] * 4, [0.75 / 0.250001, -0.25 / 0.250001, -0.25 / 0.250001, -0.25 / 0.250001]])
+    expected = torch.tensor(
+        [
+            [0.5 / 0.500001, -0.5 / 0.500001, -0.5 / 0.500001, 0.5 / 0.500001],
+            [0.0] * 4,
+            [0.75 / 0.250001, -0.25 / 0.250001, -0.25 / 0.250001, -0.25 / 0.250001],
+        ]
+    )
     torch.testing.assert_close(maxrl(REWARDS), expected)
     negative_mean = torch.tensor([[-1.0, 0.5, 0.0, 0.0]])  # mean -0.125 counts as "all wrong"
     assert torch.equal(maxrl(negative_mean), torch.zeros(1, 4))
@@ -54,8 +59,11 @@ def test_uniform_groups_within_tolerance_carry_no_signal():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.floats(-5, 5, width=32), min_size=2, max_size=8), min_size=1, max_size=5)
-       .filter(lambda rows: len({len(r) for r in rows}) == 1))
+@given(
+    st.lists(st.lists(st.floats(-5, 5, width=32), min_size=2, max_size=8), min_size=1, max_size=5).filter(
+        lambda rows: len({len(r) for r in rows}) == 1
+    )
+)
 def test_grpo_sums_to_zero_per_group(rows):
     advantages = grpo(torch.tensor(rows, dtype=torch.float32))
     scale = max(1.0, max(abs(v) for r in rows for v in r))

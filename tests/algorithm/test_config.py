@@ -42,16 +42,23 @@ def stages(algorithm) -> dict:
 
 
 def parts(algorithm) -> list[tuple[str, type, dict]]:
-    return [(key, type(t), {k: v for k, v in vars(t).items() if isinstance(v, (int, float, str, bool))})
-            for key, t in algorithm.stages]
+    return [
+        (key, type(t), {k: v for k, v in vars(t).items() if isinstance(v, (int, float, str, bool))})
+        for key, t in algorithm.stages
+    ]
 
 
 def test_conditions_are_every_advantage_option_with_every_seed_mode():
     assert preset_names() == sorted(f"{a}_{m}" for a in ADVANTAGES for m in MODES)
     assert set(CONDITIONS) <= set(preset_names())
     assert sorted(p.stem for p in (ALGORITHM_DIR / "advantage").glob("*.yaml")) == sorted(ADVANTAGES)
-    assert sorted(p.stem for p in (ALGORITHM_DIR / "transforms").glob("*.yaml")) == \
-        ["gtpo", "hicra", "sepa", "sepa_amp", "sepa_amp_c"]
+    assert sorted(p.stem for p in (ALGORITHM_DIR / "transforms").glob("*.yaml")) == [
+        "gtpo",
+        "hicra",
+        "sepa",
+        "sepa_amp",
+        "sepa_amp_c",
+    ]
     assert not list(ALGORITHM_DIR.glob("*.yaml")), "conditions are generated, not written by hand"
 
 
@@ -59,16 +66,24 @@ def test_conditions_are_every_advantage_option_with_every_seed_mode():
 def test_each_condition_builds_what_the_seeds_preset_built(name):
     algorithm = build(name)
     advantage = next(a for a in sorted(ADVANTAGES, key=len, reverse=True) if name.startswith(a + "_"))
-    mode = name[len(advantage) + 1:]
+    mode = name[len(advantage) + 1 :]
     expected, needs_planning, uses_sepa = MODES[mode]
     if advantage == "reinforce_pp":
         expected = [*expected, ("batch_norm", BatchNormalization, {})]
     assert parts(algorithm) == expected
     assert algorithm.describe() == {
-        "name": name, "label": f"{advantage}+{mode}", "advantage": f"retrain.algorithm.advantages.{advantage}",
-        "uncertainty": "surprisal", "transforms": {key: f"{kind.__module__}.{kind.__name__}" for key, kind, _ in expected},
-        "token_varying": mode != "none", "needs_planning": needs_planning, "needs_entropies": False,
-        "uses_sepa": uses_sepa, "gtpo": {"beta": 0.1}, "hicra": {"alpha": 0.2}}
+        "name": name,
+        "label": f"{advantage}+{mode}",
+        "advantage": f"retrain.algorithm.advantages.{advantage}",
+        "uncertainty": "surprisal",
+        "transforms": {key: f"{kind.__module__}.{kind.__name__}" for key, kind, _ in expected},
+        "token_varying": mode != "none",
+        "needs_planning": needs_planning,
+        "needs_entropies": False,
+        "uses_sepa": uses_sepa,
+        "gtpo": {"beta": 0.1},
+        "hicra": {"alpha": 0.2},
+    }
     sepa = algorithm.sepa
     assert (sepa.steps, sepa.schedule, sepa.delay_steps, sepa.correct_rate_gate) == (500, "linear", 50, 0.1)
 
@@ -84,15 +99,20 @@ def test_a_condition_with_a_part_swapped_is_named_after_its_parts():
     amp = compose_algorithm("maxrl_gtpo_sepa_amp", "algorithm.transforms.sepa.floor_at_zero=true")
     assert amp.name == "maxrl_gtpo_sepa_amp_c"
     # hyper-parameters are settings of a part, not what it is
-    assert compose_algorithm("maxrl_gtpo", "algorithm.transforms.gtpo.beta=0.3", "algorithm.gtpo.beta=0.2").name == \
-        "maxrl_gtpo"
+    assert (
+        compose_algorithm("maxrl_gtpo", "algorithm.transforms.gtpo.beta=0.3", "algorithm.gtpo.beta=0.2").name
+        == "maxrl_gtpo"
+    )
 
 
 def test_an_explicit_name_wins_and_a_users_parts_get_names_of_their_own():
     named = compose_algorithm("maxrl_gtpo_sepa", "algorithm.name=my_run")
     assert (named.name, named.label) == ("my_run", "maxrl+gtpo_sepa")
-    plugin = compose_algorithm("maxrl_gtpo", f"algorithm.advantage._target_={PLUGINS}.sign_advantage",
-                               f"+algorithm.transforms.clip._target_={PLUGINS}.ClipAdvantages")
+    plugin = compose_algorithm(
+        "maxrl_gtpo",
+        f"algorithm.advantage._target_={PLUGINS}.sign_advantage",
+        f"+algorithm.transforms.clip._target_={PLUGINS}.ClipAdvantages",
+    )
     assert (plugin.name, plugin.label) == ("sign_advantage_gtpo_clip", "sign_advantage+gtpo_clip")
 
 
@@ -103,10 +123,17 @@ def test_the_list_order_is_the_order_the_transforms_run():
     assert stages(build("maxrl_gtpo_sepa", "algorithm/transforms=[]")) == {}
 
 
-@pytest.mark.parametrize("names, expected", [
-    ([], "none"), (["gtpo"], "gtpo"), (["sepa", "gtpo"], "gtpo_sepa"), (["gtpo", "hicra"], "gtpo_hicra"),
-    (["hicra", "clip"], "hicra_clip"), (["clip", "gtpo", "hicra"], "gtpo_clip_hicra"),
-])
+@pytest.mark.parametrize(
+    "names, expected",
+    [
+        ([], "none"),
+        (["gtpo"], "gtpo"),
+        (["sepa", "gtpo"], "gtpo_sepa"),
+        (["gtpo", "hicra"], "gtpo_hicra"),
+        (["hicra", "clip"], "hicra_clip"),
+        (["clip", "gtpo", "hicra"], "gtpo_clip_hicra"),
+    ],
+)
 def test_the_transform_part_of_a_name_puts_gtpo_first_then_the_rest_in_order(names, expected):
     assert mode_name(names) == expected
 
@@ -116,7 +143,10 @@ def test_a_new_advantage_costs_one_yaml_file(tmp_path):
     (algorithm_dir / "advantage" / "sign.yaml").write_text(f"_target_: {PLUGINS}.sign_advantage\n_partial_: true\n")
     conditions = Conditions(algorithm_dir)
     assert {f"sign_{mode}" for mode in MODES} <= set(conditions.presets())
-    assert conditions.presets()["sign_gtpo_sepa"]["defaults"][1:3] == [{"advantage": "sign"}, {"transforms": ["sepa", "gtpo"]}]
+    assert conditions.presets()["sign_gtpo_sepa"]["defaults"][1:3] == [
+        {"advantage": "sign"},
+        {"transforms": ["sepa", "gtpo"]},
+    ]
     assert conditions.name({"_target_": f"{PLUGINS}.sign_advantage", "_partial_": True}, {}) == "sign_none"
 
 
@@ -142,13 +172,24 @@ def test_maxrl_gtpo_sepa_is_the_default_algorithm():
 
 
 def test_documented_overrides_reach_the_parts():
-    algorithm = build("maxrl_gtpo_hicra", "algorithm.gtpo.beta=0.2", "algorithm.hicra.alpha=0.3",
-                      "algorithm.uncertainty=predictive_variance", "algorithm.surprisal_mask_rho=0.2",
-                      "algorithm.batch_advantage_norm=true", "algorithm.adv_clip_max=2.5",
-                      "algorithm.sepa.schedule=auto", "algorithm.sepa.delay_steps=7")
+    algorithm = build(
+        "maxrl_gtpo_hicra",
+        "algorithm.gtpo.beta=0.2",
+        "algorithm.hicra.alpha=0.3",
+        "algorithm.uncertainty=predictive_variance",
+        "algorithm.surprisal_mask_rho=0.2",
+        "algorithm.batch_advantage_norm=true",
+        "algorithm.adv_clip_max=2.5",
+        "algorithm.sepa.schedule=auto",
+        "algorithm.sepa.delay_steps=7",
+    )
     parts = stages(algorithm)
-    assert (parts["gtpo"].beta, parts["hicra"].alpha, parts["surprisal_mask"].rho, parts["adv_cap"].cap) == \
-        (0.2, 0.3, 0.2, 2.5)
+    assert (parts["gtpo"].beta, parts["hicra"].alpha, parts["surprisal_mask"].rho, parts["adv_cap"].cap) == (
+        0.2,
+        0.3,
+        0.2,
+        2.5,
+    )
     assert isinstance(parts["surprisal_mask"], SurprisalMask) and isinstance(parts["batch_norm"], BatchNormalization)
     assert list(parts) == ["gtpo", "hicra", "surprisal_mask", "batch_norm", "adv_cap"]
     assert isinstance(parts["adv_cap"], AdvantageCap)
@@ -162,28 +203,37 @@ def test_a_campaign_wide_override_composes_for_presets_without_that_transform():
 
 def test_a_transform_can_be_switched_off_or_added_by_key():
     assert list(stages(build("maxrl_gtpo_hicra", "algorithm.transforms.hicra=null"))) == ["gtpo"]
-    added = build("maxrl_gtpo", "+algorithm.transforms.clip._target_=tests.plugins.algorithm_plugins.ClipAdvantages",
-                  "+algorithm.transforms.clip.limit=0.25")
+    added = build(
+        "maxrl_gtpo",
+        "+algorithm.transforms.clip._target_=tests.plugins.algorithm_plugins.ClipAdvantages",
+        "+algorithm.transforms.clip.limit=0.25",
+    )
     assert list(stages(added)) == ["gtpo", "clip"] and stages(added)["clip"].limit == 0.25
 
 
-@pytest.mark.parametrize("grams, expected", [
-    ('["wait let me","double check"]', ("wait let me", "double check")),
-    ('"wait let me, double   check"', ("wait let me", "double check")),
-    ("'[\"notice that\"]'", ("notice that",)),
-    ('""', DEFAULT_GRAMS),
-])
+@pytest.mark.parametrize(
+    "grams, expected",
+    [
+        ('["wait let me","double check"]', ("wait let me", "double check")),
+        ('"wait let me, double   check"', ("wait let me", "double check")),
+        ("'[\"notice that\"]'", ("notice that",)),
+        ('""', DEFAULT_GRAMS),
+    ],
+)
 def test_planning_grams_take_a_list_a_csv_or_a_json_string(grams, expected):
     assert build("maxrl_gtpo_sepa", f"algorithm.planning.grams={grams}").planning.grams == expected
 
 
-@pytest.mark.parametrize("override, error", [
-    ("algorithm.gtpo.betta=0.2", ConfigCompositionException),
-    ("algorithm.sepa.schedul=auto", ConfigCompositionException),
-    ("algorithm.uncertainty_kind=surprisal", ConfigCompositionException),
-    ("algorithm.gtpo.beta=high", ConfigCompositionException),
-    ("algorithm.sepa.steps=1.5", ConfigCompositionException),
-])
+@pytest.mark.parametrize(
+    "override, error",
+    [
+        ("algorithm.gtpo.betta=0.2", ConfigCompositionException),
+        ("algorithm.sepa.schedul=auto", ConfigCompositionException),
+        ("algorithm.uncertainty_kind=surprisal", ConfigCompositionException),
+        ("algorithm.gtpo.beta=high", ConfigCompositionException),
+        ("algorithm.sepa.steps=1.5", ConfigCompositionException),
+    ],
+)
 def test_typos_and_wrong_types_fail_at_compose_time(override, error):
     with pytest.raises(error) as raised:
         compose_algorithm("maxrl_gtpo_sepa", override)
@@ -192,15 +242,18 @@ def test_typos_and_wrong_types_fail_at_compose_time(override, error):
     assert key in str(raised.value) or (cause is not None and isinstance(cause, (ConfigKeyError, ValidationError)))
 
 
-@pytest.mark.parametrize("override, message", [
-    ("algorithm.sepa.schedule=cosine", r"algorithm.sepa.schedule='cosine' must be one of \['linear', 'auto'\]"),
-    ("algorithm.sepa.correct_rate_gate=1.5", r"algorithm.sepa.correct_rate_gate=1.5 must be in \[0, 1\]"),
-    ("algorithm.hicra.alpha=2", r"algorithm.hicra.alpha=2.0 must be in \[0, 1\]"),
-    ("algorithm.surprisal_mask_rho=-0.1", "algorithm.surprisal_mask_rho=-0.1 must be >= 0"),
-    ("algorithm.adv_clip_max=-1", "algorithm.adv_clip_max=-1.0 must be >= 0"),
-    ("algorithm.uncertainty=varentropy", "algorithm.uncertainty='varentropy' is not a known uncertainty kind"),
-    ("algorithm.planning.grams=[]", "algorithm.planning.grams=.* must be a non-empty list"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algorithm.sepa.schedule=cosine", r"algorithm.sepa.schedule='cosine' must be one of \['linear', 'auto'\]"),
+        ("algorithm.sepa.correct_rate_gate=1.5", r"algorithm.sepa.correct_rate_gate=1.5 must be in \[0, 1\]"),
+        ("algorithm.hicra.alpha=2", r"algorithm.hicra.alpha=2.0 must be in \[0, 1\]"),
+        ("algorithm.surprisal_mask_rho=-0.1", "algorithm.surprisal_mask_rho=-0.1 must be >= 0"),
+        ("algorithm.adv_clip_max=-1", "algorithm.adv_clip_max=-1.0 must be >= 0"),
+        ("algorithm.uncertainty=varentropy", "algorithm.uncertainty='varentropy' is not a known uncertainty kind"),
+        ("algorithm.planning.grams=[]", "algorithm.planning.grams=.* must be a non-empty list"),
+    ],
+)
 def test_bad_values_fail_when_built_naming_the_key(override, message):
     with pytest.raises((InstantiationException, ValueError), match=message):
         build("maxrl_gtpo_hicra", override)

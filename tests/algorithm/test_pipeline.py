@@ -18,7 +18,7 @@ SEPA_STEP = 120  # with delay 50 and steps 500: lambda 0.14 once the gate is ope
 def split(name: str) -> tuple[str, str]:
     for advantage in ("reinforce_pp", "grpo_std", "grpo", "maxrl", "rloo"):
         if name.startswith(advantage + "_"):
-            return advantage, name[len(advantage) + 1:]
+            return advantage, name[len(advantage) + 1 :]
     raise ValueError(name)
 
 
@@ -28,8 +28,16 @@ def oracle(name: str, step: dict, lam: float, **knobs) -> torch.Tensor:
     rows = [row[m].tolist() for row, m in zip(step["logprobs"], mask)]
     plans = [row[m].tolist() for row, m in zip(step["planning"], mask)]
     entropies = [row[m].tolist() for row, m in zip(step["entropies"], mask)] if step["entropies"] is not None else None
-    expected = token_advantages(advantage=advantage, transform=transform, rewards=step["rewards"].tolist(),
-                                logprobs=rows, planning=plans, entropies=entropies, lam=lam, **knobs)
+    expected = token_advantages(
+        advantage=advantage,
+        transform=transform,
+        rewards=step["rewards"].tolist(),
+        logprobs=rows,
+        planning=plans,
+        entropies=entropies,
+        lam=lam,
+        **knobs,
+    )
     dense = torch.zeros(mask.shape)
     for n, values in enumerate(expected):
         dense[n, : len(values)] = torch.tensor(values)
@@ -46,22 +54,33 @@ def test_every_preset_matches_the_per_completion_oracle(name):
     torch.testing.assert_close(out.token_advantages, oracle(name, step, lam), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("overrides, knobs", [
-    (["algorithm.surprisal_mask_rho=0.3"], {"rho": 0.3}),
-    (["algorithm.batch_advantage_norm=true"], {"batch_norm": True}),
-    (["algorithm.adv_clip_max=0.8"], {"cap": 0.8}),
-    (["algorithm.gtpo.beta=0.5", "algorithm.hicra.alpha=0.3", "algorithm.surprisal_mask_rho=0.5",
-      "algorithm.batch_advantage_norm=true", "algorithm.adv_clip_max=1.5"],
-     {"beta": 0.5, "alpha": 0.3, "rho": 0.5, "batch_norm": True, "cap": 1.5}),
-    (["algorithm.uncertainty=pred_var"], {"kind": "predictive_variance"}),
-    (["algorithm.uncertainty=shannon_entropy"], {"kind": "shannon_entropy"}),
-])
+@pytest.mark.parametrize(
+    "overrides, knobs",
+    [
+        (["algorithm.surprisal_mask_rho=0.3"], {"rho": 0.3}),
+        (["algorithm.batch_advantage_norm=true"], {"batch_norm": True}),
+        (["algorithm.adv_clip_max=0.8"], {"cap": 0.8}),
+        (
+            [
+                "algorithm.gtpo.beta=0.5",
+                "algorithm.hicra.alpha=0.3",
+                "algorithm.surprisal_mask_rho=0.5",
+                "algorithm.batch_advantage_norm=true",
+                "algorithm.adv_clip_max=1.5",
+            ],
+            {"beta": 0.5, "alpha": 0.3, "rho": 0.5, "batch_norm": True, "cap": 1.5},
+        ),
+        (["algorithm.uncertainty=pred_var"], {"kind": "predictive_variance"}),
+        (["algorithm.uncertainty=shannon_entropy"], {"kind": "shannon_entropy"}),
+    ],
+)
 def test_knobs_change_the_result_exactly_as_the_oracle_says(overrides, knobs):
     algorithm = build("maxrl_gtpo_hicra", *overrides)
     step = synthetic_step(groups=3, group_size=4, tokens=16, seed=2)
     out = run(algorithm, step)
-    torch.testing.assert_close(out.token_advantages, oracle("maxrl_gtpo_hicra", step, 0.0, **knobs),
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        out.token_advantages, oracle("maxrl_gtpo_hicra", step, 0.0, **knobs), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_uniform_groups_are_flagged_and_zeroed_unless_batch_normalisation_is_on():
@@ -74,9 +93,13 @@ def test_uniform_groups_are_flagged_and_zeroed_unless_batch_normalisation_is_on(
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.sampled_from(["maxrl_gtpo_sepa", "maxrl_gtpo_hicra", "reinforce_pp_gtpo_sepa_amp_c", "rloo_gtpo"]),
-       st.integers(0, 10_000), st.integers(1, 9), st.sampled_from([0.0, 0.25]),
-       st.sampled_from([0.0, float("nan"), -3.0, 1e6]))
+@given(
+    st.sampled_from(["maxrl_gtpo_sepa", "maxrl_gtpo_hicra", "reinforce_pp_gtpo_sepa_amp_c", "rloo_gtpo"]),
+    st.integers(0, 10_000),
+    st.integers(1, 9),
+    st.sampled_from([0.0, 0.25]),
+    st.sampled_from([0.0, float("nan"), -3.0, 1e6]),
+)
 def test_padding_never_changes_a_result(name, seed, extra, rho, garbage):
     algorithm = build(name, f"algorithm.surprisal_mask_rho={rho}")
     step = synthetic_step(groups=2, group_size=3, tokens=10, seed=seed)
@@ -87,8 +110,10 @@ def test_padding_never_changes_a_result(name, seed, extra, rho, garbage):
         padded[key] = torch.cat([step[key], tail], dim=1)
     for key in ("logprobs", "entropies"):  # garbage inside the existing padding too
         padded[key][:, :10][~step["mask"]] = garbage
-    plain, wide = run(algorithm, step, lam_step=SEPA_STEP), run(build(name, f"algorithm.surprisal_mask_rho={rho}"),
-                                                                 padded, lam_step=SEPA_STEP)
+    plain, wide = (
+        run(algorithm, step, lam_step=SEPA_STEP),
+        run(build(name, f"algorithm.surprisal_mask_rho={rho}"), padded, lam_step=SEPA_STEP),
+    )
     torch.testing.assert_close(wide.token_advantages[:, :10], plain.token_advantages, rtol=1e-6, atol=1e-7)
     assert torch.all(wide.token_advantages[:, 10:] == 0)
     # float32 sums over a wider block add in another order: ~1e-5 relative drift in a std is rounding, not padding
@@ -100,13 +125,21 @@ def test_metrics_report_uncertainty_before_and_after_the_transforms():
     logprobs = torch.tensor([[-1.0, -5.0, -3.0, 0.0]])
     mask = torch.tensor([[True, True, True, False]])
     planning = torch.tensor([[False, True, False, False]])
-    algorithm = build("maxrl_gtpo_sepa", "algorithm.sepa.delay_steps=0", "algorithm.sepa.steps=1",
-                      "algorithm.sepa.correct_rate_gate=0")
+    algorithm = build(
+        "maxrl_gtpo_sepa",
+        "algorithm.sepa.delay_steps=0",
+        "algorithm.sepa.steps=1",
+        "algorithm.sepa.correct_rate_gate=0",
+    )
     assert algorithm.begin_step(5) == 1.0
     out = algorithm.compute(torch.tensor([[1.0]]), logprobs, mask, None, planning)
     m = {key: pytest.approx(value, rel=1e-5, abs=1e-5) for key, value in out.metrics.items()}
-    assert (m["exec_entropy_mean"], m["exec_entropy_var"], m["plan_entropy_mean"], m["plan_entropy_var"]) == \
-        (2.0, 1.0, 5.0, 0.0)
+    assert (m["exec_entropy_mean"], m["exec_entropy_var"], m["plan_entropy_mean"], m["plan_entropy_var"]) == (
+        2.0,
+        1.0,
+        5.0,
+        0.0,
+    )
     assert (m["surprisal/exec_mean_before"], m["surprisal/exec_var_before"]) == (2.0, 1.0)
     assert (m["surprisal/exec_mean_after"], m["surprisal/exec_var_after"]) == (2.0, 0.0)
     assert (m["surprisal/plan_mean_after"], m["surprisal/exec_count"], m["surprisal/plan_count"]) == (5.0, 2.0, 1.0)
@@ -116,21 +149,41 @@ def test_metrics_report_uncertainty_before_and_after_the_transforms():
 
 def test_metric_keys_follow_the_uncertainty_kind_and_the_enabled_steps():
     step = synthetic_step(seed=4)
-    base = {"sepa_lambda", "sepa_gate_open", "exec_entropy_mean", "exec_entropy_var", "plan_entropy_mean",
-            "plan_entropy_var", "batch_adv_mean", "batch_adv_std", "batch_adv_count"}
-    per_kind = {"exec_count", "plan_count"} | {f"{part}_{stat}_{when}" for part in ("exec", "plan")
-                                                for stat in ("mean", "var") for when in ("before", "after")}
+    base = {
+        "sepa_lambda",
+        "sepa_gate_open",
+        "exec_entropy_mean",
+        "exec_entropy_var",
+        "plan_entropy_mean",
+        "plan_entropy_var",
+        "batch_adv_mean",
+        "batch_adv_std",
+        "batch_adv_count",
+    }
+    per_kind = {"exec_count", "plan_count"} | {
+        f"{part}_{stat}_{when}" for part in ("exec", "plan") for stat in ("mean", "var") for when in ("before", "after")
+    }
     keys = set(run(build("grpo_none", "algorithm.uncertainty=entropy"), step).metrics)
     assert keys == base | {f"entropy/{k}" for k in per_kind}
     algorithm = build("maxrl_gtpo_hicra", "algorithm.surprisal_mask_rho=0.2", "algorithm.adv_clip_max=1")
     keys = set(run(algorithm, step).metrics)
     assert keys == base | {f"surprisal/{k}" for k in per_kind} | {
-        "surprisal_mask_threshold", "surprisal_mask_fraction", "adv_cap_fraction"}
+        "surprisal_mask_threshold",
+        "surprisal_mask_fraction",
+        "adv_cap_fraction",
+    }
 
 
-@pytest.mark.parametrize("name, varying, planning, entropies", [
-    ("grpo_none", False, False, False), ("reinforce_pp_none", False, False, False), ("maxrl_gtpo", True, False, False),
-    ("maxrl_gtpo_hicra", True, True, False), ("maxrl_gtpo_sepa", True, True, False)])
+@pytest.mark.parametrize(
+    "name, varying, planning, entropies",
+    [
+        ("grpo_none", False, False, False),
+        ("reinforce_pp_none", False, False, False),
+        ("maxrl_gtpo", True, False, False),
+        ("maxrl_gtpo_hicra", True, True, False),
+        ("maxrl_gtpo_sepa", True, True, False),
+    ],
+)
 def test_capabilities_are_derived_from_the_parts(name, varying, planning, entropies):
     algorithm = build(name)
     derived = (algorithm.token_varying, algorithm.needs_planning, algorithm.needs_entropies)
@@ -162,8 +215,12 @@ def test_a_step_as_the_trainer_runs_it_with_the_tiny_models_tokenizer():
     from retrain.assets import TINY_MODEL_DIR
 
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
-    texts = ["Let me check: 6 * 7 = 42. \\boxed{42}", "Hmm, 6 * 7 = 48? Wait let me verify. \\boxed{42}",
-             "6 * 7 = 36 \\boxed{36}", "Notice that 6 * 7 = 42 \\boxed{42}"]
+    texts = [
+        "Let me check: 6 * 7 = 42. \\boxed{42}",
+        "Hmm, 6 * 7 = 48? Wait let me verify. \\boxed{42}",
+        "6 * 7 = 36 \\boxed{36}",
+        "Notice that 6 * 7 = 42 \\boxed{42}",
+    ]
     rows = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
     width = max(map(len, rows))
     ids = torch.full((4, width), tokenizer.pad_token_id or 0)
@@ -171,8 +228,12 @@ def test_a_step_as_the_trainer_runs_it_with_the_tiny_models_tokenizer():
     for n, row in enumerate(rows):
         ids[n, : len(row)], mask[n, : len(row)] = torch.tensor(row), True
     logprobs = -torch.rand(4, width, generator=torch.Generator().manual_seed(0)) * mask
-    algorithm = build("maxrl_gtpo_sepa", "algorithm.sepa.correct_rate_gate=0", "algorithm.sepa.delay_steps=0",
-                      "algorithm.sepa.steps=2")
+    algorithm = build(
+        "maxrl_gtpo_sepa",
+        "algorithm.sepa.correct_rate_gate=0",
+        "algorithm.sepa.delay_steps=0",
+        "algorithm.sepa.steps=2",
+    )
     lam = algorithm.begin_step(1)
     planning = algorithm.planning_mask(ids, mask, tokenizer)
     assert planning[0, :12].all() and not planning[2].any()  # "Let me check" / a completion without grams

@@ -23,10 +23,20 @@ CORPUS = [
     "The café sells crêpes for 5 € each — a fair price, naïve customers say.",
     "Integrate x squared from zero to one: the integral equals one third.",
 ] * 4
-TEXT = ("So, wait let me think… Double-check: that’s not right! "
-        "Notice that  the\nKEY insight is x² ≥ 0; what if we start over? outlet me think 🙂 done")
-EXPECTED_GRAMS = ["wait let me", "let me think", "Double-check", "that’s not right", "Notice that",
-                  "the\nKEY insight", "what if we", "start over"]
+TEXT = (
+    "So, wait let me think… Double-check: that’s not right! "
+    "Notice that  the\nKEY insight is x² ≥ 0; what if we start over? outlet me think 🙂 done"
+)
+EXPECTED_GRAMS = [
+    "wait let me",
+    "let me think",
+    "Double-check",
+    "that’s not right",
+    "Notice that",
+    "the\nKEY insight",
+    "what if we",
+    "start over",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +44,9 @@ def byte_bpe() -> PreTrainedTokenizerFast:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tokenizer.train_from_iterator(CORPUS, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
@@ -78,9 +89,13 @@ def test_planning_tokens_are_exactly_the_tokens_overlapping_a_match(byte_bpe):
     ids, expected = oracle_mask(byte_bpe, TEXT, spans)
     mask = PlanningDetector().mask(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool), byte_bpe)
     assert mask[0].tolist() == expected
-    apostrophe = [i for i, (s, e) in enumerate(byte_bpe(TEXT, return_offsets_mapping=True,
-                                                         add_special_tokens=False)["offset_mapping"])
-                  if s <= TEXT.index("’") < e]
+    apostrophe = [
+        i
+        for i, (s, e) in enumerate(
+            byte_bpe(TEXT, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+        )
+        if s <= TEXT.index("’") < e
+    ]
     assert len(apostrophe) == 3 and all(mask[0, apostrophe])  # every byte of the split character
 
 
@@ -112,10 +127,16 @@ def test_user_grams_replace_the_defaults(byte_bpe):
     assert [text[s:e] for s, e in detector.spans(text)] == ["Consider the triangle", "area"]
 
 
-@pytest.mark.parametrize("grams, expected", [
-    (None, DEFAULT_GRAMS), ("", DEFAULT_GRAMS), ("a b, c", ("a b", "c")), ('["x  y", "z"]', ("x y", "z")),
-    (["wait", "hmm ok"], ("wait", "hmm ok")),
-])
+@pytest.mark.parametrize(
+    "grams, expected",
+    [
+        (None, DEFAULT_GRAMS),
+        ("", DEFAULT_GRAMS),
+        ("a b, c", ("a b", "c")),
+        ('["x  y", "z"]', ("x y", "z")),
+        (["wait", "hmm ok"], ("wait", "hmm ok")),
+    ],
+)
 def test_grams_parse_from_lists_csv_and_json(grams, expected):
     assert parse_grams(grams) == expected
 
@@ -133,7 +154,7 @@ def metaspace_bpe() -> PreTrainedTokenizerFast:
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"])
-    tokenizer.train_from_iterator(CORPUS + [TEXT], trainer)
+    tokenizer.train_from_iterator([*CORPUS, TEXT], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", unk_token="<unk>")
 
 
@@ -141,16 +162,15 @@ def test_a_non_byte_level_tokenizer_maps_grams_to_tokens_too(metaspace_bpe):
     text = "So wait let me think about it. Double-check the key insight here."
     spans = expected_spans(text, ["wait let me", "let me think", "Double-check", "the key insight"])
     ids, expected = oracle_mask(metaspace_bpe, text, spans)
-    ids = ids + [metaspace_bpe.eos_token_id]
+    ids = [*ids, metaspace_bpe.eos_token_id]
     mask = PlanningDetector().mask(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool), metaspace_bpe)
-    assert mask[0].tolist() == expected + [False] and any(expected)
+    assert mask[0].tolist() == [*expected, False] and any(expected)
 
 
 def test_the_tiny_models_tokenizer_marks_exactly_the_gram_tokens():
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
     text = "Hmm, wait let me think. 12 × 3 = 36, double-check: that’s not right, the key insight is 36 ✓."
-    spans = expected_spans(text, ["wait let me", "let me think", "double-check", "that’s not right",
-                                  "the key insight"])
+    spans = expected_spans(text, ["wait let me", "let me think", "double-check", "that’s not right", "the key insight"])
     ids, expected = oracle_mask(tokenizer, text, spans)
     mask = PlanningDetector().mask(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool), tokenizer)
     assert mask[0].tolist() == expected and any(expected)

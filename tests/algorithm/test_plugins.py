@@ -21,8 +21,9 @@ PLUGINS = "tests.plugins.algorithm_plugins"
 
 
 def test_an_episode_advantage_plugin_with_parameters():
-    algorithm = build("maxrl_none", f"algorithm.advantage._target_={PLUGINS}.sign_advantage",
-                      "+algorithm.advantage.scale=2.0")
+    algorithm = build(
+        "maxrl_none", f"algorithm.advantage._target_={PLUGINS}.sign_advantage", "+algorithm.advantage.scale=2.0"
+    )
     step = synthetic_step(seed=7)
     out = run(algorithm, step)
     rewards = step["rewards"]
@@ -32,9 +33,15 @@ def test_an_episode_advantage_plugin_with_parameters():
 
 
 def test_a_class_based_advantage_is_built_once_with_its_parameters():
-    algorithm = build("grpo_none", f"algorithm.advantage._target_={PLUGINS}.ScaledGRPO",
-                      "algorithm.advantage._partial_=false", "+algorithm.advantage.scale=3.0")
-    assert isinstance(algorithm.advantage, Checked) and isinstance(algorithm.advantage.plugin, algorithm_plugins.ScaledGRPO)
+    algorithm = build(
+        "grpo_none",
+        f"algorithm.advantage._target_={PLUGINS}.ScaledGRPO",
+        "algorithm.advantage._partial_=false",
+        "+algorithm.advantage.scale=3.0",
+    )
+    assert isinstance(algorithm.advantage, Checked) and isinstance(
+        algorithm.advantage.plugin, algorithm_plugins.ScaledGRPO
+    )
     step = synthetic_step(seed=6)
     plain = run(build("grpo_none"), step).token_advantages
     torch.testing.assert_close(run(algorithm, step).token_advantages, 3.0 * plain)
@@ -72,8 +79,10 @@ def test_transform_plugins_are_added_by_key_after_the_presets_transforms():
 
 
 def test_a_function_transform_with_partial_and_no_declarations_counts_as_token_varying():
-    algorithm = build("maxrl_none", f"+algorithm.transforms.boost={{_target_:{PLUGINS}.boost_opening,"
-                                    "_partial_:true,tokens:2,factor:3.0}")
+    algorithm = build(
+        "maxrl_none",
+        f"+algorithm.transforms.boost={{_target_:{PLUGINS}.boost_opening,_partial_:true,tokens:2,factor:3.0}}",
+    )
     assert algorithm.token_varying and not build("maxrl_none").token_varying
     assert not build("maxrl_none", f"+algorithm.transforms.clip={{_target_:{PLUGINS}.ClipAdvantages}}").token_varying
     step = synthetic_step(seed=10)
@@ -106,19 +115,32 @@ def test_a_whole_algorithm_plugin_replaces_the_pipeline():
     assert torch.equal(ranks.sum(dim=1), torch.zeros(2))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ([f"algorithm.advantage._target_={PLUGINS}.wrong_shape_advantage"],
-     rf"episode advantage {PLUGINS}.wrong_shape_advantage returned shape \[3\], expected \[3, 4\]"),
-    ([f"algorithm.advantage._target_={PLUGINS}.nan_advantage"],
-     rf"episode advantage {PLUGINS}.nan_advantage returned non-finite values \(e.g. nan at index \[0, 0\]\)"),
-    ([f"algorithm.uncertainty={PLUGINS}.nan_uncertainty"],
-     rf"uncertainty '{PLUGINS}.nan_uncertainty' returned non-finite values"),
-    ([f"+algorithm.transforms.drop={{_target_:{PLUGINS}.DropLastToken}}"],
-     rf"transform algorithm.transforms.drop \({PLUGINS}.DropLastToken\) \(advantages\) returned shape \[12, 15\], "
-     r"expected \[12, 16\]"),
-    ([f"+algorithm.transforms.inf={{_target_:{PLUGINS}.InfiniteUncertainty}}"],
-     rf"transform algorithm.transforms.inf \({PLUGINS}.InfiniteUncertainty\) \(uncertainty\) returned non-finite"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            [f"algorithm.advantage._target_={PLUGINS}.wrong_shape_advantage"],
+            rf"episode advantage {PLUGINS}.wrong_shape_advantage returned shape \[3\], expected \[3, 4\]",
+        ),
+        (
+            [f"algorithm.advantage._target_={PLUGINS}.nan_advantage"],
+            rf"episode advantage {PLUGINS}.nan_advantage returned non-finite values \(e.g. nan at index \[0, 0\]\)",
+        ),
+        (
+            [f"algorithm.uncertainty={PLUGINS}.nan_uncertainty"],
+            rf"uncertainty '{PLUGINS}.nan_uncertainty' returned non-finite values",
+        ),
+        (
+            [f"+algorithm.transforms.drop={{_target_:{PLUGINS}.DropLastToken}}"],
+            rf"transform algorithm.transforms.drop \({PLUGINS}.DropLastToken\) \(advantages\) returned shape \[12, 15\], "
+            r"expected \[12, 16\]",
+        ),
+        (
+            [f"+algorithm.transforms.inf={{_target_:{PLUGINS}.InfiniteUncertainty}}"],
+            rf"transform algorithm.transforms.inf \({PLUGINS}.InfiniteUncertainty\) \(uncertainty\) returned non-finite",
+        ),
+    ],
+)
 def test_a_broken_plugin_is_named_in_the_error(overrides, message):
     algorithm = build("maxrl_gtpo", *overrides)
     with pytest.raises(PluginOutputError, match=message):
@@ -128,8 +150,11 @@ def test_a_broken_plugin_is_named_in_the_error(overrides, message):
 def test_a_broken_whole_algorithm_is_named_when_its_output_is_checked():
     algorithm = build("grpo_none", f"algorithm._target_={PLUGINS}.FlatShapeAlgorithm")
     step = synthetic_step(groups=2, group_size=4, seed=13)
-    with pytest.raises(PluginOutputError, match=rf"algorithm 'grpo_none' \({PLUGINS}.FlatShapeAlgorithm\).compute "
-                                                r"\(token_advantages\) returned shape \[8\], expected \[8, 16\]"):
+    with pytest.raises(
+        PluginOutputError,
+        match=rf"algorithm 'grpo_none' \({PLUGINS}.FlatShapeAlgorithm\).compute "
+        r"\(token_advantages\) returned shape \[8\], expected \[8, 16\]",
+    ):
         check_algorithm_output(algorithm, run(algorithm, step), 2, step["mask"])
 
 
@@ -138,8 +163,11 @@ def test_every_whole_algorithm_plugin_is_checked_where_it_is_built_a_subclass_of
     algorithm = checked_algorithm(build("grpo_none", f"algorithm._target_={PLUGINS}.{plugin}"))
     assert isinstance(algorithm, Checked) and algorithm.name == "grpo_none" and not algorithm.needs_planning
     step = synthetic_step(groups=2, group_size=4, seed=13)
-    with pytest.raises(PluginOutputError, match=rf"algorithm 'grpo_none' \({PLUGINS}.{plugin}\).compute "
-                                                r"\(token_advantages\) returned shape \[8\], expected \[8, 16\]"):
+    with pytest.raises(
+        PluginOutputError,
+        match=rf"algorithm 'grpo_none' \({PLUGINS}.{plugin}\).compute "
+        r"\(token_advantages\) returned shape \[8\], expected \[8, 16\]",
+    ):
         run(algorithm, step)
 
 
@@ -152,7 +180,11 @@ def test_a_users_own_preset_extends_a_builtin_one_through_the_search_path(tmp_pa
     (tmp_path / "algorithm").mkdir()
     (tmp_path / "algorithm" / "maxrl_gtpo_clip.yaml").write_text(
         "defaults:\n  - maxrl_gtpo\n  - _self_\nname: maxrl_gtpo_clip\nlabel: maxrl+gtpo_clip\n"
-        f"transforms:\n  clip:\n    _target_: {PLUGINS}.ClipAdvantages\n    limit: 0.3\n")
+        f"transforms:\n  clip:\n    _target_: {PLUGINS}.ClipAdvantages\n    limit: 0.3\n"
+    )
     algorithm = build("maxrl_gtpo_clip", f"hydra.searchpath=[file://{tmp_path}]")
-    assert (algorithm.name, algorithm.label, list(dict(algorithm.stages))) == \
-        ("maxrl_gtpo_clip", "maxrl+gtpo_clip", ["gtpo", "clip"])
+    assert (algorithm.name, algorithm.label, list(dict(algorithm.stages))) == (
+        "maxrl_gtpo_clip",
+        "maxrl+gtpo_clip",
+        ["gtpo", "clip"],
+    )

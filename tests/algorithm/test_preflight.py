@@ -26,16 +26,22 @@ def test_every_kind_of_preset_passes_on_backends_that_keep_token_advantages(name
 
 @pytest.mark.parametrize("name", ["maxrl_gtpo", "maxrl_gtpo_hicra", "maxrl_gtpo_sepa"])
 def test_a_token_varying_algorithm_is_refused_by_an_aggregating_backend(name):
-    with pytest.raises(ConfigError, match=rf"algorithm '{name}' cannot run on backend 'prime_rl'.*"
-                                          r"preserves_token_advantages=false"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"algorithm '{name}' cannot run on backend 'prime_rl'.*"
+        r"preserves_token_advantages=false",
+    ):
         preflight(build(name), PRIME_RL, backend_name="prime_rl")
 
 
 def test_token_uniform_algorithms_pass_on_an_aggregating_backend():
     for name in ("grpo_none", "maxrl_none", "reinforce_pp_none", "rloo_none"):
         assert not preflight(build(name), PRIME_RL, backend_name="prime_rl").token_varying
-    assert not preflight(build("grpo_none", f"algorithm._target_={PLUGINS}.RankAlgorithm"), CONSERVATIVE_CAPABILITIES,
-                         backend_name="my_backend").token_varying
+    assert not preflight(
+        build("grpo_none", f"algorithm._target_={PLUGINS}.RankAlgorithm"),
+        CONSERVATIVE_CAPABILITIES,
+        backend_name="my_backend",
+    ).token_varying
 
 
 def test_the_surprisal_mask_makes_an_algorithm_token_varying():
@@ -53,19 +59,25 @@ def test_the_probe_catches_an_algorithm_that_varies_without_declaring_it():
 @pytest.mark.parametrize("uncertainty", ["shannon_entropy", "entropy", f"{PLUGINS}.entropy_gap"])
 def test_an_uncertainty_that_needs_entropies_is_refused_where_none_come_back(uncertainty):
     algorithm = build("maxrl_gtpo_sepa", f"algorithm.uncertainty={uncertainty}")
-    with pytest.raises(ConfigError, match=r"algorithm 'maxrl_gtpo_sepa' uses uncertainty .* but backend 'tinker' "
-                                          "cannot return them"):
+    with pytest.raises(
+        ConfigError,
+        match=r"algorithm 'maxrl_gtpo_sepa' uses uncertainty .* but backend 'tinker' "
+        "cannot return them",
+    ):
         preflight(algorithm, TINKER, backend_name="tinker")
     with pytest.raises(ConfigError, match="backend 'local' with engine 'vllm' cannot return them"):
         preflight(algorithm, LOCAL, backend_name="local", engine_returns_entropies=False, engine_name="vllm")
     assert preflight(algorithm, LOCAL, backend_name="local", engine_returns_entropies=True).needs_entropies
 
 
-@pytest.mark.parametrize("overrides, culprit", [
-    ([f"algorithm.advantage._target_={PLUGINS}.wrong_shape_advantage"], f"{PLUGINS}.wrong_shape_advantage"),
-    ([f"+algorithm.transforms.drop._target_={PLUGINS}.DropLastToken"], f"{PLUGINS}.DropLastToken"),
-    ([f"algorithm._target_={PLUGINS}.FlatShapeAlgorithm"], f"{PLUGINS}.FlatShapeAlgorithm"),
-])
+@pytest.mark.parametrize(
+    "overrides, culprit",
+    [
+        ([f"algorithm.advantage._target_={PLUGINS}.wrong_shape_advantage"], f"{PLUGINS}.wrong_shape_advantage"),
+        ([f"+algorithm.transforms.drop._target_={PLUGINS}.DropLastToken"], f"{PLUGINS}.DropLastToken"),
+        ([f"algorithm._target_={PLUGINS}.FlatShapeAlgorithm"], f"{PLUGINS}.FlatShapeAlgorithm"),
+    ],
+)
 def test_a_broken_plugin_fails_preflight_by_name(overrides, culprit):
     with pytest.raises(PluginOutputError, match=culprit):
         preflight(build("maxrl_gtpo_sepa", *overrides), LOCAL)

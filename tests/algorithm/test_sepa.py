@@ -40,8 +40,9 @@ def test_the_gate_holds_lambda_at_zero_until_a_good_step_then_stays_open():
 
 
 def test_auto_tracks_the_execution_variance_and_floors_with_linear():
-    schedule = SEPASchedule(steps=100, delay_steps=0, correct_rate_gate=0.0, schedule="auto", warmup=3,
-                            ema_decay=0.5, var_threshold=0.5)
+    schedule = SEPASchedule(
+        steps=100, delay_steps=0, correct_rate_gate=0.0, schedule="auto", warmup=3, ema_decay=0.5, var_threshold=0.5
+    )
     for variance in (4.0, 2.0, float("inf"), 2.0):
         schedule.update(1.0, variance)
     # ema: 4 -> 3 -> (inf ignored) -> 2.5; baseline fixed after the third update
@@ -60,8 +61,12 @@ def test_auto_baseline_has_a_floor():
 
 
 def test_the_algorithm_feeds_auto_one_variance_per_step_from_raw_execution_tokens():
-    algorithm = build("maxrl_gtpo_sepa", "algorithm.sepa.schedule=auto", "algorithm.sepa.warmup=2",
-                      "algorithm.sepa.correct_rate_gate=0")
+    algorithm = build(
+        "maxrl_gtpo_sepa",
+        "algorithm.sepa.schedule=auto",
+        "algorithm.sepa.warmup=2",
+        "algorithm.sepa.correct_rate_gate=0",
+    )
     step = synthetic_step(groups=2, group_size=3, seed=5)
     algorithm.begin_step(0)
     algorithm.compute(step["rewards"], step["logprobs"], step["mask"], None, step["planning"])
@@ -92,8 +97,13 @@ def _trajectory(algorithm, steps: range) -> list[tuple[float, torch.Tensor]]:
 
 @pytest.mark.parametrize("schedule", ["linear", "auto"])
 def test_a_resumed_run_continues_the_schedule_exactly(schedule):
-    overrides = (f"algorithm.sepa.schedule={schedule}", "algorithm.sepa.warmup=4", "algorithm.sepa.delay_steps=2",
-                 "algorithm.sepa.steps=20", "algorithm.sepa.ema_decay=0.6")
+    overrides = (
+        f"algorithm.sepa.schedule={schedule}",
+        "algorithm.sepa.warmup=4",
+        "algorithm.sepa.delay_steps=2",
+        "algorithm.sepa.steps=20",
+        "algorithm.sepa.ema_decay=0.6",
+    )
     uninterrupted = _trajectory(build("maxrl_gtpo_sepa", *overrides), range(12))
     first = build("maxrl_gtpo_sepa", *overrides)
     before = _trajectory(first, range(6))
@@ -110,5 +120,6 @@ def test_a_resumed_run_continues_the_schedule_exactly(schedule):
 
 def test_a_checkpoint_with_unknown_state_is_refused():
     with pytest.raises(ConfigError, match="unknown keys"):
-        SEPASchedule().load_state_dict({"var_ema": None, "var_0": None, "warmup_seen": 0, "gate_open": False,
-                                        "lambda": 0.3})
+        SEPASchedule().load_state_dict(
+            {"var_ema": None, "var_0": None, "warmup_seen": 0, "gate_open": False, "lambda": 0.3}
+        )

@@ -13,7 +13,7 @@ from hypothesis.extra.numpy import arrays
 
 from retrain.algorithm.batch import AdvantageCap, BatchNormalization
 from retrain.algorithm.tokens import TokenBatch
-from retrain.algorithm.transforms import GTPOWeighting, HICRA, SEPAAmplification, SEPAPooling, SurprisalMask
+from retrain.algorithm.transforms import HICRA, GTPOWeighting, SEPAAmplification, SEPAPooling, SurprisalMask
 from retrain.errors import ConfigError
 
 T = torch.tensor
@@ -25,11 +25,19 @@ def token_batch(uncertainty, mask=None, planning=None, advantages=None, group_si
     u = u * mask
     advantages = torch.ones_like(u) * mask if advantages is None else T(advantages, dtype=torch.float32) * mask
     planning = None if planning is None else T(planning, dtype=torch.bool) & mask
-    return TokenBatch(advantages=advantages, uncertainty=u, raw_uncertainty=u, mask=mask, planning=planning,
-                      group_size=group_size or u.shape[0], sepa_lambda=lam)
+    return TokenBatch(
+        advantages=advantages,
+        uncertainty=u,
+        raw_uncertainty=u,
+        mask=mask,
+        planning=planning,
+        group_size=group_size or u.shape[0],
+        sepa_lambda=lam,
+    )
 
 
 # ---- exact values ----------------------------------------------------------------------------------
+
 
 def test_sepa_pools_execution_tokens_towards_their_mean():
     batch = token_batch([[1.0, 2.0, 3.0, 6.0, 9.0]], mask=[[1, 1, 1, 1, 0]], planning=[[0, 1, 0, 0, 0]], lam=0.5)
@@ -84,8 +92,11 @@ def test_hicra_amplifies_planning_tokens_by_their_magnitude():
 def test_surprisal_mask_keeps_each_groups_top_rho_with_ties():
     # group 0: six real tokens 5,1,3 | 2,4,4 -> k = floor(6 * 0.5) = 3 -> threshold 4 (ties kept)
     # group 1: three real tokens 0.3,0.1 | 0.2 -> k = max(1, floor(1.5)) = 1 -> threshold 0.3
-    batch = token_batch([[5.0, 1.0, 3.0, 0.0], [2.0, 4.0, 4.0, 0.0], [0.3, 0.1, 0.0, 0.0], [0.2, 0.0, 0.0, 0.0]],
-                        mask=[[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]], group_size=2)
+    batch = token_batch(
+        [[5.0, 1.0, 3.0, 0.0], [2.0, 4.0, 4.0, 0.0], [0.3, 0.1, 0.0, 0.0], [0.2, 0.0, 0.0, 0.0]],
+        mask=[[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]],
+        group_size=2,
+    )
     out = SurprisalMask(rho=0.5)(batch)
     assert out.advantages.tolist() == [[1, 0, 0, 0], [0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]]
     assert out.metrics["surprisal_mask_fraction"] == pytest.approx(5 / 9)
@@ -122,18 +133,25 @@ def test_advantage_cap_clamps_nonzero_entries_and_reports_the_fraction():
 # ---- properties ------------------------------------------------------------------------------------
 
 ROWS, TOKENS = st.integers(1, 6), st.integers(1, 24)
+LAMBDAS = st.floats(0.0, 1.0)
 
 
 @st.composite
-def token_batches(draw, max_uncertainty: float = 50.0, lam=st.floats(0.0, 1.0)):
+def token_batches(draw, max_uncertainty: float = 50.0, lam=LAMBDAS):
     rows, tokens = draw(ROWS), draw(TOKENS)
     u = draw(arrays(np.float32, (rows, tokens), elements=st.floats(0.0, max_uncertainty, width=32)))
     lengths = draw(arrays(np.int64, (rows,), elements=st.integers(0, tokens)))
     planning = draw(arrays(np.bool_, (rows, tokens)))
     episode = draw(arrays(np.float32, (rows, 1), elements=st.floats(-10, 10, width=32)))
     mask = np.arange(tokens)[None, :] < lengths[:, None]
-    return token_batch(u.tolist(), mask=mask.tolist(), planning=planning.tolist(),
-                       advantages=np.broadcast_to(episode, (rows, tokens)).tolist(), group_size=1, lam=draw(lam))
+    return token_batch(
+        u.tolist(),
+        mask=mask.tolist(),
+        planning=planning.tolist(),
+        advantages=np.broadcast_to(episode, (rows, tokens)).tolist(),
+        group_size=1,
+        lam=draw(lam),
+    )
 
 
 @settings(max_examples=100, deadline=None)

@@ -31,10 +31,16 @@ def test_shannon_entropy_reads_the_engines_entropies_and_refuses_without_them():
         shannon_entropy(LOGPROBS, MASK, None)
 
 
-@pytest.mark.parametrize("alias, kind", [("pred_var", "predictive_variance"),
-                                         ("bernoulli_variance", "predictive_variance"),
-                                         ("entropy", "shannon_entropy"), ("shannon", "shannon_entropy"),
-                                         ("surprisal", "surprisal")])
+@pytest.mark.parametrize(
+    "alias, kind",
+    [
+        ("pred_var", "predictive_variance"),
+        ("bernoulli_variance", "predictive_variance"),
+        ("entropy", "shannon_entropy"),
+        ("shannon", "shannon_entropy"),
+        ("surprisal", "surprisal"),
+    ],
+)
 def test_aliases_resolve_to_their_kind(alias, kind):
     assert resolve_uncertainty(alias).name == kind
 
@@ -52,12 +58,17 @@ def test_a_dotted_path_loads_a_user_function_with_its_declarations():
     assert resolve_uncertainty("tests.plugins.algorithm_plugins.entropy_gap").needs_entropies
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("surprise", r"algorithm.uncertainty='surprise' is not a known uncertainty kind \(surprisal, "),
-    ("tests.plugins.algorithm_plugins.no_such_fn",
-     "algorithm.uncertainty='tests.plugins.algorithm_plugins.no_such_fn': cannot import"),
-    ("tests.plugins.algorithm_plugins.ClipAdvantages.token_varying", "is a bool, not a function"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("surprise", r"algorithm.uncertainty='surprise' is not a known uncertainty kind \(surprisal, "),
+        (
+            "tests.plugins.algorithm_plugins.no_such_fn",
+            "algorithm.uncertainty='tests.plugins.algorithm_plugins.no_such_fn': cannot import",
+        ),
+        ("tests.plugins.algorithm_plugins.ClipAdvantages.token_varying", "is a bool, not a function"),
+    ],
+)
 def test_unknown_kinds_fail_with_the_key_and_value(spec, message):
     with pytest.raises(ConfigError, match=message):
         resolve_uncertainty(spec)

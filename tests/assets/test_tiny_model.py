@@ -62,7 +62,7 @@ def test_offsets_map_each_token_to_its_characters(tokenizer: PreTrainedTokenizer
     text = "What is 47+38? \\boxed{85}"
     encoding = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
     pieces = [text[start:end] for start, end in encoding["offset_mapping"]]
-    assert pieces == list("What is 47+38? ") + ["\\boxed{", "8", "5", "}"]
+    assert pieces == [*list("What is 47+38? "), "\\boxed{", "8", "5", "}"]
 
 
 def test_chat_template_builds_the_generation_prompt(tokenizer: PreTrainedTokenizerFast) -> None:

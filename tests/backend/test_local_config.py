@@ -41,8 +41,14 @@ def test_model_values_are_type_checked_at_compose_time():
 
 
 def test_backend_and_engine_build_from_the_config(tiny_model_dir):
-    cfg = compose(["backend.devices=cpu", f"model.name_or_path={tiny_model_dir}", "model.lora_rank=4",
-                   "inference.prefix_caching=false"])
+    cfg = compose(
+        [
+            "backend.devices=cpu",
+            f"model.name_or_path={tiny_model_dir}",
+            "model.lora_rank=4",
+            "inference.prefix_caching=false",
+        ]
+    )
     engine_factory = instantiate(cfg.inference)
     assert isinstance(engine_factory, functools.partial) and engine_factory.func is PytorchEngine
     # As the composition root does: runtime objects are bound to the partial, not merged into the config.

@@ -50,8 +50,10 @@ def test_chat_prompts_apply_the_chat_template_once_per_distinct_prompt(tiny_spec
     encoded = prompts([PROMPTS[0], PROMPTS[1], PROMPTS[0]])
     assert len(encoded) == 3 and encoded[0] == encoded[2] and all(isinstance(t, int) for t in encoded[0])
     conversation = [{"role": "user", "content": PROMPTS[0]}]
-    with_prompt, without = (tokenizer.apply_chat_template(conversation, add_generation_prompt=flag, tokenize=False)
-                            for flag in (True, False))
+    with_prompt, without = (
+        tokenizer.apply_chat_template(conversation, add_generation_prompt=flag, tokenize=False)
+        for flag in (True, False)
+    )
     assert tokenizer.decode(encoded[0]) == with_prompt
     assert with_prompt.startswith(without) and len(with_prompt) > len(without)
     assert prompts([PROMPTS[0]])[0] is encoded[0]  # encoded once for the whole run
@@ -72,12 +74,15 @@ def test_gpu_request_without_cuda_falls_back_to_cpu_with_a_warning(tiny_spec):
     assert backend.device == torch.device("cpu") and backend.model.dtype == torch.float32
 
 
-@pytest.mark.parametrize(("devices", "error", "message"), [
-    ("gpu:0,gpu:1", ConfigError, "split mode"),
-    ("tpu:0", ConfigError, "backend.devices='tpu:0'"),
-    ("gpu:x", ConfigError, "is not 'cpu' or 'gpu:N'"),
-    ("", ConfigError, "backend.devices=''"),
-])
+@pytest.mark.parametrize(
+    ("devices", "error", "message"),
+    [
+        ("gpu:0,gpu:1", ConfigError, "split mode"),
+        ("tpu:0", ConfigError, "backend.devices='tpu:0'"),
+        ("gpu:x", ConfigError, "is not 'cpu' or 'gpu:N'"),
+        ("", ConfigError, "backend.devices=''"),
+    ],
+)
 def test_bad_devices_are_named(devices, error, message):
     with pytest.raises(error, match=re.escape(message)):
         resolve_device(devices)
@@ -98,8 +103,10 @@ class TestModelSpec:
         assert ModelSpec().torch_dtype(torch.device("cuda", 0)) == torch.bfloat16
         assert ModelSpec(dtype="bf16").torch_dtype(torch.device("cpu")) == torch.bfloat16
 
-    @pytest.mark.parametrize(("field", "value"), [("lora_rank", 0), ("lora_alpha", -1), ("lora_dropout", 1.0),
-                                                  ("dtype", "int8"), ("target_modules", [])])
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [("lora_rank", 0), ("lora_alpha", -1), ("lora_dropout", 1.0), ("dtype", "int8"), ("target_modules", [])],
+    )
     def test_bad_values_are_named(self, field, value):
         with pytest.raises(ValueError, match=f"model.{field}"):
             ModelSpec(**{field: value})

@@ -26,8 +26,7 @@ def advantages_for(rollouts: Rollouts, seed: int) -> torch.Tensor:
 
 def batch_for(rollouts: Rollouts, seed: int = 0, row_mask: torch.Tensor | None = None) -> TrainBatch:
     rows = torch.ones(rollouts.num_rows, dtype=torch.bool) if row_mask is None else row_mask
-    return TrainBatch(rollouts=rollouts, advantages=advantages_for(rollouts, seed) * rows.unsqueeze(1),
-                      row_mask=rows)
+    return TrainBatch(rollouts=rollouts, advantages=advantages_for(rollouts, seed) * rows.unsqueeze(1), row_mask=rows)
 
 
 def lora_state(backend) -> dict[str, torch.Tensor]:
@@ -44,9 +43,15 @@ def test_first_update_ratio_is_one(tiny_spec):
     rollouts = sample(backend)
     backend.model.train()
     with torch.no_grad():
-        recomputed = completion_logprobs(backend.model, rollouts.prompt_ids, rollouts.prompt_mask,
-                                         torch.arange(rollouts.num_rows) // 4, rollouts.completion_ids,
-                                         rollouts.completion_mask, SAMPLING.temperature)
+        recomputed = completion_logprobs(
+            backend.model,
+            rollouts.prompt_ids,
+            rollouts.prompt_mask,
+            torch.arange(rollouts.num_rows) // 4,
+            rollouts.completion_ids,
+            rollouts.completion_mask,
+            SAMPLING.temperature,
+        )
     ratio = torch.exp(recomputed - rollouts.logprobs)[rollouts.completion_mask]
     assert ratio.numel() > 0 and (ratio - 1).abs().max() <= 1e-4
 
@@ -67,7 +72,9 @@ def test_a_step_returns_its_weight_update_and_a_skipped_step_none(tiny_spec):
     assert update.tensors.keys() == {name for name, p in trainable.items() if p.requires_grad}
     assert all(tensor is trainable[name] for name, tensor in update.tensors.items())  # live, not copied
     assert all("lora_" in name for name in update.tensors)
-    nothing = TrainBatch(rollouts, torch.zeros(rollouts.completion_ids.shape), torch.ones(rollouts.num_rows, dtype=torch.bool))
+    nothing = TrainBatch(
+        rollouts, torch.zeros(rollouts.completion_ids.shape), torch.ones(rollouts.num_rows, dtype=torch.bool)
+    )
     assert backend.train(nothing).update is None
     assert backend.train(batch_for(rollouts)).update.version == 2
 
@@ -84,7 +91,9 @@ def test_micro_batches_give_the_same_gradient(tiny_spec):
         captured: dict[int, torch.Tensor] = {}
         backend.optimizer.register_step_pre_hook(
             lambda opt, args, kwargs, captured=captured, backend=backend: captured.update(
-                {i: p.grad.clone() for i, p in enumerate(backend.trainable)}))
+                {i: p.grad.clone() for i, p in enumerate(backend.trainable)}
+            )
+        )
         results.append(backend.train(batch))
         grads.append(captured)
     assert trained_rows >= 13  # so that ceil(rows / 4) rows per micro-batch gives 4 micro-batches
@@ -154,7 +163,8 @@ def test_save_load_round_trip_restores_adapter_and_optimizer(tiny_spec, tmp_path
         original.train(batch_for(sample(original, seed=step), seed=step))
     original.save(tmp_path / "ckpt")
     assert {"adapter_model.safetensors", "adapter_config.json", "optimizer.pt"} <= {
-        p.name for p in (tmp_path / "ckpt").iterdir()}
+        p.name for p in (tmp_path / "ckpt").iterdir()
+    }
     saved_adapter = lora_state(original)
     continued = original.train(batch_for(sample(original, seed=2), seed=2))
 
@@ -179,8 +189,11 @@ def test_batch_without_contributing_tokens_takes_no_step(tiny_spec):
     backend = make_backend(tiny_spec)
     rollouts = sample(backend)
     before = lora_state(backend)
-    result = backend.train(TrainBatch(rollouts, torch.zeros(rollouts.completion_ids.shape),
-                                      torch.ones(rollouts.num_rows, dtype=torch.bool)))
+    result = backend.train(
+        TrainBatch(
+            rollouts, torch.zeros(rollouts.completion_ids.shape), torch.ones(rollouts.num_rows, dtype=torch.bool)
+        )
+    )
     assert result.num_tokens == 0 and not result.skipped_nonfinite
     assert all(torch.equal(p, before[name]) for name, p in lora_state(backend).items())
 
@@ -218,8 +231,9 @@ class TestPolicyTokenLoss:
 
     def test_gradient_flows_through_unclipped_tokens_only(self):
         new = torch.log(self.ratios).requires_grad_()
-        policy_token_loss(new, torch.zeros(7), self.advantages, LossSettings(clip_eps=0.2, clip_eps_high=None)
-                          ).loss.sum().backward()
+        policy_token_loss(
+            new, torch.zeros(7), self.advantages, LossSettings(clip_eps=0.2, clip_eps_high=None)
+        ).loss.sum().backward()
         assert (new.grad == 0).tolist() == [False, False, False, False, True, True, False]
 
 

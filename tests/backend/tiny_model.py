@@ -35,14 +35,27 @@ def tokenizer_of(name_or_path: str) -> Any:
     return ModelSpec(name_or_path=name_or_path).load_tokenizer()
 
 
-def make_backend(spec: ModelSpec, seed: int = 0, lr: float = 1e-2, max_grad_norm: float = 1.0,
-                 loss: LossSettings | None = None, devices: str = "cpu", micro_batch_size: int = 0,
-                 **options) -> LocalBackend:
+def make_backend(
+    spec: ModelSpec,
+    seed: int = 0,
+    lr: float = 1e-2,
+    max_grad_norm: float = 1.0,
+    loss: LossSettings | None = None,
+    devices: str = "cpu",
+    micro_batch_size: int = 0,
+    **options,
+) -> LocalBackend:
     """A CPU LocalBackend with the run-wide defaults but `lr` and `max_grad_norm`."""
     training = TrainingConfig(lr=lr, max_grad_norm=max_grad_norm)
-    return LocalBackend(model=spec, optim=OptimSettings.from_config(training),
-                        loss=loss or LossSettings.from_config(training), seed=seed, devices=devices,
-                        micro_batch_size=micro_batch_size, **options)
+    return LocalBackend(
+        model=spec,
+        optim=OptimSettings.from_config(training),
+        loss=loss or LossSettings.from_config(training),
+        seed=seed,
+        devices=devices,
+        micro_batch_size=micro_batch_size,
+        **options,
+    )
 
 
 def make_engine(backend: LocalBackend, **options) -> PytorchEngine:

@@ -29,9 +29,20 @@ class SimulatedRun:
     entropy_var: np.ndarray  # [steps]
 
 
-def simulate_run(sweep_dir: Path, condition: str, seed: int, p_correct: float, steps: int = 12,
-                 batch_size: int = 4, group_size: int = 4, state: str = "done", entropy_scale: float = 1.0,
-                 num: int | None = None, pid: int | None = None, error: str | None = None) -> SimulatedRun:
+def simulate_run(
+    sweep_dir: Path,
+    condition: str,
+    seed: int,
+    p_correct: float,
+    steps: int = 12,
+    batch_size: int = 4,
+    group_size: int = 4,
+    state: str = "done",
+    entropy_scale: float = 1.0,
+    num: int | None = None,
+    pid: int | None = None,
+    error: str | None = None,
+) -> SimulatedRun:
     """Write `<sweep>/<condition>_s<seed>` with metrics.jsonl, status.json, job.json and .hydra/."""
     rng = np.random.default_rng([seed, zlib.crc32(condition.encode())])
     completions = batch_size * group_size
@@ -43,22 +54,44 @@ def simulate_run(sweep_dir: Path, condition: str, seed: int, p_correct: float, s
     with open(run_dir.metrics, "w") as handle:
         for step in range(steps):
             total_correct += int(draws[step].sum())
-            handle.write(json.dumps({
-                "step": step, "condition": condition, "seed": seed, "loss": float(rng.normal()),
-                "mean_reward": float(draws[step].mean()), "correct_rate": float(draws[step].mean()),
-                "running_correct_rate": total_correct / ((step + 1) * completions),
-                "batch_size": batch_size, "group_size": group_size, "exec_entropy_var": float(entropy[step]),
-                "step_time_s": 0.1,
-            }) + "\n")
-    status = {"state": state, "step": steps - 1, "max_steps": steps, "condition": condition, "seed": seed,
-              "updated_at": time.time(), "pid": pid or os.getpid(), "hostname": socket.gethostname(),
-              "error": error, "eval": {}}
+            handle.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "condition": condition,
+                        "seed": seed,
+                        "loss": float(rng.normal()),
+                        "mean_reward": float(draws[step].mean()),
+                        "correct_rate": float(draws[step].mean()),
+                        "running_correct_rate": total_correct / ((step + 1) * completions),
+                        "batch_size": batch_size,
+                        "group_size": group_size,
+                        "exec_entropy_var": float(entropy[step]),
+                        "step_time_s": 0.1,
+                    }
+                )
+                + "\n"
+            )
+    status = {
+        "state": state,
+        "step": steps - 1,
+        "max_steps": steps,
+        "condition": condition,
+        "seed": seed,
+        "updated_at": time.time(),
+        "pid": pid or os.getpid(),
+        "hostname": socket.gethostname(),
+        "error": error,
+        "eval": {},
+    }
     run_dir.write_status(status)
     if num is not None:
-        run_dir.job_file.write_text(json.dumps({"num": num, "pid": pid or os.getpid(),
-                                                "hostname": socket.gethostname(), "slurm": {}}))
-    run_dir.hydra_config.write_text(yaml.safe_dump(
-        {"algorithm": {"name": condition}, "training": {"seed": seed, "max_steps": steps}}))
+        run_dir.job_file.write_text(
+            json.dumps({"num": num, "pid": pid or os.getpid(), "hostname": socket.gethostname(), "slurm": {}})
+        )
+    run_dir.hydra_config.write_text(
+        yaml.safe_dump({"algorithm": {"name": condition}, "training": {"seed": seed, "max_steps": steps}})
+    )
     return SimulatedRun(run_dir.path, condition, seed, draws, entropy)
 
 

@@ -16,8 +16,9 @@ from tests.test_squeeze import save_adapter, tiny_base
 
 
 def campaign_config(**squeeze: object) -> object:
-    return OmegaConf.create({"squeeze": squeeze, "logging": {"wandb_project": "", "wandb_entity": "",
-                                                             "wandb_group": "grpo_none"}})
+    return OmegaConf.create(
+        {"squeeze": squeeze, "logging": {"wandb_project": "", "wandb_entity": "", "wandb_group": "grpo_none"}}
+    )
 
 
 def test_first_finished_run_is_squeezed_once_and_compressed_in_the_sweep(tmp_path: Path) -> None:
@@ -52,7 +53,8 @@ def test_the_table_goes_to_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ranks = payload["report"]["target_ranks"]
     assert [row[0] for row in table["data"]] == ranks
     assert [row[1] for row in table["data"]] == pytest.approx(
-        [payload["report"]["mean_retention"][str(k)] for k in ranks])
+        [payload["report"]["mean_retention"][str(k)] for k in ranks]
+    )
 
 
 def test_bad_squeeze_settings_name_the_key() -> None:

@@ -11,8 +11,13 @@ import yaml
 from retrain.campaign.plan import expand
 from tests.conftest import read_metrics, run_cli
 
-QUICK = ["experiment=quickstart", "training.max_steps=2", "training.save_every=0", "eval.num_examples=0",
-         "logging.progress_bar=false"]
+QUICK = [
+    "experiment=quickstart",
+    "training.max_steps=2",
+    "training.save_every=0",
+    "eval.num_examples=0",
+    "logging.progress_bar=false",
+]
 
 
 def test_ablation_preset_plans_five_conditions_by_eight_seeds(tmp_path: Path) -> None:
@@ -28,8 +33,19 @@ def test_ablation_preset_plans_five_conditions_by_eight_seeds(tmp_path: Path) ->
 
 
 def test_campaign_wandb_names_follow_condition_and_seed(tmp_path: Path) -> None:
-    result = run_cli(["+campaign=ablation", "algorithm=maxrl_gtpo_hicra", "training.seed=303", "--cfg", "job",
-                      "--resolve", "--package", "logging"], cwd=tmp_path)
+    result = run_cli(
+        [
+            "+campaign=ablation",
+            "algorithm=maxrl_gtpo_hicra",
+            "training.seed=303",
+            "--cfg",
+            "job",
+            "--resolve",
+            "--package",
+            "logging",
+        ],
+        cwd=tmp_path,
+    )
     logging_cfg = yaml.safe_load(result.stdout)
     assert logging_cfg["wandb_group"] == "maxrl_gtpo_hicra"
     assert logging_cfg["wandb_run_name"] == "maxrl_gtpo_hicra_s303"
@@ -39,8 +55,18 @@ def test_campaign_wandb_names_follow_condition_and_seed(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_basic_multirun_campaign_writes_manifest_and_summary(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    run_cli(["--multirun", "+campaign=ablation", *QUICK, "algorithm=grpo_none,maxrl_gtpo_sepa", "training.seed=1,2",
-             f"hydra.sweep.dir={sweep_dir}", "squeeze.target_ranks=[1,2,4]"], cwd=tmp_path)
+    run_cli(
+        [
+            "--multirun",
+            "+campaign=ablation",
+            *QUICK,
+            "algorithm=grpo_none,maxrl_gtpo_sepa",
+            "training.seed=1,2",
+            f"hydra.sweep.dir={sweep_dir}",
+            "squeeze.target_ranks=[1,2,4]",
+        ],
+        cwd=tmp_path,
+    )
     names = [f"{c}_s{s}" for c in ("grpo_none", "maxrl_gtpo_sepa") for s in (1, 2)]
     for name in names:
         run_dir = sweep_dir / name
@@ -69,10 +95,21 @@ def test_basic_multirun_campaign_writes_manifest_and_summary(tmp_path: Path) -> 
 def test_a_failing_run_is_reported_not_hidden(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     # the second job names a reward that does not exist: it fails, the first one finishes
-    result = run_cli(["--multirun", "+campaign=ablation", *QUICK, "algorithm=grpo_none", "training.seed=1",
-                      "reward._target_=retrain.reward.match.match_reward,retrain.reward.no_such_reward",
-                      f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=job${hydra.job.num}", "squeeze=null"],
-                     cwd=tmp_path, check=False)
+    result = run_cli(
+        [
+            "--multirun",
+            "+campaign=ablation",
+            *QUICK,
+            "algorithm=grpo_none",
+            "training.seed=1",
+            "reward._target_=retrain.reward.match.match_reward,retrain.reward.no_such_reward",
+            f"hydra.sweep.dir={sweep_dir}",
+            "hydra.sweep.subdir=job${hydra.job.num}",
+            "squeeze=null",
+        ],
+        cwd=tmp_path,
+        check=False,
+    )
     assert result.returncode != 0  # Hydra fails the sweep, after running every job
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     states = {r["name"]: r for r in manifest["runs"]}
@@ -86,8 +123,19 @@ def test_a_failing_run_is_reported_not_hidden(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_local_submitit_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    run_cli(["--multirun", "+campaign=ablation", *QUICK, "algorithm=grpo_none", "training.seed=1,2",
-             "hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}", "squeeze=null"], cwd=tmp_path)
+    run_cli(
+        [
+            "--multirun",
+            "+campaign=ablation",
+            *QUICK,
+            "algorithm=grpo_none",
+            "training.seed=1,2",
+            "hydra/launcher=local",
+            f"hydra.sweep.dir={sweep_dir}",
+            "squeeze=null",
+        ],
+        cwd=tmp_path,
+    )
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     assert manifest["launcher"] == "LocalLauncher" and manifest["state"] == "done"
     pids = {json.loads((sweep_dir / f"grpo_none_s{seed}" / "job.json").read_text())["pid"] for seed in (1, 2)}

@@ -65,8 +65,9 @@ def run_guarded(run: Run, send: signal.Signals | None, final_state: str) -> None
         run.checkpoint(final_state)
 
 
-def test_warning_signal_stops_after_the_step_then_hands_over_to_submitit(tmp_path: Path,
-                                                                         submitit_job: list[int]) -> None:
+def test_warning_signal_stops_after_the_step_then_hands_over_to_submitit(
+    tmp_path: Path, submitit_job: list[int]
+) -> None:
     run = Run(tmp_path)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as exited:

@@ -1,7 +1,7 @@
 """Campaigns on the real one-node SLURM cluster of launchers/slurm/cluster.sh.
 
-    bash launchers/slurm/cluster.sh install && bash launchers/slurm/cluster.sh start
-    python -m pytest -m slurm tests/campaign/test_slurm.py
+bash launchers/slurm/cluster.sh install && bash launchers/slurm/cluster.sh start
+python -m pytest -m slurm tests/campaign/test_slurm.py
 """
 
 from __future__ import annotations
@@ -23,14 +23,21 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 QUICK = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
 # CPU-only node: no GPUs, one core and a little memory per job, one thread per process
-SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1",
-         "hydra.launcher.mem_gb=3", "hydra.launcher.array_parallelism=2",
-         "hydra.launcher.setup=['export OMP_NUM_THREADS=1']"]
+SLURM = [
+    "hydra/launcher=slurm",
+    "hydra.launcher.gpus_per_node=null",
+    "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.mem_gb=3",
+    "hydra.launcher.array_parallelism=2",
+    "hydra.launcher.setup=['export OMP_NUM_THREADS=1']",
+]
 
 
 def _cluster_problem() -> str | None:
     if shutil.which("sinfo") is None or shutil.which("sacct") is None:
-        return "SLURM is not installed: bash launchers/slurm/cluster.sh install && bash launchers/slurm/cluster.sh start"
+        return (
+            "SLURM is not installed: bash launchers/slurm/cluster.sh install && bash launchers/slurm/cluster.sh start"
+        )
     try:
         nodes = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=15)
         accounting = subprocess.run(["sacct", "-n", "-X", "-S", "now"], capture_output=True, text=True, timeout=15)
@@ -53,16 +60,28 @@ def slurm_cluster() -> None:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            "OMP_NUM_THREADS": "1"}
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
 
 
 def test_campaign_of_two_conditions_by_two_seeds_on_slurm(slurm_cluster: None, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     started = time.monotonic()
-    run_cli(["--multirun", "+campaign=ablation", *QUICK, *SLURM, "training.max_steps=3", "training.save_every=0",
-             "algorithm=grpo_none,maxrl_gtpo_sepa", "training.seed=1,2", "hydra.launcher.timeout_min=15",
-             f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, timeout=900)
+    run_cli(
+        [
+            "--multirun",
+            "+campaign=ablation",
+            *QUICK,
+            *SLURM,
+            "training.max_steps=3",
+            "training.save_every=0",
+            "algorithm=grpo_none,maxrl_gtpo_sepa",
+            "training.seed=1,2",
+            "hydra.launcher.timeout_min=15",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        timeout=900,
+    )
     print(f"2x2 SLURM campaign took {time.monotonic() - started:.0f} s")
     names = [f"{c}_s{s}" for c in ("grpo_none", "maxrl_gtpo_sepa") for s in (1, 2)]
     for name in names:
@@ -128,25 +147,55 @@ def _interrupt(kind: str, job_id: str, run_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", list(INTERRUPTIONS))
-def test_interrupted_job_is_requeued_and_resumes_the_same_trajectory(slurm_cluster: None, tmp_path: Path,
-                                                                     kind: str) -> None:
+def test_interrupted_job_is_requeued_and_resumes_the_same_trajectory(
+    slurm_cluster: None, tmp_path: Path, kind: str
+) -> None:
     spec = INTERRUPTIONS[kind]
     steps, save_every = spec["steps"], spec.get("save_every", 0)
-    common = [*QUICK, f"training.max_steps={steps}", f"training.save_every={save_every}", "training.seed=5",
-              "algorithm=maxrl_gtpo_sepa"]
+    common = [
+        *QUICK,
+        f"training.max_steps={steps}",
+        f"training.save_every={save_every}",
+        "training.seed=5",
+        "algorithm=maxrl_gtpo_sepa",
+    ]
     # the uninterrupted reference trains at the same time, on the other core
     reference_dir = tmp_path / "reference"
-    reference = subprocess.Popen([sys.executable, "-m", "retrain", *common, f"hydra.run.dir={reference_dir}"],
-                                 cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "retrain", *common, f"hydra.run.dir={reference_dir}"],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     sweep_dir = tmp_path / "sweep"
     driver = subprocess.Popen(
-        [sys.executable, "-m", "retrain", "--multirun", "+campaign=ablation", *common, *SLURM, *spec["launcher"],
-         "hydra.launcher.max_num_timeout=10", f"hydra.sweep.dir={sweep_dir}"],
-        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "retrain",
+            "--multirun",
+            "+campaign=ablation",
+            *common,
+            *SLURM,
+            *spec["launcher"],
+            "hydra.launcher.max_num_timeout=10",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     run_dir = sweep_dir / "maxrl_gtpo_sepa_s5"
     try:
-        job = _wait_for(lambda: json.loads((run_dir / "job.json").read_text()) if (run_dir / "job.json").is_file()
-                        else None, 300, "the job to start")
+        job = _wait_for(
+            lambda: json.loads((run_dir / "job.json").read_text()) if (run_dir / "job.json").is_file() else None,
+            300,
+            "the job to start",
+        )
         job_id = slurm_job_id(job)  # a sweep of one run is a plain job, not an array
         _interrupt(kind, job_id, run_dir)
         deadline = time.monotonic() + 600
@@ -181,10 +230,27 @@ def test_a_cancelled_job_ends_the_sweep_and_is_reported_dead(slurm_cluster: None
     """Accounting at work: submitit sees the cancellation (no endless wait) and status says dead."""
     sweep_dir = tmp_path / "sweep"
     driver = subprocess.Popen(
-        [sys.executable, "-m", "retrain", "--multirun", "+campaign=ablation", *QUICK, *SLURM, "training.max_steps=2000",
-         "training.save_every=0", "algorithm=grpo_none", "training.seed=3", "hydra.launcher.timeout_min=15",
-         f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "retrain",
+            "--multirun",
+            "+campaign=ablation",
+            *QUICK,
+            *SLURM,
+            "training.max_steps=2000",
+            "training.save_every=0",
+            "algorithm=grpo_none",
+            "training.seed=3",
+            "hydra.launcher.timeout_min=15",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     run_dir = sweep_dir / "grpo_none_s3"
     try:
         _wait_for(lambda: _steps_logged(run_dir) >= 2, 300, "two steps")

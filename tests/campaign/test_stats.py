@@ -28,8 +28,9 @@ def test_interval_is_scipys_t_interval_and_contains_the_mean(sample: list[float]
     assert result.std == pytest.approx(float(np.std(sample, ddof=1)), abs=1e-9)
     assert result.ci_low <= result.mean <= result.ci_high
     if result.std > 0:
-        low, high = scipy_stats.t.interval(confidence, len(sample) - 1, loc=np.mean(sample),
-                                           scale=scipy_stats.sem(sample))
+        low, high = scipy_stats.t.interval(
+            confidence, len(sample) - 1, loc=np.mean(sample), scale=scipy_stats.sem(sample)
+        )
         assert (result.ci_low, result.ci_high) == (pytest.approx(low, abs=1e-6), pytest.approx(high, abs=1e-6))
 
 

@@ -33,12 +33,21 @@ def sweep(tmp_path: Path) -> tuple[Path, dict[str, list[SimulatedRun]]]:
     runs: dict[str, list[SimulatedRun]] = {c: [] for c in CONDITIONS}
     for condition, (p, scale) in CONDITIONS.items():
         for seed in DONE_SEEDS:
-            runs[condition].append(simulate_run(sweep_dir, condition, seed, p, entropy_scale=scale,
-                                                num=num[(condition, seed)]))
-    simulate_run(sweep_dir, "grpo_none", 4, 0.3, state="failed", error="RuntimeError: CUDA out of memory",
-                 num=num[("grpo_none", 4)])
-    simulate_run(sweep_dir, "maxrl_gtpo_hicra", 4, 0.3, state="running", pid=dead_pid(),
-                 num=num[("maxrl_gtpo_hicra", 4)])
+            runs[condition].append(
+                simulate_run(sweep_dir, condition, seed, p, entropy_scale=scale, num=num[(condition, seed)])
+            )
+    simulate_run(
+        sweep_dir,
+        "grpo_none",
+        4,
+        0.3,
+        state="failed",
+        error="RuntimeError: CUDA out of memory",
+        num=num[("grpo_none", 4)],
+    )
+    simulate_run(
+        sweep_dir, "maxrl_gtpo_hicra", 4, 0.3, state="running", pid=dead_pid(), num=num[("maxrl_gtpo_hicra", 4)]
+    )
     manifest = json.loads((sweep_dir / MANIFEST).read_text())
     manifest["driver"] = {"pid": dead_pid(), "hostname": socket.gethostname()}  # the driver is gone
     (sweep_dir / MANIFEST).write_text(json.dumps(manifest))
@@ -75,16 +84,19 @@ def test_summary_statistics_match_scipy_on_the_raw_draws(sweep: tuple[Path, dict
     assert summary["baseline"] == "grpo_none" and summary["state"] == "partial"
     rows = {row["condition"]: row for row in summary["conditions"]}
     last_k = {c: [float(r.draws[-LAST_K:].mean()) for r in rs] for c, rs in runs.items()}
-    pooled = {c: (sum(int(r.draws[-LAST_K:].sum()) for r in rs), sum(r.draws[-LAST_K:].size for r in rs))
-              for c, rs in runs.items()}
+    pooled = {
+        c: (sum(int(r.draws[-LAST_K:].sum()) for r in rs), sum(r.draws[-LAST_K:].size for r in rs))
+        for c, rs in runs.items()
+    }
     for condition, row in rows.items():
         assert (row["done"], row["runs"]) == (3, 4)
         finals = [float(r.draws[-1].mean()) for r in runs[condition]]
         assert row["final"]["mean"] == pytest.approx(np.mean(finals))
         assert row["last_k"]["mean"] == pytest.approx(np.mean(last_k[condition]))
         assert row["last_k"]["std"] == pytest.approx(np.std(last_k[condition], ddof=1))
-        low, high = scipy_stats.t.interval(0.95, 2, loc=np.mean(last_k[condition]),
-                                           scale=scipy_stats.sem(last_k[condition]))
+        low, high = scipy_stats.t.interval(
+            0.95, 2, loc=np.mean(last_k[condition]), scale=scipy_stats.sem(last_k[condition])
+        )
         assert (row["last_k"]["ci_low"], row["last_k"]["ci_high"]) == (pytest.approx(low), pytest.approx(high))
         assert (row["pooled"]["correct"], row["pooled"]["total"]) == pooled[condition]
     for condition in ("maxrl_gtpo_hicra", "maxrl_gtpo_sepa"):

@@ -12,8 +12,9 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 def _shared(relative: str) -> Path:
     path = (SHARED_DATA / relative).resolve()
     if not path.exists():
-        pytest.skip(f"{relative} not found under {SHARED_DATA.resolve()} (the shared data sets are "
-                    f"not beside this checkout)")
+        pytest.skip(
+            f"{relative} not found under {SHARED_DATA.resolve()} (the shared data sets are not beside this checkout)"
+        )
     return path
 
 

@@ -19,8 +19,13 @@ def test_every_data_option_has_a_schema() -> None:
 def test_the_default_is_the_seeds_math_setup() -> None:
     data = compose().data
     assert data._target_ == "retrain.data.math.MathData" and data.path == "EleutherAI/hendrycks_math"
-    assert list(data.subjects) == ["intermediate_algebra", "precalculus", "number_theory",
-                                   "counting_and_probability", "geometry"]
+    assert list(data.subjects) == [
+        "intermediate_algebra",
+        "precalculus",
+        "number_theory",
+        "counting_and_probability",
+        "geometry",
+    ]
     assert (data.split, data.held_out_split, data.max_examples) == ("train", "test", 0)
 
 

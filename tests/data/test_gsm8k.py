@@ -34,8 +34,10 @@ def test_the_reference_is_what_follows_the_marker_without_commas(gsm8k_dir: Path
     assert example.prompt.startswith(record["question"]) and "\\boxed{}" in example.prompt
 
 
-@pytest.mark.parametrize(("answer", "reference"), [("so 3 + 4 = <<3+4=7>>7\n#### 7", "7"),
-                                                   ("#### 10,000", "10000"), ("a #### b\n####  -3 ", "-3")])
+@pytest.mark.parametrize(
+    ("answer", "reference"),
+    [("so 3 + 4 = <<3+4=7>>7\n#### 7", "7"), ("#### 10,000", "10000"), ("a #### b\n####  -3 ", "-3")],
+)
 def test_gsm8k_reference(answer: str, reference: str) -> None:
     assert gsm8k_reference(answer) == reference
 

@@ -32,8 +32,14 @@ def closed_loopback_url() -> str:
 def load_in_subprocess(code: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run `code` in a fresh interpreter (the libraries read HF_* variables at import)."""
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    )
     return result, time.monotonic() - started
 
 
@@ -84,8 +90,9 @@ def test_the_probe_sees_a_live_server_and_a_dead_port() -> None:
 
 
 def test_an_unreachable_hub_fails_fast_with_directions() -> None:
-    result, elapsed = load_in_subprocess(LOAD_DEFAULT_MATH, {"HF_ENDPOINT": closed_loopback_url(),
-                                                            "HF_HUB_OFFLINE": "0"})
+    result, elapsed = load_in_subprocess(
+        LOAD_DEFAULT_MATH, {"HF_ENDPOINT": closed_loopback_url(), "HF_HUB_OFFLINE": "0"}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     seconds, message = result.stdout.split("\n", 1)
     assert float(seconds) < OFFLINE_BOUND_S and elapsed < 30
@@ -116,8 +123,11 @@ def test_loading_the_default_hub_id_here_fails_within_seconds() -> None:
 
 def test_fetch_errors_inside_the_guard_become_hub_fetch_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1: no probe
-    with (pytest.raises(HubFetchError, match="(?s)model 'org/some-model'.*ConnectionError: refused.*"
-                                             "model.name_or_path") as caught,
-          hub_fetch("org/some-model", "model", "model.name_or_path")):
+    with (
+        pytest.raises(
+            HubFetchError, match="(?s)model 'org/some-model'.*ConnectionError: refused.*model.name_or_path"
+        ) as caught,
+        hub_fetch("org/some-model", "model", "model.name_or_path"),
+    ):
         raise ConnectionError("refused")
     assert isinstance(caught.value, RuntimeError) and isinstance(caught.value.__cause__, ConnectionError)

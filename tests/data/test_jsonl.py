@@ -13,8 +13,10 @@ from retrain.config import compose
 from retrain.data.jsonl import JsonlData
 from retrain.errors import ConfigError
 
-RECORDS = [{"problem": f"What is {n} squared?", "final": f" {n * n} ", "uid": f"sq-{n}", "difficulty": n % 3}
-           for n in range(1, 21)]
+RECORDS = [
+    {"problem": f"What is {n} squared?", "final": f" {n * n} ", "uid": f"sq-{n}", "difficulty": n % 3}
+    for n in range(1, 21)
+]
 FIELDS = {"question_field": "problem", "answer_field": "final", "id_field": "uid", "extra_fields": ["difficulty"]}
 
 
@@ -61,8 +63,13 @@ def test_a_directory_with_split_files_and_a_held_out_split(tmp_path: Path) -> No
         JsonlData(seed=0, path=str(tmp_path), split="validation", **FIELDS)
 
 
-@pytest.mark.parametrize(("path", "message"), [("missing.jsonl", "data.path='missing.jsonl': no such file"),
-                                               ("./nowhere", "data.path='./nowhere': no such file")])
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("missing.jsonl", "data.path='missing.jsonl': no such file"),
+        ("./nowhere", "data.path='./nowhere': no such file"),
+    ],
+)
 def test_paths_that_do_not_exist_are_not_looked_up_on_the_hub(path: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         JsonlData(seed=0, path=path)
@@ -82,6 +89,13 @@ def test_data_jsonl_needs_a_path_and_composes_with_one(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "squares.jsonl", RECORDS)
     with pytest.raises(Exception, match="data=jsonl needs data.path"):
         instantiate(compose(["data=jsonl"]).data, seed=0)
-    cfg = compose(["data=jsonl", f"data.path={path}", "data.question_field=problem", "data.answer_field=final",
-                   "data.extra_fields=[difficulty]"])
+    cfg = compose(
+        [
+            "data=jsonl",
+            f"data.path={path}",
+            "data.question_field=problem",
+            "data.answer_field=final",
+            "data.extra_fields=[difficulty]",
+        ]
+    )
     assert len(instantiate(cfg.data, seed=0)) == 20

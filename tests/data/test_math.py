@@ -34,8 +34,11 @@ def test_the_seed_subjects_of_math500(math500: Path) -> None:
         record = records[example.id]
         assert example.reference == record["answer"]
         assert example.prompt.startswith(record["problem"]) and "\\boxed{}" in example.prompt
-        assert example.extra == {"question": record["problem"], "subject": normalize_subject(record["subject"]),
-                                 "level": record["level"]}
+        assert example.extra == {
+            "question": record["problem"],
+            "subject": normalize_subject(record["subject"]),
+            "level": record["level"],
+        }
     assert set(Counter(e.extra["subject"] for e in data.train_examples)) == set(SEED_SUBJECTS)
 
 
@@ -75,8 +78,9 @@ def test_the_cursor_resumes_the_same_order(math500: Path) -> None:
 
 
 def test_max_examples_keeps_one_fixed_subset_for_every_seed(math500: Path) -> None:
-    subsets = [{e.id for e in MathData(seed=seed, path=str(math500), max_examples=50).train_examples}
-               for seed in (0, 1)]
+    subsets = [
+        {e.id for e in MathData(seed=seed, path=str(math500), max_examples=50).train_examples} for seed in (0, 1)
+    ]
     assert len(subsets[0]) == 50 and subsets[0] == subsets[1]
     assert len({e.id.split("/")[1] for e in MathData(seed=0, path=str(math500), max_examples=50).train_examples}) > 1
 
@@ -96,8 +100,13 @@ def hub_shaped_math(math500: Path, tmp_path: Path) -> Path:
     by_subject: dict[str, list[dict]] = {}
     for record in read_jsonl(math500):
         by_subject.setdefault(normalize_subject(record["subject"]), []).append(
-            {"problem": record["problem"], "level": f"Level {record['level']}", "type": record["subject"],
-             "solution": record["solution"]})
+            {
+                "problem": record["problem"],
+                "level": f"Level {record['level']}",
+                "type": record["subject"],
+                "solution": record["solution"],
+            }
+        )
     lines = ["---", "configs:"]
     for subject, records in sorted(by_subject.items()):
         lines += [f"- config_name: {subject}", "  data_files:"]
@@ -112,8 +121,13 @@ def hub_shaped_math(math500: Path, tmp_path: Path) -> Path:
 def test_a_hub_shaped_copy_loads_config_by_config(hub_shaped_math: Path, math500: Path) -> None:
     data = MathData(seed=0, path=str(hub_shaped_math))
     answers = {r["problem"]: r["answer"] for r in read_jsonl(math500)}
-    train_counts = {"intermediate_algebra": 49, "precalculus": 28, "number_theory": 31,
-                    "counting_and_probability": 19, "geometry": 21}
+    train_counts = {
+        "intermediate_algebra": 49,
+        "precalculus": 28,
+        "number_theory": 31,
+        "counting_and_probability": 19,
+        "geometry": 21,
+    }
     assert Counter(e.extra["subject"] for e in data.train_examples) == train_counts
     assert all(e.reference == answers[e.extra["question"]] for e in data.train_examples)
     assert data.train_examples[0].id == "intermediate_algebra/train/0"
@@ -138,9 +152,15 @@ def test_records_without_a_subject_cannot_be_filtered(tmp_path: Path) -> None:
     assert [e.reference for e in MathData(seed=0, path=str(path), subjects=[]).train_examples] == ["2"]
 
 
-@pytest.mark.parametrize(("name", "normal"), [("Intermediate Algebra", "intermediate_algebra"),
-                                              ("Counting & Probability", "counting_and_probability"),
-                                              ("number_theory", "number_theory"), ("Precalculus", "precalculus")])
+@pytest.mark.parametrize(
+    ("name", "normal"),
+    [
+        ("Intermediate Algebra", "intermediate_algebra"),
+        ("Counting & Probability", "counting_and_probability"),
+        ("number_theory", "number_theory"),
+        ("Precalculus", "precalculus"),
+    ],
+)
 def test_subject_names_normalise(name: str, normal: str) -> None:
     assert normalize_subject(name) == normal
 

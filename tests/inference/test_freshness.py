@@ -17,8 +17,9 @@ def trained_one_step(backend):
     engine = make_engine(backend)
     rollouts = engine.generate(encode(backend, PROMPTS), 4, SamplingParams(max_tokens=6), 0)
     advantages = torch.randn(rollouts.completion_ids.shape, generator=torch.Generator().manual_seed(0))
-    update = backend.train(TrainBatch(rollouts, advantages * rollouts.completion_mask,
-                                      torch.ones(rollouts.num_rows, dtype=torch.bool))).update
+    update = backend.train(
+        TrainBatch(rollouts, advantages * rollouts.completion_mask, torch.ones(rollouts.num_rows, dtype=torch.bool))
+    ).update
     assert update is not None and update.version == 1
     return update
 
@@ -26,7 +27,9 @@ def trained_one_step(backend):
 def engine_with_its_own_model(spec, backend):
     """A real PytorchEngine holding a separate copy of the model, as a remote engine would."""
     model = make_backend(spec, seed=7).model
-    return PytorchEngine(tokenizer_of(spec.name_or_path), EngineResources(spec=spec, device=backend.device, model=model))
+    return PytorchEngine(
+        tokenizer_of(spec.name_or_path), EngineResources(spec=spec, device=backend.device, model=model)
+    )
 
 
 def test_the_probe_is_a_prompt_and_a_two_token_continuation(tiny_spec):

@@ -19,8 +19,9 @@ def test_shared_prompt_cache_gives_the_one_forward_logprobs_and_gradient(tiny_sp
     results = []
     for share in (True, False):
         backend.model.zero_grad()
-        logprobs = completion_logprobs(backend.model, prompts, prompt_mask, prompt_index, completions,
-                                       completion_mask, 0.7, share_prompts=share)
+        logprobs = completion_logprobs(
+            backend.model, prompts, prompt_mask, prompt_index, completions, completion_mask, 0.7, share_prompts=share
+        )
         logprobs.sum().backward()
         grads = [p.grad.clone() for p in backend.trainable]
         results.append((logprobs.detach(), grads))
@@ -37,8 +38,15 @@ def test_extra_left_padding_does_not_change_logprobs(tiny_spec):
     mask = torch.ones_like(completions, dtype=torch.bool)
     pad = tokenizer_of(tiny_spec.name_or_path).pad_token_id
     with torch.no_grad():
-        tight = completion_logprobs(backend.model, *left_pad(prompt_ids, pad, backend.device), torch.arange(2),
-                                    completions, mask, 1.0)
-        padded = completion_logprobs(backend.model, *left_pad([*prompt_ids, [1] * 60], pad, backend.device),
-                                     torch.arange(2), completions, mask, 1.0)
+        tight = completion_logprobs(
+            backend.model, *left_pad(prompt_ids, pad, backend.device), torch.arange(2), completions, mask, 1.0
+        )
+        padded = completion_logprobs(
+            backend.model,
+            *left_pad([*prompt_ids, [1] * 60], pad, backend.device),
+            torch.arange(2),
+            completions,
+            mask,
+            1.0,
+        )
     torch.testing.assert_close(tight, padded, atol=1e-5, rtol=1e-5)

@@ -36,7 +36,7 @@ def full_forward_logits(backend, rollouts, rows: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         logits = backend.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions_from_mask(mask)).logits
     width = rollouts.completion_ids.shape[1]
-    return logits[:, prompts.shape[1] - 1: prompts.shape[1] - 1 + width]
+    return logits[:, prompts.shape[1] - 1 : prompts.shape[1] - 1 + width]
 
 
 def test_greedy_is_the_argmax_of_a_plain_forward(backend, engine, prompt_ids):
@@ -159,8 +159,10 @@ def test_sync_loads_named_tensors_and_adapter_dirs_into_a_model_of_its_own(tiny_
     for update in (WeightUpdate(version=1, tensors=trained.adapter), WeightUpdate(version=1, adapter_dir=tmp_path)):
         trained.save(tmp_path)
         own_model = make_backend(tiny_spec, seed=5).model
-        engine = PytorchEngine(tokenizer_of(tiny_spec.name_or_path),
-                               EngineResources(spec=tiny_spec, device=trained.device, model=own_model))
+        engine = PytorchEngine(
+            tokenizer_of(tiny_spec.name_or_path),
+            EngineResources(spec=tiny_spec, device=trained.device, model=own_model),
+        )
         engine.sync(update)
         served = dict(own_model.named_parameters())
         assert all(torch.equal(served[name], tensor) for name, tensor in trained.adapter.items())
@@ -174,12 +176,15 @@ def test_an_engine_needs_a_model_to_sample_with(tiny_spec):
         PytorchEngine(tokenizer_of(tiny_spec.name_or_path), shares_none)
 
 
-@pytest.mark.parametrize(("sampling", "group_size", "message"), [
-    (SamplingParams(max_tokens=0), 2, "max_tokens"),
-    (SamplingParams(max_tokens=4, temperature=-1.0), 2, "temperature"),
-    (SamplingParams(max_tokens=4, top_p=0.0), 2, "top_p"),
-    (SamplingParams(max_tokens=4), 0, "group_size"),
-])
+@pytest.mark.parametrize(
+    ("sampling", "group_size", "message"),
+    [
+        (SamplingParams(max_tokens=0), 2, "max_tokens"),
+        (SamplingParams(max_tokens=4, temperature=-1.0), 2, "temperature"),
+        (SamplingParams(max_tokens=4, top_p=0.0), 2, "top_p"),
+        (SamplingParams(max_tokens=4), 0, "group_size"),
+    ],
+)
 def test_bad_sampling_parameters_are_named(engine, prompt_ids, sampling, group_size, message):
     with pytest.raises(ValueError, match=message):
         engine.generate(prompt_ids, group_size, sampling, 0)

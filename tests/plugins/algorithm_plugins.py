@@ -65,8 +65,9 @@ def entropy_gap(logprobs: torch.Tensor, mask: torch.Tensor, entropies: torch.Ten
 entropy_gap.needs_entropies = True  # type: ignore[attr-defined]
 
 
-def surprisal_in_bits_squared(logprobs: torch.Tensor, mask: torch.Tensor,
-                              entropies: torch.Tensor | None) -> torch.Tensor:
+def surprisal_in_bits_squared(
+    logprobs: torch.Tensor, mask: torch.Tensor, entropies: torch.Tensor | None
+) -> torch.Tensor:
     """(-log2 p)^2: grows past the 50.0 cap for unlikely tokens."""
     return (-logprobs / 0.6931471805599453) ** 2
 
@@ -133,20 +134,29 @@ class RankAlgorithm:
     def begin_step(self, step: int) -> float:
         return 0.0
 
-    def planning_mask(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                      tokenizer: Any) -> torch.Tensor:
+    def planning_mask(
+        self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, tokenizer: Any
+    ) -> torch.Tensor:
         raise NotImplementedError("RankAlgorithm needs no planning mask")
 
     def ranks(self, rewards: torch.Tensor) -> torch.Tensor:
         order = rewards.argsort(dim=1).argsort(dim=1).float()
         return order - order.mean(dim=1, keepdim=True)
 
-    def compute(self, rewards: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor,
-                entropies: torch.Tensor | None, planning: torch.Tensor | None) -> AdvantageOutput:
+    def compute(
+        self,
+        rewards: torch.Tensor,
+        logprobs: torch.Tensor,
+        mask: torch.Tensor,
+        entropies: torch.Tensor | None,
+        planning: torch.Tensor | None,
+    ) -> AdvantageOutput:
         per_row = self.ranks(rewards).reshape(-1, 1)
-        return AdvantageOutput(token_advantages=per_row * mask,
-                               group_has_signal=torch.ones(rewards.shape[0], dtype=torch.bool),
-                               metrics={"rank_steps": float(self.steps_done)})
+        return AdvantageOutput(
+            token_advantages=per_row * mask,
+            group_has_signal=torch.ones(rewards.shape[0], dtype=torch.bool),
+            metrics={"rank_steps": float(self.steps_done)},
+        )
 
     def end_step(self, correct_rate: float) -> None:
         self.steps_done += 1

@@ -29,8 +29,12 @@ class ScalarAdvantageBackend:
     It declares so; preflight must then refuse token-varying algorithms before anything loads.
     """
 
-    capabilities: ClassVar[dict[str, bool]] = {"reports_sync_loss": False, "preserves_token_advantages": False,
-                    "supports_checkpoint_resume": True, "resume_runtime_dependent": False}
+    capabilities: ClassVar[dict[str, bool]] = {
+        "reports_sync_loss": False,
+        "preserves_token_advantages": False,
+        "supports_checkpoint_resume": True,
+        "resume_runtime_dependent": False,
+    }
 
     def __init__(self, **settings: object) -> None:
         raise RuntimeError("preflight should have stopped this run before the backend was built")

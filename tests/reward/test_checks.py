@@ -16,16 +16,19 @@ def test_real_numbers_pass_as_floats(value: object, expected: float) -> None:
     assert result == expected and type(result) is float
 
 
-@pytest.mark.parametrize(("value", "shown"), [
-    (float("nan"), "returned nan"),
-    (float("inf"), "returned inf"),
-    ([1.0, 0.0, 1.0], "a list of 3 values ([1.0, 0.0, 1.0])"),
-    ((1.0,), "a tuple of 1 values ((1.0,))"),
-    (torch.tensor([1.0, 0.0]), "a Tensor of 2 values"),
-    (torch.tensor(1.0), "tensor(1.) of type Tensor"),
-    ("1.0", "'1.0' of type str"),
-    (None, "None of type NoneType"),
-])
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (float("nan"), "returned nan"),
+        (float("inf"), "returned inf"),
+        ([1.0, 0.0, 1.0], "a list of 3 values ([1.0, 0.0, 1.0])"),
+        ((1.0,), "a tuple of 1 values ((1.0,))"),
+        (torch.tensor([1.0, 0.0]), "a Tensor of 2 values"),
+        (torch.tensor(1.0), "tensor(1.) of type Tensor"),
+        ("1.0", "'1.0' of type str"),
+        (None, "None of type NoneType"),
+    ],
+)
 def test_anything_else_names_the_reward_and_the_value(value: object, shown: str) -> None:
     with pytest.raises(RewardOutputError) as caught:
         checked_reward_value(value, "my.reward")

@@ -44,7 +44,11 @@ def test_the_schema_holds_each_default_once_and_the_rewards_take_theirs_from_it(
     judge = instantiate(compose(["reward=judge"]).reward)
     schema = JudgeRewardConfig()
     assert vars(judge) == vars(JudgeReward())
-    assert (judge.model, judge.url, judge.prompt_template, judge.max_concurrency) == \
-        (schema.model, schema.base_url + "/chat/completions", schema.prompt_template, schema.max_concurrency)
+    assert (judge.model, judge.url, judge.prompt_template, judge.max_concurrency) == (
+        schema.model,
+        schema.base_url + "/chat/completions",
+        schema.prompt_template,
+        schema.max_concurrency,
+    )
     math = instantiate(compose(["reward=math"]).reward)
     assert (math.parse_timeout_s, math.cache_size) == (MathReward().parse_timeout_s, MathRewardConfig.cache_size)

@@ -25,7 +25,7 @@ class JudgeServer(BaseHTTPRequestHandler):
 
     requests: ClassVar[list[dict]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         prompt = body["messages"][0]["content"]
         JudgeServer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
@@ -35,8 +35,13 @@ class JudgeServer(BaseHTTPRequestHandler):
             return
         if "SLOW" in answer:
             time.sleep(0.5)
-        reply = ("Maybe." if "UNSURE" in answer else
-                 "<think>hmm</think> **Yes**" if "CORRECT" in answer else "No, it is not.")
+        reply = (
+            "Maybe."
+            if "UNSURE" in answer
+            else "<think>hmm</think> **Yes**"
+            if "CORRECT" in answer
+            else "No, it is not."
+        )
         payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -61,8 +66,17 @@ def base_url() -> Iterator[str]:
     server.server_close()
 
 
-@pytest.mark.parametrize(("reply", "verdict"), [("yes", 1.0), ("Yes.", 1.0), ("**YES**", 1.0), ("no", 0.0),
-                                                ("No, it is not.", 0.0), ("<think>yes?</think>\nno", 0.0)])
+@pytest.mark.parametrize(
+    ("reply", "verdict"),
+    [
+        ("yes", 1.0),
+        ("Yes.", 1.0),
+        ("**YES**", 1.0),
+        ("no", 0.0),
+        ("No, it is not.", 0.0),
+        ("<think>yes?</think>\nno", 0.0),
+    ],
+)
 def test_verdicts(reply: str, verdict: float) -> None:
     assert parse_verdict(reply) == verdict
 
@@ -87,8 +101,14 @@ def test_the_judge_sees_question_reference_and_response(base_url: str, monkeypat
 
 
 def test_through_the_scorer_failures_are_counted_and_requests_overlap(base_url: str) -> None:
-    cfg = compose(["reward=judge", f"reward.base_url={base_url}", "reward.model=judge-1",
-                   "reward.api_key_env=RETRAIN_TEST_UNSET_KEY"])
+    cfg = compose(
+        [
+            "reward=judge",
+            f"reward.base_url={base_url}",
+            "reward.model=judge-1",
+            "reward.api_key_env=RETRAIN_TEST_UNSET_KEY",
+        ]
+    )
     judge = instantiate(cfg.reward)
     responses = ["CORRECT SLOW"] * 12 + ["wrong SLOW"] * 2 + ["UNSURE", "BROKEN"]
     rows = [Example("q", "12", str(n), {"question": "What is 3*4?"}) for n in range(len(responses))]
@@ -104,10 +124,15 @@ def test_through_the_scorer_failures_are_counted_and_requests_overlap(base_url: 
     assert elapsed < 14 * 0.5 / 2  # 14 slow answers of 0.5 s overlap instead of queueing per worker
 
 
-@pytest.mark.parametrize(("kwargs", "key"), [({"model": ""}, "reward.model"),
-                                             ({"base_url": "127.0.0.1:8000"}, "reward.base_url"),
-                                             ({"prompt_template": "no slots"}, "reward.prompt_template"),
-                                             ({"max_concurrency": 0}, "reward.max_concurrency")])
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"model": ""}, "reward.model"),
+        ({"base_url": "127.0.0.1:8000"}, "reward.base_url"),
+        ({"prompt_template": "no slots"}, "reward.prompt_template"),
+        ({"max_concurrency": 0}, "reward.max_concurrency"),
+    ],
+)
 def test_bad_settings_name_their_key(kwargs: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         JudgeReward(**{"model": "m", **kwargs})

@@ -10,22 +10,28 @@ from retrain.reward.extract import last_boxed
 from retrain.reward.match import match_reward
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("so \\boxed{1} then \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),  # the last box, braces nested
-    ("\\fbox{7}", "7"),
-    ("\\boxed {7}", "7"),
-    ("\\boxed{\\fbox{5}}", "5"),  # last by where it opens
-    ("cut off \\boxed{\\frac{1}{2", "\\frac{1}{2"),  # unbalanced: the rest of the string
-    ("\\boxed{}", ""),
-    ("no box at all", None),
-    ("\\boxedx{3}", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{1} then \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),  # the last box, braces nested
+        ("\\fbox{7}", "7"),
+        ("\\boxed {7}", "7"),
+        ("\\boxed{\\fbox{5}}", "5"),  # last by where it opens
+        ("cut off \\boxed{\\frac{1}{2", "\\frac{1}{2"),  # unbalanced: the rest of the string
+        ("\\boxed{}", ""),
+        ("no box at all", None),
+        ("\\boxedx{3}", None),
+    ],
+)
 def test_last_boxed(text: str, expected: str | None) -> None:
     assert last_boxed(text) == expected
 
 
-balanced = st.recursive(st.text(alphabet="ab1+ \\", max_size=5),
-                        lambda inner: st.builds(lambda a, b: a + "{" + b + "}", inner, inner), max_leaves=6)
+balanced = st.recursive(
+    st.text(alphabet="ab1+ \\", max_size=5),
+    lambda inner: st.builds(lambda a, b: a + "{" + b + "}", inner, inner),
+    max_leaves=6,
+)
 
 
 @settings(max_examples=100, deadline=None)
@@ -34,13 +40,16 @@ def test_the_last_box_is_found_whatever_precedes_it(prefix: str, answer: str, su
     assert last_boxed(f"{prefix}\\boxed{{{answer}}}{suffix}") == answer
 
 
-@pytest.mark.parametrize(("response", "reference", "reward"), [
-    ("The answer is \\boxed{ 42 }", "42", 1.0),
-    ("\\boxed{41} no wait \\boxed{42}", " 42\n", 1.0),
-    ("\\boxed{42} no wait \\boxed{41}", "42", 0.0),
-    ("42", "42", 0.0),  # unboxed answers never match
-    ("\\boxed{0.5}", "\\frac{1}{2}", 0.0),  # exact strings only: reward=math knows they are equal
-])
+@pytest.mark.parametrize(
+    ("response", "reference", "reward"),
+    [
+        ("The answer is \\boxed{ 42 }", "42", 1.0),
+        ("\\boxed{41} no wait \\boxed{42}", " 42\n", 1.0),
+        ("\\boxed{42} no wait \\boxed{41}", "42", 0.0),
+        ("42", "42", 0.0),  # unboxed answers never match
+        ("\\boxed{0.5}", "\\frac{1}{2}", 0.0),  # exact strings only: reward=math knows they are equal
+    ],
+)
 def test_match_reward(response: str, reference: str, reward: float) -> None:
     assert match_reward(response, reference) == reward
 

@@ -23,27 +23,33 @@ def reward() -> MathReward:
     return MathReward()
 
 
-@pytest.mark.parametrize(("response", "reference"), [
-    ("so \\boxed{0.5}", "\\frac{1}{2}"),
-    ("\\boxed{\\dfrac{1}{2}}", "\\frac12"),
-    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
-    ("\\boxed{\\{2, 1\\}}", "\\{1,2\\}"),
-    ("\\boxed{x = 3}", "3"),
-    ("\\boxed{10,000}", "10000"),
-    ("first \\boxed{7}, finally \\boxed{\\frac{\\pi}{2}}", "\\pi/2"),
-])
+@pytest.mark.parametrize(
+    ("response", "reference"),
+    [
+        ("so \\boxed{0.5}", "\\frac{1}{2}"),
+        ("\\boxed{\\dfrac{1}{2}}", "\\frac12"),
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
+        ("\\boxed{\\{2, 1\\}}", "\\{1,2\\}"),
+        ("\\boxed{x = 3}", "3"),
+        ("\\boxed{10,000}", "10000"),
+        ("first \\boxed{7}, finally \\boxed{\\frac{\\pi}{2}}", "\\pi/2"),
+    ],
+)
 def test_equivalent_answers_score_one(reward: MathReward, response: str, reference: str) -> None:
     assert reward(response, reference) == 1.0
 
 
-@pytest.mark.parametrize(("response", "reference"), [
-    ("\\boxed{0.51}", "\\frac{1}{2}"),
-    ("\\boxed{\\frac{1}{2}} wait, \\boxed{3}", "\\frac{1}{2}"),  # only the last box counts
-    ("the answer is 1/2", "\\frac{1}{2}"),  # no box, no verdict
-    ("\\boxed{}", "1"),
-    ("\\boxed{%$#@}", "1"),  # garbage is a wrong answer, not a failure
-    ("\\boxed{1}", ""),  # an empty reference never matches
-])
+@pytest.mark.parametrize(
+    ("response", "reference"),
+    [
+        ("\\boxed{0.51}", "\\frac{1}{2}"),
+        ("\\boxed{\\frac{1}{2}} wait, \\boxed{3}", "\\frac{1}{2}"),  # only the last box counts
+        ("the answer is 1/2", "\\frac{1}{2}"),  # no box, no verdict
+        ("\\boxed{}", "1"),
+        ("\\boxed{%$#@}", "1"),  # garbage is a wrong answer, not a failure
+        ("\\boxed{1}", ""),  # an empty reference never matches
+    ],
+)
 def test_other_answers_score_zero(reward: MathReward, response: str, reference: str) -> None:
     assert reward(response, reference) == 0.0
 

@@ -22,8 +22,7 @@ from tests.plugins import reward_plugins as plugins
 
 
 def examples(references: list[str], **extra: object) -> list[Example]:
-    return [Example(prompt=f"q{n}", reference=ref, id=str(n), extra=dict(extra))
-            for n, ref in enumerate(references)]
+    return [Example(prompt=f"q{n}", reference=ref, id=str(n), extra=dict(extra)) for n, ref in enumerate(references)]
 
 
 def test_rows_come_back_aligned_and_match_in_process_scores() -> None:
@@ -98,11 +97,14 @@ def test_a_crashed_worker_costs_one_row_and_is_replaced() -> None:
         assert scorer.score(["ok"] * 4, examples(["x"] * 4)).rewards.tolist() == [1.0] * 4
 
 
-@pytest.mark.parametrize(("reward", "trigger", "shown"), [
-    (plugins.nan_reward, "nan", "returned nan"),
-    (plugins.list_reward, "list", "a list of 2 values ([1.0, 0.0])"),
-    (plugins.string_reward, "string", "'1.0' of type str"),
-])
+@pytest.mark.parametrize(
+    ("reward", "trigger", "shown"),
+    [
+        (plugins.nan_reward, "nan", "returned nan"),
+        (plugins.list_reward, "list", "a list of 2 values ([1.0, 0.0])"),
+        (plugins.string_reward, "string", "'1.0' of type str"),
+    ],
+)
 def test_a_wrong_output_is_a_clear_error_naming_reward_and_value(reward, trigger: str, shown: str) -> None:
     with RewardScorer(reward, timeout_s=5, workers=2) as scorer:
         with pytest.raises(RewardOutputError) as caught:
@@ -122,8 +124,13 @@ def test_extra_reaches_the_reward_as_keyword_arguments() -> None:
 
 def test_plugins_swap_in_from_the_command_line() -> None:
     function_cfg = compose(["reward._target_=tests.plugins.reward_plugins.my_reward"])
-    class_cfg = compose(["reward._target_=tests.plugins.reward_plugins.ScaledMatchReward",
-                         "reward._partial_=false", "+reward.scale=0.5"])
+    class_cfg = compose(
+        [
+            "reward._target_=tests.plugins.reward_plugins.ScaledMatchReward",
+            "reward._partial_=false",
+            "+reward.scale=0.5",
+        ]
+    )
     responses = ["it is 12", "\\boxed{12}", "nothing"]
     with RewardScorer(instantiate(function_cfg.reward), name=function_cfg.reward._target_, workers=2) as scorer:
         assert scorer.score(responses, examples(["12"] * 3)).rewards.tolist() == [1.0, 1.0, 0.0]
@@ -146,8 +153,9 @@ def test_a_reward_the_workers_cannot_import_fails_at_start(monkeypatch: pytest.M
         RewardScorer(module.reward, workers=1)
 
 
-@pytest.mark.parametrize(("kwargs", "key"), [({"timeout_s": 0}, "scoring.timeout_s"),
-                                             ({"workers": -1}, "scoring.workers")])
+@pytest.mark.parametrize(
+    ("kwargs", "key"), [({"timeout_s": 0}, "scoring.timeout_s"), ({"workers": -1}, "scoring.workers")]
+)
 def test_bad_scoring_settings_name_their_key(kwargs: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         RewardScorer(match_reward, **kwargs)
@@ -166,9 +174,13 @@ def test_misaligned_rows_and_closed_scorers_are_refused() -> None:
 
 def test_rewards_are_named_by_the_one_plugin_naming_helper() -> None:
     assert plugin_name(match_reward) == "retrain.reward.match.match_reward"
-    assert plugin_name(functools.partial(functools.partial(plugins.my_reward))) == "tests.plugins.reward_plugins.my_reward"
+    assert (
+        plugin_name(functools.partial(functools.partial(plugins.my_reward))) == "tests.plugins.reward_plugins.my_reward"
+    )
     assert plugin_name(plugins.ScaledMatchReward()) == "tests.plugins.reward_plugins.ScaledMatchReward"
-    assert plugin_name(plugins.ScaledMatchReward().__call__) == "tests.plugins.reward_plugins.ScaledMatchReward.__call__"
+    assert (
+        plugin_name(plugins.ScaledMatchReward().__call__) == "tests.plugins.reward_plugins.ScaledMatchReward.__call__"
+    )
     with RewardScorer(plugins.ScaledMatchReward(), workers=1) as scorer:
         assert scorer.name == "tests.plugins.reward_plugins.ScaledMatchReward"
 
