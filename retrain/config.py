@@ -13,7 +13,7 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -142,6 +142,33 @@ def check_known_keys(cfg: DictConfig) -> None:
         for key in cfg[section]:
             if key not in known:
                 raise ConfigError(f"unknown config key '{section}.{key}' (known: {', '.join(sorted(known))})")
+
+
+def container_dict(node: Any, key: str, *, resolve: bool = True) -> dict[str, Any]:
+    """`OmegaConf.to_container` of the mapping node at `key`, as the plain str-keyed dict it is.
+
+    ConfigError (naming `key`) when the node is not a mapping, or has a key that is not a string.
+    """
+    container = OmegaConf.to_container(node, resolve=resolve)
+    if not _is_str_keyed(container):
+        from retrain.errors import ConfigError
+
+        raise ConfigError(f"{key}: expected a mapping with string keys, got {container!r}")
+    return container
+
+
+def container_list(node: Any, key: str, *, resolve: bool = True) -> list[Any]:
+    """`OmegaConf.to_container` of the sequence node at `key`; ConfigError (naming `key`) when it is not one."""
+    container = OmegaConf.to_container(node, resolve=resolve)
+    if not isinstance(container, list):
+        from retrain.errors import ConfigError
+
+        raise ConfigError(f"{key}: expected a list, got {container!r}")
+    return container
+
+
+def _is_str_keyed(value: object) -> TypeGuard[dict[str, Any]]:
+    return isinstance(value, dict) and all(isinstance(k, str) for k in value)
 
 
 def register_configs() -> None:

@@ -57,7 +57,8 @@ class SqueezeSettings:
         unknown = sorted(set(values) - known)
         if unknown:
             raise SqueezeError(f"squeeze: unknown key(s) {unknown}; known keys are {sorted(known)}")
-        return cls(**{k: (list(v) if k == "target_ranks" else v) for k, v in values.items()})
+        fields: dict[str, Any] = {k: (list(v) if k == "target_ranks" else v) for k, v in values.items()}
+        return cls(**fields)
 
 
 @dataclass

@@ -95,7 +95,7 @@ def render_run(report: dict[str, Any]) -> str:
 
 def overview(root: Path) -> list[dict[str, Any]]:
     """One entry per sweep and per stand-alone run below `root`."""
-    entries = []
+    entries: list[dict[str, Any]] = []
     for dirpath, dirs, _ in os.walk(root):
         path = Path(dirpath)
         if is_sweep_dir(path):

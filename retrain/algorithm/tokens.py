@@ -40,14 +40,18 @@ class TokenBatch:
 
     def __post_init__(self) -> None:
         fill = functools.partial(object.__setattr__, self)  # frozen: derived caches are set once, here
-        if self.mask_weights is None:
-            fill("mask_weights", as_weights(self.mask, self.advantages.dtype))
+        mask_weights = self.mask_weights
+        if mask_weights is None:
+            mask_weights = as_weights(self.mask, self.advantages.dtype)
+            fill("mask_weights", mask_weights)
         if self.lengths is None:
-            fill("lengths", self.mask_weights.sum(dim=1, keepdim=True))
-        if self.planning is not None and self.planning_weights is None:
-            fill("planning_weights", as_weights(self.planning, self.advantages.dtype))
-        if self.planning_weights is not None and self.planning_lengths is None:
-            fill("planning_lengths", self.planning_weights.sum(dim=1, keepdim=True))
+            fill("lengths", mask_weights.sum(dim=1, keepdim=True))
+        planning_weights = self.planning_weights
+        if self.planning is not None and planning_weights is None:
+            planning_weights = as_weights(self.planning, self.advantages.dtype)
+            fill("planning_weights", planning_weights)
+        if planning_weights is not None and self.planning_lengths is None:
+            fill("planning_lengths", planning_weights.sum(dim=1, keepdim=True))
 
     @property
     def num_groups(self) -> int:
@@ -57,9 +61,40 @@ class TokenBatch:
         """Real tokens that are not planning tokens (all real tokens when planning is unknown)."""
         return self.mask if self.planning is None else self.mask & ~self.planning
 
+    @property
+    def real_weights(self) -> torch.Tensor:
+        """`mask_weights`, which `__post_init__` always sets (the field is Optional only as an input)."""
+        weights = self.mask_weights
+        assert weights is not None
+        return weights
+
+    @property
+    def real_lengths(self) -> torch.Tensor:
+        """`lengths`, which `__post_init__` always sets (the field is Optional only as an input)."""
+        lengths = self.lengths
+        assert lengths is not None
+        return lengths
+
+    @property
+    def planning_view(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(planning_weights, planning_lengths), or None when planning tokens were not detected."""
+        weights = self.planning_weights
+        if weights is None:
+            return None
+        lengths = self.planning_lengths
+        assert lengths is not None  # `__post_init__` derives them whenever the weights are set
+        return weights, lengths
+
+    def require_planning(self, transform: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """`planning_view` for a transform that cannot run without it (ValueError naming `transform`)."""
+        view = self.planning_view
+        if view is None:
+            raise ValueError(f"{transform} needs the planning mask, but the step has none")
+        return view
+
     def execution_weights(self) -> torch.Tensor:
-        assert self.mask_weights is not None
-        return self.mask_weights if self.planning_weights is None else self.mask_weights - self.planning_weights
+        weights = self.real_weights
+        return weights if self.planning_weights is None else weights - self.planning_weights
 
     def with_metrics(self, **values: float) -> TokenBatch:
         """A copy whose metrics include `values` (transforms report through this)."""
@@ -86,12 +121,14 @@ def split_moments(values: torch.Tensor, batch: TokenBatch) -> tuple[Moments, Mom
     Built from row sums and norms, so the [N, T] block is read a few times and written at most
     once (this runs on every step over up to millions of tokens).
     """
-    total, squares, count = block_sum(values), block_squares(values), float(batch.lengths.sum())
+    total, squares, count = block_sum(values), block_squares(values), float(batch.real_lengths.sum())
     plan_total = plan_squares = plan_count = 0.0
-    if batch.planning_weights is not None:
-        on_plan = values * batch.planning_weights
+    planned = batch.planning_view
+    if planned is not None:
+        planning_weights, planning_lengths = planned
+        on_plan = values * planning_weights
         plan_total, plan_squares = block_sum(on_plan), block_squares(on_plan)
-        plan_count = float(batch.planning_lengths.sum())
+        plan_count = float(planning_lengths.sum())
     return (
         _moments(count - plan_count, total - plan_total, squares - plan_squares),
         _moments(plan_count, plan_total, plan_squares),

@@ -21,12 +21,12 @@ GTPO_FLAT_MEAN = 1e-7  # a completion whose mean uncertainty is below this keeps
 GTPO_EPS = 1e-8
 
 
-def _execution_means(u: torch.Tensor, batch: TokenBatch, transform: str) -> torch.Tensor:
+def _execution_means(
+    u: torch.Tensor, lengths: torch.Tensor, planning_weights: torch.Tensor, planning_lengths: torch.Tensor
+) -> torch.Tensor:
     """Per-completion mean of `u` over execution tokens [N, 1] (0 for a completion without any)."""
-    if batch.planning_weights is None:
-        raise ValueError(f"{transform} needs the planning mask, but the step has none")
-    total = u.sum(dim=1, keepdim=True) - torch.linalg.vecdot(u, batch.planning_weights, dim=1).unsqueeze(1)
-    return total / (batch.lengths - batch.planning_lengths).clamp_min(1.0)
+    total = u.sum(dim=1, keepdim=True) - torch.linalg.vecdot(u, planning_weights, dim=1).unsqueeze(1)
+    return total / (lengths - planning_lengths).clamp_min(1.0)
 
 
 @built_in
@@ -46,9 +46,10 @@ class SEPAPooling:
         if lam == 0.0:
             return batch
         u = capped(batch.uncertainty)
-        mean = _execution_means(u, batch, "SEPA pooling")
+        planning_weights, planning_lengths = batch.require_planning("SEPA pooling")
+        mean = _execution_means(u, batch.real_lengths, planning_weights, planning_lengths)
         # lerp is exact at both ends: weight 0 keeps u (planning, padding), weight 1 gives mu
-        weight = torch.sub(batch.mask_weights, batch.planning_weights).mul_(lam)
+        weight = torch.sub(batch.real_weights, planning_weights).mul_(lam)
         return replace(batch, uncertainty=torch.lerp(u, mean.expand_as(u), weight))
 
 
@@ -71,7 +72,8 @@ class SEPAAmplification:
         if lam == 0.0:
             return batch
         u = capped(batch.uncertainty)
-        mean = _execution_means(u, batch, "SEPA amplification")
+        planning_weights, planning_lengths = batch.require_planning("SEPA amplification")
+        mean = _execution_means(u, batch.real_lengths, planning_weights, planning_lengths)
         amplified = (1.0 + lam) * u - lam * mean
         if self.floor_at_zero:
             amplified = amplified.clamp_min(0.0)
@@ -98,7 +100,7 @@ class GTPOWeighting:
         if self.beta == 0.0:
             return batch
         u = capped(batch.uncertainty)
-        mean = u.sum(dim=1, keepdim=True) / batch.lengths.clamp_min(1.0)  # u is 0 on padding
+        mean = u.sum(dim=1, keepdim=True) / batch.real_lengths.clamp_min(1.0)  # u is 0 on padding
         flat = mean < GTPO_FLAT_MEAN
         # 1 + beta * (u / m - 1) == u * (beta / m) + (1 - beta): two tensor ops instead of four
         scale = torch.where(flat, 0.0, self.beta / (mean + GTPO_EPS))
@@ -133,8 +135,9 @@ class HICRA:
             raise ValueError("HICRA needs the planning mask, but the step has none")
         if self.alpha == 0.0:
             return batch
+        planning_weights, _ = batch.require_planning("HICRA")  # present: derived from `planning` above
         advantages = batch.advantages
-        amplified = torch.addcmul(advantages, advantages.abs(), batch.planning_weights, value=self.alpha)
+        amplified = torch.addcmul(advantages, advantages.abs(), planning_weights, value=self.alpha)
         return replace(batch, advantages=amplified)
 
 

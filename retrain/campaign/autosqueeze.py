@@ -12,9 +12,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from retrain.campaign.manifest import SQUEEZE_FILE
+from retrain.config import container_dict
 from retrain.rundir import RunDir, write_json_atomic
 from retrain.squeeze import SqueezeReport, SqueezeSettings, run_squeeze
 
@@ -26,7 +27,7 @@ def squeeze_settings(config: DictConfig) -> SqueezeSettings | None:
     node = config.get("squeeze")
     if node is None:
         return None
-    values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    values = container_dict(node, "squeeze") if isinstance(node, DictConfig) else node
     if not isinstance(values, dict):
         raise ValueError(f"squeeze: expected a mapping of settings, got {values!r}")
     return SqueezeSettings.from_mapping(values)

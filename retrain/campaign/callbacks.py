@@ -26,12 +26,13 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_settings
 from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
 from retrain.campaign.plan import planned_jobs
 from retrain.campaign.report import refresh
+from retrain.config import container_dict, container_list
 from retrain.rundir import RunDir, write_json_atomic
 
 log = logging.getLogger("retrain.campaign")
@@ -84,7 +85,7 @@ class CampaignCallback(Callback):
             plan,
             self.settings,
             launcher,
-            None if squeeze is None else OmegaConf.to_container(config.squeeze, resolve=True),
+            None if squeeze is None else container_dict(config.squeeze, "squeeze"),
         )
         log.info(
             "Campaign: %s jobs, manifest at %s", "?" if plan is None else len(plan), self._sweep_dir / "manifest.json"
@@ -115,7 +116,7 @@ class CampaignCallback(Callback):
             run_dir.job_file,
             {
                 "num": int(config.hydra.job.num) if _multirun(config) else None,
-                "overrides": list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False)),
+                "overrides": container_list(config.hydra.overrides.task, "hydra.overrides.task", resolve=False),
                 "pid": os.getpid(),
                 "hostname": socket.gethostname(),
                 "started_at": time.time(),

@@ -198,10 +198,10 @@ def collect(sweep_dir: Path) -> Campaign:
     driver_alive = process_alive(driver.get("hostname"), driver.get("pid"))
     runs: list[RunInfo] = []
     for job in plan or []:
-        run = runs_by_num.pop(job.num, None)
-        if run is None:
-            run = _not_started(sweep_dir, job, driver_alive, cluster.get(queued.get(job.num, "")))
-        runs.append(run)
+        started = runs_by_num.pop(job.num, None)
+        if started is None:
+            started = _not_started(sweep_dir, job, driver_alive, cluster.get(queued.get(job.num, "")))
+        runs.append(started)
     runs += [runs_by_num[num] for num in sorted(runs_by_num)] + unnumbered
     return Campaign(
         sweep_dir=sweep_dir,

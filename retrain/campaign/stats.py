@@ -9,6 +9,7 @@ per-completion success rate different?) and is reported next to it, not instead 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,7 +41,8 @@ class Estimate:
         return f"{self.mean:.{digits}f} ± {self.std:.{digits}f} [{self.ci_low:.{digits}f}, {self.ci_high:.{digits}f}]"
 
 
-def estimate(values: list[float], confidence: float = 0.95) -> Estimate:
+def estimate(values: Sequence[float | None], confidence: float = 0.95) -> Estimate:
+    """Skips None (a run without that score) and non-finite values."""
     finite = [float(v) for v in values if v is not None and math.isfinite(v)]
     n = len(finite)
     if n == 0:
@@ -88,8 +90,8 @@ def fisher_exact(correct: int, total: int, base_correct: int, base_total: int) -
     return TestResult(odds if not math.isnan(odds) else None, float(result.pvalue))
 
 
-def welch_t(values: list[float], base_values: list[float]) -> TestResult:
-    """Welch's unequal-variance t-test of per-seed values against the baseline's."""
+def welch_t(values: Sequence[float | None], base_values: Sequence[float | None]) -> TestResult:
+    """Welch's unequal-variance t-test of per-seed values against the baseline's (None and non-finite skipped)."""
     a = [v for v in values if v is not None and math.isfinite(v)]
     b = [v for v in base_values if v is not None and math.isfinite(v)]
     if len(a) < 2 or len(b) < 2:

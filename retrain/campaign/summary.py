@@ -39,7 +39,7 @@ def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[st
     conditions = campaign.conditions
     done = {c: [r for r in campaign.runs if r.condition == c and r.state == "done"] for c in conditions}
     baseline = settings.baseline if settings.baseline in conditions else (conditions[0] if conditions else None)
-    base_scores = [scores[r.name] for r in done.get(baseline, [])]
+    base_scores = [scores[r.name] for r in done.get(baseline, [])] if baseline is not None else []
     rows = []
     for condition in conditions:
         own = [scores[r.name] for r in done[condition]]
