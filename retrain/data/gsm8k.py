@@ -7,9 +7,9 @@ without them, and with `reward=match` a separator would turn a right answer into
 from __future__ import annotations
 
 from retrain.data.base import ExampleData, fixed_subset
-from retrain.data.config import GSM8K_PATH
+from retrain.data.config import Gsm8kDataConfig
 from retrain.data.jsonl import load_records, require_fields
-from retrain.data.prompts import DEFAULT_PROMPT_TEMPLATE, check_template, fill_template
+from retrain.data.prompts import check_template, fill_template
 from retrain.errors import ConfigError
 from retrain.types import Example
 
@@ -29,12 +29,12 @@ class Gsm8kData(ExampleData):
     def __init__(
         self,
         seed: int,
-        path: str = GSM8K_PATH,
-        config_name: str = "main",
-        split: str = "train",
-        held_out_split: str = "test",
-        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
-        max_examples: int = 0,
+        path: str = Gsm8kDataConfig.path,
+        config_name: str = Gsm8kDataConfig.config_name,
+        split: str = Gsm8kDataConfig.split,
+        held_out_split: str = Gsm8kDataConfig.held_out_split,
+        prompt_template: str = Gsm8kDataConfig.prompt_template,
+        max_examples: int = Gsm8kDataConfig.max_examples,
     ) -> None:
         check_template(prompt_template, {"question"}, "data.prompt_template")
 

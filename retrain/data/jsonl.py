@@ -14,7 +14,8 @@ from typing import Any
 import datasets
 
 from retrain.data.base import ExampleData, fixed_subset
-from retrain.data.prompts import DEFAULT_PROMPT_TEMPLATE, check_template, fill_template
+from retrain.data.config import JsonlDataConfig
+from retrain.data.prompts import check_template, fill_template
 from retrain.errors import ConfigError, DataError
 from retrain.hub import hub_fetch, local_path
 from retrain.types import Example
@@ -115,15 +116,15 @@ class JsonlData(ExampleData):
         self,
         seed: int,
         path: str,
-        split: str = "train",
-        held_out_split: str = "",
-        config_name: str = "",
-        question_field: str = "question",
-        answer_field: str = "answer",
-        id_field: str = "",
+        split: str = JsonlDataConfig.split,
+        held_out_split: str = JsonlDataConfig.held_out_split,
+        config_name: str = JsonlDataConfig.config_name,
+        question_field: str = JsonlDataConfig.question_field,
+        answer_field: str = JsonlDataConfig.answer_field,
+        id_field: str = JsonlDataConfig.id_field,
         extra_fields: Iterable[str] = (),
-        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
-        max_examples: int = 0,
+        prompt_template: str = JsonlDataConfig.prompt_template,
+        max_examples: int = JsonlDataConfig.max_examples,
     ) -> None:
         if not path:
             raise ConfigError(

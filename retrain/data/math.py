@@ -15,9 +15,9 @@ from typing import Any
 import datasets
 
 from retrain.data.base import ExampleData, fixed_subset
-from retrain.data.config import MATH_PATH, SEED_SUBJECTS
+from retrain.data.config import SEED_SUBJECTS, MathDataConfig
 from retrain.data.jsonl import config_names, load_records, require_fields
-from retrain.data.prompts import DEFAULT_PROMPT_TEMPLATE, check_template, fill_template
+from retrain.data.prompts import check_template, fill_template
 from retrain.errors import ConfigError
 from retrain.reward.extract import last_boxed
 from retrain.types import Example
@@ -47,12 +47,12 @@ class MathData(ExampleData):
     def __init__(
         self,
         seed: int,
-        path: str = MATH_PATH,
+        path: str = MathDataConfig.path,
         subjects: Iterable[str] = SEED_SUBJECTS,
-        split: str = "train",
-        held_out_split: str = "test",
-        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
-        max_examples: int = 0,
+        split: str = MathDataConfig.split,
+        held_out_split: str = MathDataConfig.held_out_split,
+        prompt_template: str = MathDataConfig.prompt_template,
+        max_examples: int = MathDataConfig.max_examples,
     ) -> None:
         check_template(prompt_template, {"question"}, "data.prompt_template")
         wanted = [normalize_subject(subject) for subject in subjects]
