@@ -25,6 +25,7 @@ T = TypeVar("T")
 Check = Callable[[Any, str, tuple[Any, ...], dict[str, Any]], Any]
 
 _BUILT_IN: set[Any] = set()
+_MISSING = object()
 
 
 def built_in(part: T) -> T:
@@ -77,7 +78,9 @@ class Checked:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("plugin", "checks", "what"):  # copy/pickle probes, unset fields
             raise AttributeError(name)
-        value = _declared_attribute(self.plugin, name)
+        value = declared(self.plugin, name, _MISSING)
+        if value is _MISSING:
+            raise AttributeError(f"{self.what} has no attribute {name!r}")
         if name not in self.checks:
             return value
 
@@ -125,11 +128,10 @@ def check_finite(value: torch.Tensor, *, what: str) -> torch.Tensor:
     raise PluginOutputError(f"{what} returned non-finite values (e.g. {float(value[index])} at index {list(index)})")
 
 
-def _declared_attribute(part: Any, name: str) -> Any:
-    """An attribute of the part, or of the function behind a partial (where declarations live)."""
-    try:
-        return getattr(part, name)
-    except AttributeError:
-        if isinstance(part, functools.partial):
-            return getattr(part.func, name)
-        raise
+def declared(part: Any, attribute: str, default: Any) -> Any:
+    """An attribute a part declares on itself (looked up through partials and wrappers), else `default`."""
+    if hasattr(part, attribute):
+        return getattr(part, attribute)
+    if isinstance(part, functools.partial):
+        return getattr(part.func, attribute, default)
+    return default

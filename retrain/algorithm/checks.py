@@ -7,7 +7,6 @@ by `retrain.plugins.checked` with the checks below, which name the plugin and wh
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import replace
 from typing import Any
@@ -18,15 +17,6 @@ from retrain.algorithm.base import Algorithm
 from retrain.algorithm.tokens import TokenBatch
 from retrain.errors import ConfigError
 from retrain.plugins import Check, PluginOutputError, check_finite, check_shape, checked, plugin_name
-
-
-def declared(obj: Any, attribute: str, default: Any) -> Any:
-    """An attribute a plugin declares on itself (looked up through partials and wrappers), else `default`."""
-    if hasattr(obj, attribute):
-        return getattr(obj, attribute)
-    if isinstance(obj, functools.partial):
-        return getattr(obj.func, attribute, default)
-    return default
 
 
 def check_advantage(value: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:

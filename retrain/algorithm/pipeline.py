@@ -15,13 +15,13 @@ import torch
 from retrain.algorithm.advantages import groups_with_signal
 from retrain.algorithm.base import AdvantageOutput
 from retrain.algorithm.batch import AdvantageCap, BatchNormalization, nonzero_stats, stats_metrics
-from retrain.algorithm.checks import ADVANTAGE_CHECKS, TRANSFORM_CHECKS, UNCERTAINTY_CHECKS, declared, require
+from retrain.algorithm.checks import ADVANTAGE_CHECKS, TRANSFORM_CHECKS, UNCERTAINTY_CHECKS, require
 from retrain.algorithm.planning import PlanningDetector
 from retrain.algorithm.sepa import SEPASchedule
 from retrain.algorithm.tokens import Moments, TokenBatch, as_weights, capped, split_moments, weighted_moments
 from retrain.algorithm.transforms import SurprisalMask
 from retrain.algorithm.uncertainty import resolve_uncertainty
-from retrain.plugins import built_in, check_finite, checked, plugin_name
+from retrain.plugins import built_in, check_finite, checked, declared, plugin_name
 
 Transform = Callable[[TokenBatch], TokenBatch]
 

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 import torch
 from hydra.utils import get_object
 
-from retrain.algorithm.checks import declared
 from retrain.algorithm.tokens import MAX_UNCERTAINTY, capped
 from retrain.errors import ConfigError
-from retrain.plugins import built_in
+from retrain.plugins import built_in, declared
 
 UncertaintyFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
