@@ -30,7 +30,7 @@ from retrain.batching import Batching
 from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
 from retrain.inference.base import InferenceEngine
-from retrain.inference.freshness import Probe, check_fresh
+from retrain.inference.freshness import Freshness, FreshnessProof, Probe
 from retrain.logging import JsonlLog, WandbSink, console_line
 from retrain.reward.scorer import Scorer
 from retrain.rundir import Checkpoint, RunDir
@@ -87,7 +87,8 @@ class Trainer:
         self.eval_examples = eval_examples
         self.scorer = scorer
         self.prompts = prompts
-        self.probe = probe
+        self.freshness = FreshnessProof(probe, backend)
+        self.weights_version = 0  # the newest optimizer step's weights (what the engine must serve)
         self.batching = batching
         self.training = training
         self.evaluation = evaluation
@@ -120,6 +121,8 @@ class Trainer:
         """Train to max_steps (or until a stop request); returns the final status."""
         if self.resume_checkpoint is not None and self._restore(self.resume_checkpoint):
             return self._write_status("done")
+        if self.resume_checkpoint is None:
+            self.freshness.check(self.engine, self.weights_version)  # the engine starts on the initial adapter
         self._start_wandb()
         try:
             if self.next_step == 0 and self.eval_examples:
@@ -175,6 +178,7 @@ class Trainer:
         prompt_ids = self.prompts([example.prompt for example in examples])
 
         t_sample = time.perf_counter()
+        served_version = self.engine.weights_version
         rollouts = self.engine.generate(prompt_ids, G, self.sampling, step_generator_seed(training.seed, step))
         t_reward = time.perf_counter()
         row_examples = [example for example in examples for _ in range(G)]
@@ -192,10 +196,10 @@ class Trainer:
         batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
 
         t_train = time.perf_counter()
+        policy_lag = self.weights_version - served_version  # optimizer steps between sampling and training weights
         result = self.backend.train(batch) if batch.num_datums else _no_update()
         t_sync = time.perf_counter()
-        if result.update is not None:
-            self._sync_engine(result.update)
+        freshness = {} if result.update is None else self._sync_engine(result.update).metrics()
         t_end = time.perf_counter()
 
         correct = rewards > CORRECT_THRESHOLD
@@ -237,6 +241,9 @@ class Trainer:
             **advantage.metrics,
             **rollouts.metrics,  # the sampler's, e.g. policy/top_p_mass: every step, trained on or not
             **result.metrics,
+            "engine/weight_version": served_version,
+            "engine/policy_lag": policy_lag,
+            **freshness,
             **timings,
             "other_time_s": (t_end - started) - sum(timings.values()),
             "step_time_s": t_end - started,
@@ -245,10 +252,11 @@ class Trainer:
         self.batching.observe(record)
         return record
 
-    def _sync_engine(self, update: WeightUpdate) -> None:
+    def _sync_engine(self, update: WeightUpdate) -> Freshness:
         """Hand the new weights to the engine, then prove it serves them (StaleWeightsError if not)."""
+        self.weights_version = update.version
         self.engine.sync(update)
-        check_fresh(self.engine, self.backend, self.probe, update.version)
+        return self.freshness.check(self.engine, update.version)
 
     # ---- logging -------------------------------------------------------------------------
     def _log_step(self, record: dict[str, Any]) -> None:
@@ -403,6 +411,7 @@ class Trainer:
             self.next_step = state["completed_steps"]
             self.eval_results = dict(state.get("eval", {}))
             return True
+        self.freshness.forget()
         self._sync_engine(self.backend.load(checkpoint))
         self.data.load_state_dict(state["data"])
         self.algorithm.load_state_dict(state["algorithm"])

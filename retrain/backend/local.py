@@ -140,7 +140,7 @@ class LocalBackend:
             self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
-        ratio_sum, ratio_max, clipped = 0.0, -math.inf, 0
+        ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0, 0.0
         for chunk in rows.split(step_size):
             token_loss, mask = self._micro_batch_loss(rollouts, advantages, contributing, chunk)
             micro_loss = (token_loss.loss * mask).sum() / num_tokens
@@ -149,10 +149,13 @@ class LocalBackend:
             ratio_sum += float(token_loss.ratio[mask].sum())
             ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
             clipped += int(token_loss.clipped[mask].sum())
+            logprob_gap += float(token_loss.ratio[mask].log().abs().sum())
         metrics = {
             "policy/ratio_mean": ratio_sum / num_tokens,
             "policy/ratio_max": ratio_max,
             "policy/clip_frac": clipped / num_tokens,
+            # mean |trainer − sampler| log-prob of the trained tokens before the update: ~0 for a fresh engine
+            "engine/logprob_abs_diff": logprob_gap / num_tokens,
         }
 
         grad_norm = self._clip_gradients()

@@ -46,6 +46,7 @@ class InferenceEngine(Protocol):
     """Samples B×G completions with the policy's current weights."""
 
     returns_entropies: bool  # whether `generate` can fill Rollouts.entropies
+    weights_version: int  # the optimizer step whose weights `generate` samples with (0 = the initial adapter)
 
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None

@@ -10,12 +10,80 @@ from dataclasses import dataclass
 
 
 @dataclass
-class PytorchEngineConfig:
+class EngineConfig:
+    """Keys every engine takes."""
+
+    _partial_: bool = True
+    # Test hook: the engine skips pushing new weights, so the freshness proof can be seen to fire.
+    # Never set it in a real run: the run stops with StaleWeightsError after the first step.
+    fault_skip_weight_sync: bool = False
+
+
+@dataclass
+class PytorchEngineConfig(EngineConfig):
     """In-process engine on the training model itself (no second copy of the weights)."""
 
     _target_: str = "retrain.inference.pytorch.PytorchEngine"
-    _partial_: bool = True
     prefix_caching: bool = True  # prefill each prompt once and repeat its KV cache G times
 
 
-SCHEMAS: dict[str, type] = {"base_pytorch": PytorchEngineConfig}
+@dataclass
+class VllmEngineConfig(EngineConfig):
+    """In-process `vllm.LLM` on the backend's device, serving each step's adapter as `policy-v{N}`."""
+
+    _target_: str = "retrain.inference.vllm.VllmEngine"
+    dtype: str = "auto"  # auto (the training dtype) | bf16 | fp16 | fp32 | fp8 | fp4 (quantized serving)
+    kv_cache_dtype: str = "auto"  # auto | bf16 | fp8 | int8
+    prefix_caching: bool = True  # share prompt KV across a group's completions (and across steps of one version)
+    attention_kernel: str = "default"  # default | flash | triton | tk | cutlass (vLLM attention backends where one exists)
+    gpu_memory_utilization: float = 0.35  # share of GPU memory for weights + KV cache (training shares the GPU)
+    max_model_len: int = 0  # 0 = prompt budget + training.max_tokens, capped by the model's own limit
+    max_lora_rank: int = 0  # 0 = model.lora_rank, rounded up to a rank vLLM supports
+    sleep_mode: bool = True  # on CUDA: free the engine's memory while training runs
+    enforce_eager: bool = False  # skip CUDA-graph capture and torch.compile (faster start, slower decode)
+
+
+@dataclass
+class HttpEngineConfig(EngineConfig):
+    """Keys every engine that samples on a server takes (retrain.inference.http)."""
+
+    url: str = ""  # the server's base url, e.g. http://127.0.0.1:8000 (required)
+    api_key_env: str = ""  # environment variable holding the server's API key ('' = none)
+    timeout_s: float = 600.0  # per request: a step's longest generation must fit
+    max_retries: int = 5  # on 429/5xx and failed connections, with exponential backoff and jitter
+    max_concurrency: int = 64  # requests in flight at once
+
+
+@dataclass
+class VllmServerEngineConfig(HttpEngineConfig):
+    """A running vLLM server (`/v1/completions`), following training through runtime LoRA loading."""
+
+    _target_: str = "retrain.inference.vllm_server.VllmServerEngine"
+    adapter_root: str = ""  # where each step's adapter is written ('' = a temp dir); the server must read it
+
+
+@dataclass
+class SglangEngineConfig(HttpEngineConfig):
+    """A running SGLang server (native `/generate`), following training through runtime LoRA loading."""
+
+    _target_: str = "retrain.inference.sglang.SglangEngine"
+    adapter_root: str = ""  # where each step's adapter is written ('' = a temp dir); the server must read it
+
+
+@dataclass
+class OpenAIEngineConfig(HttpEngineConfig):
+    """Any OpenAI-compatible `/v1/completions` server (MAX, MLX-LM, TRT-LLM): frozen weights without a LoRA route."""
+
+    _target_: str = "retrain.inference.openai_server.OpenAIEngine"
+    api_key_env: str = "OPENAI_API_KEY"
+    model: str = ""  # the served model to sample ('' = the first that /v1/models lists)
+    adapter_root: str = ""  # where each step's adapter is written, when the server has a LoRA load route
+
+
+SCHEMAS: dict[str, type] = {
+    "base_pytorch": PytorchEngineConfig,
+    "base_vllm": VllmEngineConfig,
+    "base_vllm_server": VllmServerEngineConfig,
+    "base_sglang": SglangEngineConfig,
+    "base_openai": OpenAIEngineConfig,
+}

@@ -16,6 +16,9 @@ Rollouts come back as CPU tensors whatever the device.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,11 +29,14 @@ from transformers import DynamicCache
 
 from retrain.errors import ConfigError
 from retrain.inference.base import EngineResources, StaleWeightsError
+from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.freshness import Probe
 from retrain.inference.logprobs import left_pad, positions_from_mask, scaled_log_softmax
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,7 +96,11 @@ class PytorchEngine:
     returns_entropies = True
 
     def __init__(
-        self, tokenizer: Any, resources: EngineResources, prefix_caching: bool = PytorchEngineConfig.prefix_caching
+        self,
+        tokenizer: Any,
+        resources: EngineResources,
+        prefix_caching: bool = PytorchEngineConfig.prefix_caching,
+        fault_skip_weight_sync: bool = PytorchEngineConfig.fault_skip_weight_sync,
     ) -> None:
         if resources.model is None:
             raise ConfigError(
@@ -102,10 +112,15 @@ class PytorchEngine:
         self.device = torch.device(resources.device)
         self.prefix_caching = prefix_caching
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_ids = torch.tensor(sorted(_eos_token_ids(self.model, tokenizer)), device=self.device)
+        self.eos_ids = torch.tensor(
+            stop_token_ids(tokenizer, getattr(self.model, "generation_config", None)), device=self.device
+        )
         if self.pad_id is None or not len(self.eos_ids):
             raise ValueError("the tokenizer defines no EOS/pad token: completions could never stop")
         self.weights_version = 0
+        # The fault hook (a test of the freshness proof): keep serving the initial adapter, as an
+        # engine that never received a push would, by swapping it in around every forward.
+        self._frozen = _trainable_copy(self.model) if fault_skip_weight_sync else None
 
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
@@ -116,7 +131,7 @@ class PytorchEngine:
         if generator_seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(generator_seed)
         _eval_mode(self.model)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._serving():
             decoded = self._decode(prompts, prompt_mask, group_size, sampling, generator)
         ids, mask, logprobs, entropies, kept_mass, finished = decoded
         width = int(mask.sum(dim=1).max())
@@ -223,6 +238,9 @@ class PytorchEngine:
                 f"asked to sync to weights version {update.version}, but the engine already "
                 f"serves version {self.weights_version}"
             )
+        if self._frozen is not None:
+            log.warning("inference.fault_skip_weight_sync: weights version %d NOT pushed to the engine", update.version)
+            return
         if update.adapter_dir is not None:
             set_peft_model_state_dict(self.model, load_peft_weights(str(update.adapter_dir), device=str(self.device)))
         else:
@@ -243,7 +261,7 @@ class PytorchEngine:
         prompt = torch.tensor([probe.prompt_ids], device=self.device)
         continuation = torch.tensor(probe.completion_ids, device=self.device)
         _eval_mode(self.model)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._serving():
             cache = DynamicCache(config=self.model.config)
             output = self.model(
                 input_ids=prompt,
@@ -267,6 +285,19 @@ class PytorchEngine:
             logprobs = scaled_log_softmax(torch.cat(logits), 1.0)
             return _export(logprobs.gather(-1, continuation.unsqueeze(-1)).squeeze(-1))
 
+    @contextmanager
+    def _serving(self) -> Iterator[None]:
+        """The weights to sample with: the model's own, or (fault hook) the frozen initial adapter."""
+        if self._frozen is None:
+            yield
+            return
+        live = _trainable_copy(self.model)
+        _load_trainable(self.model, self._frozen)
+        try:
+            yield
+        finally:
+            _load_trainable(self.model, live)
+
     def close(self) -> None:
         """Nothing to release: the model belongs to the backend."""
 
@@ -282,18 +313,15 @@ def _check_sampling(group_size: int, sampling: SamplingParams) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
 
 
-def _eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
-    """Every id that ends a completion: the tokenizer's EOS plus the model's generation-config EOS list
-    (chat models such as Qwen end turns with <|im_end|>, which may differ from the tokenizer's EOS)."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(configured, int):
-        ids.add(configured)
-    elif configured:
-        ids.update(int(i) for i in configured)
-    return ids
+def _trainable_copy(model: Any) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _load_trainable(model: Any, tensors: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in tensors:
+                p.copy_(tensors[name])
 
 
 def _export(tensor: torch.Tensor) -> torch.Tensor:

