@@ -17,6 +17,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,16 @@ CORRECT_THRESHOLD = 0.5  # a completion is correct when its reward is > 0.5 (SPE
 
 PromptEncoder = Callable[[list[str]], list[list[int]]]  # user messages -> chat-templated prompt ids
 PlanningDetection = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, mask) [N, T] -> planning mask
+
+
+@dataclass
+class StepSample:
+    """A step's prompts and their rollouts (done, or being sampled beside training in split mode)."""
+
+    examples: list[Example]
+    served_version: int  # the engine's weights version when sampling started
+    rollouts: Future[Rollouts]
+    data_state: dict[str, Any] | None  # the data source's state before these prompts were drawn
 
 
 def step_generator_seed(seed: int, step: int) -> int:
@@ -109,6 +121,9 @@ class Trainer:
         self.total_completions = 0
         self.eval_results: dict[str, float] = {}
         self._stop = threading.Event()
+        # split mode: one thread samples the next step while this one trains (engine/policy_lag 1)
+        self._sampler = ThreadPoolExecutor(1, "retrain-sampler") if backend.engine_resources().overlap else None
+        self._prefetched: StepSample | None = None
         self._last_saved_step = -1
 
     # ---- control -------------------------------------------------------------------------
@@ -139,6 +154,9 @@ class Trainer:
             self._write_status("failed", error=f"{type(error).__name__}: {error}")
             raise
         finally:
+            self._drop_prefetched()
+            if self._sampler is not None:
+                self._sampler.shutdown()
             if self.wandb is not None:
                 self.wandb.finish()
 
@@ -166,20 +184,22 @@ class Trainer:
                 if self._stop.is_set():
                     if self._last_saved_step != step:
                         self.save()
+                    self._drop_prefetched()
                     return
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One RLVR step; returns its metrics record."""
         training = self.training
-        B, G = self.batching.batch_size(), training.group_size
+        G = training.group_size
         started = time.perf_counter()
         sepa_lambda = self.algorithm.begin_step(step)
-        examples = self.data.next_batch(B)
-        prompt_ids = self.prompts([example.prompt for example in examples])
 
         t_sample = time.perf_counter()
-        served_version = self.engine.weights_version
-        rollouts = self.engine.generate(prompt_ids, G, self.sampling, step_generator_seed(training.seed, step))
+        prefetched, self._prefetched = self._prefetched, None
+        sample = prefetched if prefetched is not None else self._start_sampling(step)
+        examples, served_version = sample.examples, sample.served_version
+        B = len(examples)
+        rollouts = sample.rollouts.result()
         t_reward = time.perf_counter()
         row_examples = [example for example in examples for _ in range(G)]
         scored = self.scorer.score(rollouts.texts, row_examples)
@@ -195,9 +215,15 @@ class Trainer:
         row_mask = advantage.group_has_signal.repeat_interleave(G)
         batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
 
+        if self._sampler is not None and self._may_prefetch(step + 1):
+            self._prefetched = self._start_sampling(step + 1, self._sampler)  # samples while this step trains
+
         t_train = time.perf_counter()
         policy_lag = self.weights_version - served_version  # optimizer steps between sampling and training weights
         result = self.backend.train(batch) if batch.num_datums else _no_update()
+        t_wait = time.perf_counter()
+        if self._prefetched is not None:  # the engine's weights change only between generate calls
+            wait([self._prefetched.rollouts])
         t_sync = time.perf_counter()
         freshness = {} if result.update is None else self._sync_engine(result.update).metrics()
         t_end = time.perf_counter()
@@ -213,7 +239,8 @@ class Trainer:
             "sample_time_s": t_reward - t_sample,
             "reward_time_s": t_advantage - t_reward,
             "advantage_time_s": t_train - t_advantage,
-            "train_time_s": t_sync - t_train,
+            "train_time_s": t_wait - t_train,
+            "overlap_wait_s": t_sync - t_wait,  # split mode: waiting for the next step's sampling to finish
             "sync_time_s": t_end - t_sync,  # weight sync to the engine and its freshness proof
         }
         record: dict[str, Any] = {
@@ -251,6 +278,33 @@ class Trainer:
         self._log_samples(step, examples, rollouts, rewards, correct, planning)
         self.batching.observe(record)
         return record
+
+    def _start_sampling(self, step: int, sampler: ThreadPoolExecutor | None = None) -> StepSample:
+        """Draw step `step`'s prompts and sample them: now, or on `sampler` beside training (split mode)."""
+        data_state = self.data.state_dict() if sampler is not None else None
+        examples = self.data.next_batch(self.batching.batch_size())
+        prompt_ids = self.prompts([example.prompt for example in examples])
+        arguments = (prompt_ids, self.training.group_size, self.sampling, step_generator_seed(self.training.seed, step))
+        served_version = self.engine.weights_version
+        rollouts: Future[Rollouts]
+        if sampler is None:
+            rollouts = Future()
+            rollouts.set_result(self.engine.generate(*arguments))
+        else:
+            rollouts = sampler.submit(self.engine.generate, *arguments)
+        return StepSample(examples, served_version, rollouts, data_state)
+
+    def _may_prefetch(self, step: int) -> bool:
+        """Split mode samples step `step` early unless a checkpoint comes first: a run resumed from
+        it starts without a prefetched step, so the uninterrupted run must not have one there either."""
+        every = self.training.save_every
+        return step < self.training.max_steps and not (every > 0 and step % every == 0) and not self._stop.is_set()
+
+    def _drop_prefetched(self) -> None:
+        """Forget a step sampled ahead (a stop came): the checkpoint holds the data state from before it."""
+        if self._prefetched is not None:
+            wait([self._prefetched.rollouts])
+            self._prefetched = None
 
     def _sync_engine(self, update: WeightUpdate) -> Freshness:
         """Hand the new weights to the engine, then prove it serves them (StaleWeightsError if not)."""
@@ -383,7 +437,7 @@ class Trainer:
             "finished": final,
             "seed": self.training.seed,
             "condition": self.algorithm.name,
-            "data": self.data.state_dict(),
+            "data": self.data.state_dict() if self._prefetched is None else self._prefetched.data_state,
             "algorithm": self.algorithm.state_dict(),
             "batching": self.batching.state_dict(),
             "total_correct": self.total_correct,

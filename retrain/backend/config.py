@@ -17,7 +17,9 @@ class LocalBackendConfig:
     from the composition root at instantiate time."""
 
     _target_: str = "retrain.backend.local.LocalBackend"
-    devices: str = "gpu:0"  # "cpu" or "gpu:N" (CPU fallback with a warning when CUDA is absent)
+    # "cpu" or "gpu:N" (CPU fallback with a warning when CUDA is absent); split mode "gpu:I,gpu:T":
+    # inference on the first, training on the last, sampling of step s+1 overlapping training of step s
+    devices: str = "gpu:0"
     micro_batch_size: int = 2  # rows per forward/backward (bounds activation memory); 0 = all rows at once
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
 

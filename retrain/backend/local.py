@@ -23,7 +23,7 @@ from peft.utils import load_peft_weights
 
 from retrain.backend.base import Capabilities
 from retrain.backend.config import LocalBackendConfig
-from retrain.backend.model import ModelSpec, resolve_device
+from retrain.backend.model import ModelSpec, resolve_devices
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.errors import ConfigError
 from retrain.inference.base import EngineResources
@@ -86,7 +86,8 @@ class LocalBackend:
         if micro_batch_size < 0:
             raise ConfigError(f"backend.micro_batch_size must be >= 0 (0 = all rows), got {micro_batch_size}")
         self.spec = model
-        self.device = resolve_device(devices)
+        self.devices = resolve_devices(devices)
+        self.device = self.devices.training
         self.micro_batch_size = micro_batch_size
         self.loss_settings = loss
         self.optim_settings = optim
@@ -117,7 +118,8 @@ class LocalBackend:
         )
 
     def engine_resources(self) -> EngineResources:
-        return EngineResources(spec=self.spec, device=self.device, model=self.model)
+        plan = self.devices
+        return EngineResources(spec=self.spec, device=plan.inference, model=self.model, overlap=plan.split)
 
     def train(self, batch: TrainBatch) -> TrainResult:
         if batch.rollouts.temperature <= 0:

@@ -39,6 +39,9 @@ class EngineResources:
     spec: ModelSpec  # the base model and the adapter's shape
     device: torch.device  # where the backend trains
     model: Any | None = None  # the live training model, for an engine that samples with it (no copy)
+    # split mode: the engine samples on its own device while the backend trains, so it must hold its
+    # own copy of the weights (the trainer overlaps sampling of step s+1 with training of step s)
+    overlap: bool = False
 
 
 @runtime_checkable

@@ -1,6 +1,7 @@
 """In-process sampling on the very model object the backend trains (no second copy of the weights).
 
-Built from the run's tokenizer and the backend's EngineResources, whose `model` it samples with.
+Built from the run's tokenizer and the backend's EngineResources, whose `model` it samples with
+(in split mode, `resources.overlap`, a copy of it on the inference device, kept current by `sync`).
 
 One prefill per prompt, whose KV cache is repeated G times; then all B×G rows are decoded together,
 one token per forward. A row leaves the batch (and the cache) when it emits EOS, and the loop stops
@@ -16,6 +17,7 @@ Rollouts come back as CPU tensors whatever the device.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -108,6 +110,8 @@ class PytorchEngine:
                 "shares none; choose an engine that loads its own weights"
             )
         self.model = resources.model
+        if resources.overlap:  # split mode: sample with a copy on our own device while the backend trains
+            self.model = copy.deepcopy(resources.model).to(resources.device)
         self.tokenizer = tokenizer
         self.device = torch.device(resources.device)
         self.prefix_caching = prefix_caching

