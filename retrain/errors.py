@@ -34,3 +34,7 @@ class RewardWorkerError(UserError, RuntimeError):
 
 class HubFetchError(UserError, RuntimeError):
     """Something could not be fetched from the Hugging Face Hub (offline, unknown id, ...)."""
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint cannot be restored (damaged files) or written (a full disk); the message names it."""

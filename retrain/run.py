@@ -33,7 +33,7 @@ from retrain.batching import FixedBatching
 from retrain.campaign.preemption import requeue_on_preemption
 from retrain.config import EvalConfig, LoggingConfig, TrainingConfig, check_known_keys
 from retrain.determinism import reproducible_torch
-from retrain.errors import ConfigError
+from retrain.errors import CheckpointError, ConfigError
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.freshness import Probe
 from retrain.plugins import checked, plugin_name
@@ -209,20 +209,23 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], run_dir: Path
 
 
 def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
-    """`resume.from` (a run dir or a checkpoint dir), else this run dir's own latest checkpoint.
+    """`resume.from` (a run dir or a checkpoint dir), else this run dir's own latest checkpoint that reads whole.
 
-    The second case is what makes a requeued cluster job continue where it was killed.
+    The second case is what makes a requeued cluster job continue where it was killed; damaged newer
+    checkpoints are skipped (this run dir's own are set aside, another run's left as they are).
     """
     source = str(cfg.resume["from"] or "")
     if source:
         path = Path(source).expanduser()
         if Checkpoint(path).is_complete:
+            if (damage := Checkpoint(path).damage()) is not None:
+                raise CheckpointError(f"resume.from={source!r}: checkpoint {path} is damaged ({damage})")
             return path
-        found = RunDir(path).latest_checkpoint() if path.is_dir() else None
+        found = RunDir(path).resumable_checkpoint(set_aside=False) if path.is_dir() else None
         if found is None:
             raise ConfigError(f"resume.from={source!r}: no checkpoint ({STATE_FILE}) found there")
         return found.path
-    latest = RunDir(run_dir).latest_checkpoint()
+    latest = RunDir(run_dir).resumable_checkpoint(set_aside=True)
     return None if latest is None else latest.path
 
 

@@ -7,6 +7,7 @@
       emergence/generations.jsonl  a few completions per step
       checkpoints/step_N/          a checkpoint after N completed steps (PEFT adapter + trainer_state.json)
       final/                       the checkpoint written when the run finishes
+      <checkpoint>.damaged-<time>  a checkpoint found unreadable on restart, set aside (never listed, never deleted)
       run.log                      the console log (Hydra's file handler, conf/config.yaml)
       job.json, exit.json          the campaign callback's record of each attempt's start and end
       .hydra/                      Hydra's composed config
@@ -16,19 +17,29 @@ The run may be read from another process, another node, or after it died, so eve
 a JSON file goes through a temp file + fsync + rename; a checkpoint is written into a hidden temp
 dir, fsynced and renamed into place, with `trainer_state.json` written last, so a checkpoint dir that
 has it is whole and a killed run never leaves a half-written checkpoint that a restart would trust.
+A save the filesystem refuses (a full disk) removes its temp dir and ends the run with one message
+naming the checkpoint it can resume from. A restart reads every file of the newest checkpoint before
+trusting it, and falls back past damaged ones (a file truncated or overwritten outside retrain).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from retrain.errors import CheckpointError
+
+log = logging.getLogger(__name__)
 
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
@@ -46,6 +57,12 @@ LOCK_FILE = ".retrain.lock"
 # what PEFT's save_pretrained writes into every checkpoint dir
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+# what a restore reads from trainer_state.json (Trainer._restore, run.resolve_seed): a state without one is damaged
+RESTORE_KEYS = frozenset(
+    {"completed_steps", "step", "seed", "data", "algorithm", "batching", "total_correct", "total_completions", "rng"}
+)
+DAMAGED_MARK = ".damaged-"  # `step_8.damaged-20250101T120000`: no step dir's name, so never listed again
+DISK_FULL_BYTES = 1 << 20  # less free space than this after a failed write: the disk is full
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -70,6 +87,44 @@ def _step_number(name: str) -> int | None:
     """N of a `step_N` dir name; None for any other name."""
     digits = name.removeprefix(STEP_PREFIX)
     return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
+
+
+def _read_safetensors(path: Path) -> None:
+    from safetensors import safe_open  # imported here: `retrain status` reads run dirs without torch
+
+    with safe_open(str(path), framework="pt") as weights:
+        for key in weights.keys():  # noqa: SIM118  (a safe_open handle is not iterable)
+            weights.get_tensor(key)
+
+
+def _read_torch(path: Path) -> None:
+    import torch
+
+    torch.load(path, map_location="cpu", weights_only=True)
+
+
+# how each kind of file in a checkpoint is read whole: a file that fails its reader makes the checkpoint damaged
+CHECKPOINT_READERS: dict[str, Callable[[Path], Any]] = {
+    ".json": lambda path: json.loads(path.read_text()),
+    ".safetensors": _read_safetensors,
+    ".pt": _read_torch,
+}
+
+
+def _filesystem_refusal(error: BaseException, where: Path) -> str | None:
+    """Why the filesystem refused a write into `where`; None when `error` is no refusal (a bug). A refusal is
+    an OSError raised or caught on the way (torch wraps the one its file writer hit), or a disk left full
+    (safetensors and torch's path writer report a full disk without an OSError)."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return str(cause)
+        cause = cause.__cause__ or cause.__context__
+    try:
+        full = shutil.disk_usage(where).free < DISK_FULL_BYTES
+    except OSError:
+        return None
+    return f"no space left on the device holding {where} ({type(error).__name__}: {error})" if full else None
 
 
 def _fsync_tree(root: Path) -> None:
@@ -117,21 +172,85 @@ class Checkpoint:
         with open(self.state_file) as handle:
             return json.load(handle)
 
+    def damage(self) -> str | None:
+        """What makes this checkpoint unfit to restore, or None when every file in it reads whole.
+
+        Reads the files without building a model: the state parses and has every key a restore reads,
+        the PEFT adapter (config and every tensor) is there, and every JSON, safetensors and torch file
+        (the optimizer state) loads.
+        """
+        try:
+            state = self.state()
+        except (OSError, ValueError) as error:  # ValueError: JSON or UTF-8 that does not decode
+            return f"{STATE_FILE} does not read ({type(error).__name__}: {error})"
+        if not isinstance(state, dict):
+            return f"{STATE_FILE} holds a {type(state).__name__}, not the trainer's state"
+        if missing := RESTORE_KEYS - state.keys():
+            return f"{STATE_FILE} lacks {', '.join(sorted(missing))}"
+        for required in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+            if not (self.path / required).is_file():
+                return f"{required} is missing"
+        for file in sorted(self.path.iterdir()):
+            reader = CHECKPOINT_READERS.get(file.suffix)
+            if reader is None:
+                continue
+            try:
+                reader(file)
+            except Exception as error:  # each library has its own errors for a truncated or garbled file
+                return f"{file.name} does not read ({type(error).__name__}: {error})"
+        return None
+
+    def set_aside(self) -> Path:
+        """Rename a damaged checkpoint out of the listing (kept for a look, never deleted); returns its new path."""
+        aside = self.path.with_name(f"{self.path.name}{DAMAGED_MARK}{time.strftime('%Y%m%dT%H%M%S')}")
+        os.rename(self.path, aside)
+        return aside
+
     @classmethod
     def write(cls, target: Path, write_payload: Callable[[Path], None], state: dict[str, Any]) -> Checkpoint:
-        """Create `target` atomically: `write_payload(tmp_dir)` writes the model files, then the state."""
+        """Create `target` atomically: `write_payload(tmp_dir)` writes the model files, then the state.
+
+        A failed write leaves no temp dir behind; one the filesystem refused (a full disk) raises a
+        CheckpointError that names the newest intact checkpoint, so a rerun resumes from it.
+        """
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
-        tmp.mkdir()
-        write_payload(tmp)
-        write_json_atomic(tmp / STATE_FILE, {**state, "checkpoint_path": str(target)})
-        _fsync_tree(tmp)
+        try:
+            tmp.mkdir()
+            write_payload(tmp)
+            write_json_atomic(tmp / STATE_FILE, {**state, "checkpoint_path": str(target)})
+            _fsync_tree(tmp)
+        except BaseException as error:
+            refusal = _filesystem_refusal(error, target.parent) if isinstance(error, Exception) else None
+            shutil.rmtree(tmp, ignore_errors=True)
+            if refusal is not None:
+                raise CheckpointError(_unwritten(target, refusal)) from error
+            raise
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
         return cls(target)
+
+
+def _unwritten(target: Path, refusal: str) -> str:
+    """The one message of a checkpoint the filesystem refused: why, and where a rerun resumes from."""
+    intact = RunDir.of_checkpoint(target).latest_checkpoint()
+    if intact is None:
+        then = "no earlier checkpoint of this run exists: rerunning the same command starts it again"
+    else:
+        then = f"{intact.path} is intact: rerunning the same command resumes from it"
+    return f"could not write checkpoint {target}: {refusal}; {then}"
+
+
+def _newest_first(checkpoint: Checkpoint) -> tuple[float, bool]:
+    """Sort key: steps done, final/ ahead on a tie; a final/ whose state does not read comes first, so that
+    the restart that validates it finds it damaged instead of this sort failing."""
+    try:
+        return checkpoint.completed_steps, checkpoint.is_final
+    except (OSError, ValueError, KeyError, TypeError):
+        return math.inf, True
 
 
 @dataclass(frozen=True)
@@ -224,12 +343,38 @@ class RunDir:
         """
         candidates = [Checkpoint(p) for p in (self.final_dir, *self.step_dirs())]
         complete = [c for c in candidates if c.is_complete]
-        return sorted(complete, key=lambda c: (c.completed_steps, c.is_final), reverse=True)
+        return sorted(complete, key=_newest_first, reverse=True)
 
     def latest_checkpoint(self) -> Checkpoint | None:
         """The most advanced complete checkpoint, if any."""
         found = self.checkpoints()
         return found[0] if found else None
+
+    def resumable_checkpoint(self, *, set_aside: bool) -> Checkpoint | None:
+        """The most advanced checkpoint that reads whole (`Checkpoint.damage`); None when there is none at all.
+
+        Newer damaged ones are skipped with a warning naming them and, with `set_aside` (this run's own
+        dir, not another run's that `resume.from` reads), renamed out of the listing. When every
+        checkpoint is damaged nothing is renamed and a CheckpointError says what is wrong with each.
+        """
+        damaged: list[tuple[Checkpoint, str]] = []
+        for checkpoint in self.checkpoints():
+            why = checkpoint.damage()
+            if why is None:
+                for bad, bad_why in damaged:
+                    aside = f", set aside as {bad.set_aside().name}" if set_aside else ""
+                    log.warning(
+                        "checkpoint %s is damaged (%s)%s; resuming from %s", bad.path, bad_why, aside, checkpoint.path
+                    )
+                return checkpoint
+            damaged.append((checkpoint, why))
+        if damaged:
+            listed = "; ".join(f"{c.path}: {why}" for c, why in damaged)
+            raise CheckpointError(
+                f"no checkpoint in {self.path} can be restored ({listed}); repair or remove them to start the "
+                "run over, or resume.from=<an intact checkpoint>"
+            )
+        return None
 
     def save_checkpoint(
         self, completed_steps: int, write_payload: Callable[[Path], None], state: dict[str, Any], *, final: bool = False

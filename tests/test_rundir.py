@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from retrain.rundir import RunDir
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from retrain.errors import CheckpointError
+from retrain.rundir import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RESTORE_KEYS, STATE_FILE, Checkpoint, RunDir
 
 
 def write_adapter(directory: Path) -> None:
@@ -104,3 +109,65 @@ def test_the_run_dir_of_a_checkpoint(tmp_path: Path) -> None:
     assert RunDir.of_checkpoint(save(run_dir, 5)) == run_dir
     assert RunDir.of_checkpoint(save(run_dir, 5, final=True)) == run_dir
     assert RunDir.of_checkpoint(run_dir.checkpoint_dir(5)).metrics == tmp_path / "run" / "metrics.jsonl"
+
+
+def write_model_files(directory: Path) -> None:
+    """What a backend writes: a PEFT adapter (config + safetensors) and a torch optimizer state."""
+    (directory / ADAPTER_CONFIG).write_text(json.dumps({"r": 2}))
+    save_file({"lora_A": torch.ones(2, 8), "lora_B": torch.zeros(8, 2)}, directory / ADAPTER_WEIGHTS)
+    torch.save({"state": {0: {"exp_avg": torch.ones(16)}}, "param_groups": []}, directory / "optimizer.pt")
+
+
+def save_restorable(run_dir: RunDir, completed: int, final: bool = False) -> Checkpoint:
+    state = dict.fromkeys(RESTORE_KEYS, 0) | {"completed_steps": completed, "step": completed - 1}
+    return run_dir.save_checkpoint(completed, write_model_files, state, final=final)
+
+
+def truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda c: truncate(c.path / STATE_FILE), f"{STATE_FILE} does not read (JSONDecodeError"),
+        (lambda c: c.state_file.write_text("[1, 2]"), f"{STATE_FILE} holds a list"),
+        (lambda c: c.state_file.write_text('{"completed_steps": 3, "step": 2}'), f"{STATE_FILE} lacks algorithm"),
+        (lambda c: (c.path / ADAPTER_CONFIG).unlink(), f"{ADAPTER_CONFIG} is missing"),
+        (lambda c: truncate(c.path / ADAPTER_CONFIG), f"{ADAPTER_CONFIG} does not read"),
+        (lambda c: truncate(c.path / ADAPTER_WEIGHTS), f"{ADAPTER_WEIGHTS} does not read (SafetensorError"),
+        (lambda c: (c.path / ADAPTER_WEIGHTS).write_bytes(b"\x00" * 64), f"{ADAPTER_WEIGHTS} does not read"),
+        (lambda c: truncate(c.path / "optimizer.pt"), "optimizer.pt does not read"),
+    ],
+)
+def test_a_checkpoint_is_damaged_when_any_file_does_not_read_whole(tmp_path: Path, damage, named: str) -> None:
+    checkpoint = save_restorable(RunDir(tmp_path), 3)
+    assert checkpoint.damage() is None
+    damage(checkpoint)
+    assert checkpoint.damage().startswith(named)
+
+
+def test_damaged_checkpoints_are_set_aside_and_never_listed_again(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
+    for completed in (2, 4):
+        save_restorable(run_dir, completed)
+    final = save_restorable(run_dir, 6, final=True)
+    truncate(final.state_file)  # its step count no longer reads: it is tried first
+    truncate(run_dir.checkpoint_dir(4) / ADAPTER_WEIGHTS)
+    assert [c.name for c in run_dir.checkpoints()] == ["final", "step_4", "step_2"]
+
+    found = run_dir.resumable_checkpoint(set_aside=True)
+    assert found is not None and found.path == run_dir.checkpoint_dir(2)
+    assert [c.name for c in run_dir.checkpoints()] == ["step_2"]
+    assert [p.name for p in run_dir.step_dirs()] == ["step_2"]
+    assert len(list(tmp_path.glob("final.damaged-*"))) == len(list(tmp_path.glob("checkpoints/step_4.damaged-*"))) == 1
+
+
+def test_with_no_checkpoint_that_reads_nothing_is_renamed_and_the_error_names_each(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
+    assert run_dir.resumable_checkpoint(set_aside=True) is None  # no checkpoint at all: a fresh start
+    for completed in (1, 2):
+        truncate(save_restorable(run_dir, completed).path / "optimizer.pt")
+    with pytest.raises(CheckpointError, match=r"step_2: optimizer.pt does not read .*step_1: optimizer.pt"):
+        run_dir.resumable_checkpoint(set_aside=True)
+    assert [p.name for p in run_dir.step_dirs()] == ["step_2", "step_1"]
