@@ -35,7 +35,9 @@ class VllmEngineConfig(EngineConfig):
     dtype: str = "auto"  # auto (the training dtype) | bf16 | fp16 | fp32 | fp8 | fp4 (quantized serving)
     kv_cache_dtype: str = "auto"  # auto | bf16 | fp8 | int8
     prefix_caching: bool = True  # share prompt KV across a group's completions (and across steps of one version)
-    attention_kernel: str = "default"  # default | flash | triton | tk | cutlass (vLLM attention backends where one exists)
+    attention_kernel: str = (
+        "default"  # default | flash | triton | tk | cutlass (vLLM attention backends where one exists)
+    )
     gpu_memory_utilization: float = 0.35  # share of GPU memory for weights + KV cache (training shares the GPU)
     max_model_len: int = 0  # 0 = prompt budget + training.max_tokens, capped by the model's own limit
     max_lora_rank: int = 0  # 0 = model.lora_rank, rounded up to a rank vLLM supports

@@ -69,6 +69,8 @@ def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> di
         "distributed_executor_backend": "uni",
         "enforce_eager": config.enforce_eager or device.type == "cpu",
     }
+    if device.type == "cpu":  # vLLM 0.32 on CPU crashes when a seeded request's prefill is split into chunks
+        arguments["enable_chunked_prefill"] = False
     if config.max_model_len < 0:
         raise ConfigError(f"inference.max_model_len must be >= 0 (0 = the model's limit), got {config.max_model_len}")
     if config.max_model_len:

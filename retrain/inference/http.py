@@ -1,0 +1,223 @@
+"""The one HTTP layer of the engines that sample on a server (vLLM, SGLang, OpenAI-compatible).
+
+The trainer is synchronous, a step's requests are many: they run concurrently (at most
+`max_concurrency` at once) on one private event loop in a daemon thread, behind blocking calls,
+so callers need no loop of their own (and may even sit inside one) and no loop outlives `close()`.
+Transient failures (429, 5xx, refused or dropped connections) are retried with exponential backoff
+and jitter, honouring Retry-After; a request that gets no answer within `timeout_s` is not
+resubmitted (the server may still be working on it). Every error names the method, the url, and
+the status with an excerpt of the body. The jitter draws from a private RNG, so retries never
+shift a run's random streams, and the API key is sent as a header only, never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import httpx
+
+from retrain.errors import ConfigError, UserError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# the connection failed or dropped before an answer: safe to send again
+RETRY_ERRORS = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
+BODY_EXCERPT_CHARS = 300
+
+
+class HttpError(UserError):
+    """A request failed for good: the server refused it, kept failing, or never answered."""
+
+    def __init__(self, method: str, url: str, problem: str, status: int | None = None, body: str = "") -> None:
+        super().__init__(f"{method} {url}: {problem}")
+        self.url = url
+        self.status = status  # None when no answer came
+        self.body = body
+
+
+def excerpt(text: str) -> str:
+    """The start of a response body, on one line, for an error message."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= BODY_EXCERPT_CHARS else flat[:BODY_EXCERPT_CHARS] + "…"
+
+
+def check_url(url: str, key: str = "inference.url") -> str:
+    """`url` without a trailing slash; a clear error naming `key` when it is empty or not http(s)."""
+    if not url:
+        raise ConfigError(f"{key} is empty: give the server's base url, e.g. {key}=http://127.0.0.1:8000")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{key}={url!r} is not an http(s) url, e.g. http://127.0.0.1:8000")
+    return url.rstrip("/")
+
+
+def api_key_from_env(variable: str) -> str | None:
+    """The API key held by environment variable `variable` ('' = the server needs none)."""
+    if not variable:
+        return None
+    key = os.environ.get(variable, "")
+    if not key:
+        log.info("$%s is unset: requests carry no API key", variable)
+    return key or None
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """The server's Retry-After (seconds or an HTTP date) in seconds, None when absent or unreadable."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def decode(response: httpx.Response) -> Any:
+    """The JSON body, or the text for a server that answers in plain text (vLLM's LoRA routes)."""
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
+
+
+class HttpClient:
+    """Blocking JSON calls to one server, run concurrently on a private event loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float,
+        max_retries: int,
+        max_concurrency: int,
+        api_key: str | None = None,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ConfigError(f"inference.timeout_s must be > 0, got {timeout_s}")
+        if max_retries < 0:
+            raise ConfigError(f"inference.max_retries must be >= 0, got {max_retries}")
+        if max_concurrency < 1:
+            raise ConfigError(f"inference.max_concurrency must be >= 1, got {max_concurrency}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._jitter = random.Random()  # private: the run's random streams stay untouched
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="retrain-http", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+        async def open_client() -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+            # made on the loop that uses them
+            client = httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=headers,
+                timeout=timeout_s,
+                limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+            )
+            return client, asyncio.Semaphore(max_concurrency)
+
+        self._client, self._slots = self._run(open_client())
+
+    def get(self, path: str, *, max_retries: int | None = None) -> Any:
+        return self._run(self._request("GET", path, None, max_retries))
+
+    def post(self, path: str, body: dict[str, Any], *, max_retries: int | None = None) -> Any:
+        return self._run(self._request("POST", path, body, max_retries))
+
+    def post_all(self, path: str, bodies: Sequence[dict[str, Any]]) -> list[Any]:
+        """POST every body concurrently; the answers in the order of `bodies`. The first failure
+        cancels the others and is raised."""
+
+        async def all_of() -> list[Any]:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._request("POST", path, body, None)) for body in bodies]
+            return [task.result() for task in tasks]
+
+        try:
+            return self._run(all_of())
+        except ExceptionGroup as group:
+            raise group.exceptions[0] from None
+
+    def close(self) -> None:
+        """Close the connections and stop the loop (idempotent)."""
+        if self._closed:
+            return
+        try:
+            self._run(self._client.aclose())
+        finally:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coroutine.close()
+            raise RuntimeError(f"the HTTP client of {self.base_url} is closed")
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result()
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None, max_retries: int | None) -> Any:
+        url = self.base_url + path
+        retries = self.max_retries if max_retries is None else max_retries
+        attempt = 0
+        while True:
+            status, text, wait = None, "", None
+            try:
+                async with self._slots:
+                    response = await self._client.request(method, path, json=body)
+            except RETRY_ERRORS as error:
+                problem = f"{type(error).__name__}: {str(error) or 'connection failed'}"
+            except httpx.TimeoutException:
+                problem = f"no answer within {self.timeout_s:g} s (raise inference.timeout_s for long generations)"
+                raise HttpError(method, url, problem) from None
+            except httpx.HTTPError as error:
+                raise HttpError(method, url, f"{type(error).__name__}: {error}") from None
+            else:
+                if response.is_success:
+                    return decode(response)
+                status, text = response.status_code, response.text
+                problem = f"answered {status}: {excerpt(text)}"
+                if status not in RETRY_STATUSES:
+                    raise HttpError(method, url, problem, status, text)
+                wait = retry_after_s(response)
+            if attempt >= retries:
+                raise HttpError(method, url, f"{problem} (after {attempt + 1} attempts)", status, text)
+            delay = min(self.max_backoff_s, wait if wait is not None else self._backoff(attempt))
+            log.warning("%s %s: %s; retrying in %.2f s (%d/%d)", method, url, problem, delay, attempt + 1, retries)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff with jitter: in [½, 1] × backoff_s · 2^attempt, capped."""
+        ceiling = min(self.max_backoff_s, self.backoff_s * 2**attempt)
+        return ceiling * (0.5 + 0.5 * self._jitter.random())

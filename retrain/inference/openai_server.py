@@ -1,0 +1,275 @@
+"""inference=openai: sampling on any OpenAI-compatible `/v1/completions` server (MAX, MLX-LM, TRT-LLM, ...).
+
+Such servers differ in what they take beyond the OpenAI fields, so the engine asks at start:
+- token prompts: a token-id `prompt` is tried first; a server that refuses it gets the prompt
+  decoded to text, which it tokenizes again (it may split it differently from the trainer);
+- token ids: `return_token_ids` (choices[i].token_ids) when the server answers them, else the ids
+  of the returned token strings (`logprobs.tokens`: ints, "token_id:N", or text re-encoded with the
+  tokenizer; a text that re-encodes to several ids carries its log-prob on the first and 0 on the
+  others, one that re-encodes to none is dropped with its log-prob);
+- `n`: when a request with n = 2 gets one completion (or is refused), each prompt's G completions
+  are G requests with seed + g;
+- a runtime-LoRA route (`/v1/load_lora_adapter`, as vLLM's): with one, each step's adapter is
+  loaded as `policy-v{N}` (retrain.inference.served_adapters). Without one the server serves
+  frozen weights: fine for evaluation, but the first sync raises StaleWeightsError naming the url.
+Only OpenAI's sampling fields (temperature, top_p, max_tokens, seed, logprobs) plus the
+extensions above are sent: the server's own defaults for anything else (top_k, penalties) apply,
+and its log-probs follow its own semantics. docs/inference-engines.md lists what this loses.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from retrain.errors import ConfigError
+from retrain.inference.base import EngineResources, StaleWeightsError
+from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
+from retrain.inference.config import OpenAIEngineConfig as Defaults
+from retrain.inference.freshness import Probe
+from retrain.inference.http import HttpClient, HttpError, api_key_from_env, check_url
+from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
+from retrain.plugins import built_in
+from retrain.types import Rollouts, SamplingParams, WeightUpdate
+
+log = logging.getLogger(__name__)
+
+COMPLETIONS = "/v1/completions"
+TOKEN_ID_PREFIX = "token_id:"  # how vLLM spells a token with return_tokens_as_token_ids
+OPENAI_LORA_ROUTES = LoraRoutes(
+    load="/v1/load_lora_adapter",
+    unload="/v1/unload_lora_adapter",
+    server="the server",
+    requirements="its runtime-LoRA routes enabled",
+)
+
+
+@dataclass(frozen=True)
+class ServerFeatures:
+    """What an OpenAI-compatible server turned out to support at start."""
+
+    token_prompts: bool  # takes a list of token ids as `prompt`
+    token_ids: bool  # answers choices[i].token_ids when asked with return_token_ids
+    n: bool  # answers n completions to one request
+    lora_routes: bool  # has /v1/load_lora_adapter
+
+
+@built_in
+class OpenAIEngine:
+    """Samples on an OpenAI-compatible server; see the module docstring."""
+
+    returns_entropies = False
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        resources: EngineResources,
+        url: str = Defaults.url,
+        api_key_env: str = Defaults.api_key_env,
+        timeout_s: float = Defaults.timeout_s,
+        max_retries: int = Defaults.max_retries,
+        max_concurrency: int = Defaults.max_concurrency,
+        model: str = Defaults.model,
+        adapter_root: str = Defaults.adapter_root,
+        fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
+    ) -> None:
+        self.url = check_url(url)
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
+        self.fault_skip_weight_sync = fault_skip_weight_sync
+        self.client = HttpClient(
+            self.url,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            max_concurrency=max_concurrency,
+            api_key=api_key_from_env(api_key_env),
+        )
+        try:
+            self.model = model or self._first_model()
+            self.features = self._detect(Probe.from_tokenizer(tokenizer).prompt_ids)
+            log.info("OpenAI-compatible server at %s (model %s): %s", self.url, self.model, self.features)
+            self.adapters = (
+                ServedAdapters(self.client, OPENAI_LORA_ROUTES, resources, adapter_root, fault_skip_weight_sync)
+                if self.features.lora_routes
+                else None
+            )
+        except BaseException:
+            self.client.close()
+            raise
+
+    @property
+    def weights_version(self) -> int:
+        return 0 if self.adapters is None else self.adapters.version
+
+    def generate(
+        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+    ) -> Rollouts:
+        together = self.features.n and sampling.temperature > 0  # greedy requests take n = 1 on most servers
+        bodies = []
+        for index, prompt in enumerate(prompt_ids):
+            seed = request_seed(generator_seed, index)
+            if together:
+                bodies.append(self._body(prompt, sampling, group_size, seed))
+            else:
+                bodies.extend(
+                    self._body(prompt, sampling, 1, None if seed is None else seed + g) for g in range(group_size)
+                )
+        answers = self.client.post_all(COMPLETIONS, bodies)
+        per_answer = group_size if together else 1
+        completions = [completion for answer in answers for completion in self._completions(answer, per_answer)]
+        return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
+
+    def sync(self, update: WeightUpdate) -> None:
+        if self.adapters is not None:
+            self.adapters.sync(update)
+        elif self.fault_skip_weight_sync:
+            log.warning("inference.fault_skip_weight_sync=true (a test hook): version %d is NOT pushed", update.version)
+        else:
+            raise StaleWeightsError(
+                f"inference=openai: the server at {self.url} has no runtime-LoRA route, so it serves frozen "
+                f"weights and cannot follow training (asked for weights version {update.version}); use it for "
+                "evaluation only, or sample with inference=vllm_server or inference=sglang"
+            )
+
+    def probe_logprobs(self, probe: Probe) -> torch.Tensor:
+        """The continuation's log-probs echoed back (`echo` with `logprobs`) under the served weights."""
+        if not self.features.token_prompts:
+            raise StaleWeightsError(
+                f"inference=openai: the server at {self.url} takes no token-id prompts, so the freshness probe "
+                "cannot score the probe's exact tokens"
+            )
+        body = {
+            "model": self._served_model(),
+            "prompt": probe.prompt_ids + probe.completion_ids,
+            "echo": True,
+            "logprobs": 1,
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "top_p": 1.0,
+        }
+        answer = self.client.post(COMPLETIONS, body)
+        scored = answer["choices"][0]["logprobs"]["token_logprobs"]
+        start = len(probe.prompt_ids)
+        values = scored[start : start + len(probe.completion_ids)]
+        if len(values) != len(probe.completion_ids) or any(value is None for value in values):
+            raise HttpError("POST", self.url + COMPLETIONS, f"echoed log-probs {scored} miss the probe's tokens")
+        return torch.tensor([float(value) for value in values], dtype=torch.float32)
+
+    def close(self) -> None:
+        try:
+            if self.adapters is not None:
+                self.adapters.close()
+        finally:
+            self.client.close()
+
+    # ---- requests ----------------------------------------------------------------------------
+    def _served_model(self) -> str:
+        served = None if self.adapters is None else self.adapters.served
+        return served or self.model
+
+    def _body(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int | None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self._served_model(),
+            "prompt": prompt if self.features.token_prompts else self.tokenizer.decode(prompt),
+            "n": n,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "logprobs": 1,
+        }
+        if seed is not None:
+            body["seed"] = seed
+        if self.features.token_ids:
+            body.update(return_token_ids=True, stop_token_ids=self.stop_ids)
+        return body
+
+    def _completions(self, answer: dict[str, Any], n: int) -> list[Completion]:
+        url = self.url + COMPLETIONS
+        choices = sorted(answer["choices"], key=lambda choice: choice.get("index", 0))
+        if len(choices) != n:
+            raise HttpError("POST", url, f"answered {len(choices)} completions, expected {n}")
+        completions = []
+        for choice in choices:
+            logprobs = choice.get("logprobs") or {}
+            values = logprobs.get("token_logprobs")
+            if values is None:
+                raise HttpError("POST", url, "answered without logprobs.token_logprobs: the trainer needs them")
+            if self.features.token_ids and choice.get("token_ids") is not None:
+                token_ids, token_logprobs = list(choice["token_ids"]), [float(v) for v in values]
+            else:
+                token_ids, token_logprobs = self._retokenized(logprobs.get("tokens") or [], values)
+            completions.append(
+                Completion(token_ids, token_logprobs, hit_max_tokens=choice.get("finish_reason") == "length")
+            )
+        return completions
+
+    def _retokenized(self, tokens: list[Any], values: list[float]) -> tuple[list[int], list[float]]:
+        """Token ids of the returned token strings, each log-prob on its token's first id (module docstring)."""
+        ids: list[int] = []
+        logprobs: list[float] = []
+        for token, value in zip(tokens, values):
+            if isinstance(token, int):
+                pieces = [token]
+            elif token.startswith(TOKEN_ID_PREFIX):
+                pieces = [int(token[len(TOKEN_ID_PREFIX) :])]
+            else:
+                pieces = list(self.tokenizer.encode(token, add_special_tokens=False))
+            ids.extend(pieces)
+            logprobs.extend([float(value)] + [0.0] * (len(pieces) - 1) if pieces else [])
+        return ids, logprobs
+
+    # ---- what the server supports ------------------------------------------------------------
+    def _first_model(self) -> str:
+        models = self.client.get("/v1/models").get("data") or []
+        if not models:
+            raise ConfigError(f"inference.model is empty and {self.url}/v1/models lists no model: name one")
+        return str(models[0]["id"])
+
+    def _detect(self, prompt: list[int]) -> ServerFeatures:
+        """Ask the server, with tiny requests, what it supports (see the module docstring)."""
+        base = {"model": self.model, "max_tokens": 1, "temperature": 1.0, "top_p": 1.0, "logprobs": 1}
+        extensions = {"return_token_ids": True, "stop_token_ids": self.stop_ids}  # vLLM's
+        attempts = [(prompt, extensions), (prompt, {}), (self.tokenizer.decode(prompt), {})]
+        for text_or_ids, extra in attempts:
+            try:
+                answer = self.client.post(COMPLETIONS, {**base, "prompt": text_or_ids, **extra})
+            except HttpError as error:
+                if error.status not in (400, 422):
+                    raise
+                continue
+            token_prompts = isinstance(text_or_ids, list)
+            token_ids = bool(extra) and answer["choices"][0].get("token_ids") is not None
+            break
+        else:
+            raise HttpError("POST", self.url + COMPLETIONS, "refused token-id and text prompts alike")
+        if (answer["choices"][0].get("logprobs") or {}).get("token_logprobs") is None:
+            raise ConfigError(
+                f"inference=openai: the server at {self.url} answers no log-probs (`logprobs`), which training needs"
+            )
+        return ServerFeatures(
+            token_prompts=token_prompts,
+            token_ids=token_ids,
+            n=self._answers_n({**base, "prompt": text_or_ids}),
+            lora_routes=self._has_lora_route(),
+        )
+
+    def _answers_n(self, body: dict[str, Any]) -> bool:
+        try:
+            answer = self.client.post(COMPLETIONS, {**body, "n": 2})
+        except HttpError as error:
+            if error.status not in (400, 422):
+                raise
+            return False
+        return len(answer.get("choices", [])) == 2
+
+    def _has_lora_route(self) -> bool:
+        try:
+            self.client.post(OPENAI_LORA_ROUTES.load, {}, max_retries=0)
+        except HttpError as error:
+            if error.status is None:
+                raise
+            return error.status not in (404, 405)  # a route that exists refuses the empty body
+        return True

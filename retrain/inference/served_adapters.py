@@ -1,0 +1,141 @@
+"""Versioned adapters on an inference server: how a vLLM or SGLang server follows training.
+
+After every optimizer step the adapter is written to a new directory `policy-v{N}`
+(retrain.inference.adapters) and loaded under that new name through the server's runtime-LoRA
+route; the previous name is then unloaded. Requests name the newest adapter, so a server never
+answers with a cached older one, and its prefix cache (keyed by adapter) never mixes versions.
+A name the server already holds (left by an earlier run on a long-lived server) is unloaded and
+loaded again from the new directory: re-using it in place would serve the old weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retrain.errors import ConfigError
+from retrain.inference.adapters import AdapterPublisher, adapter_name
+from retrain.inference.base import EngineResources, StaleWeightsError
+from retrain.inference.http import HttpClient, HttpError, excerpt
+from retrain.types import WeightUpdate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoraRoutes:
+    """A server's runtime-LoRA routes (both take JSON {"lora_name", ...}) and how it must be started to have them."""
+
+    load: str
+    unload: str
+    server: str  # e.g. "vLLM", for messages
+    requirements: str  # what the server needs, e.g. "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
+
+
+def initial_update(resources: EngineResources) -> WeightUpdate | None:
+    """Weights version 0 (the backend's freshly initialised adapter), when the backend shares its model."""
+    if resources.model is None:
+        return None
+    tensors = {name: p for name, p in resources.model.named_parameters() if p.requires_grad}
+    return WeightUpdate(version=0, tensors=tensors)
+
+
+class ServedAdapters:
+    """Pushes each WeightUpdate to a server as a new `policy-v{N}` adapter (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: HttpClient,
+        routes: LoraRoutes,
+        resources: EngineResources,
+        adapter_root: str,
+        fault_skip_weight_sync: bool,
+    ) -> None:
+        self.client = client
+        self.routes = routes
+        self.lora_rank = resources.spec.lora_rank
+        self.publisher = AdapterPublisher(resources.spec, Path(adapter_root) if adapter_root else None)
+        self.fault_skip_weight_sync = fault_skip_weight_sync
+        self.version = 0  # the weights version the served adapter holds
+        self.served: str | None = None  # the adapter requests name; None = the base model (no adapter yet)
+        first = initial_update(resources)
+        if first is not None:
+            try:
+                self._serve(first)
+            except BaseException:
+                self.publisher.close()
+                raise
+
+    def sync(self, update: WeightUpdate) -> None:
+        """Serve `update` from now on (StaleWeightsError for a version older than the one served)."""
+        if update.version < self.version:
+            raise StaleWeightsError(
+                f"asked to sync to weights version {update.version}, but {self.client.base_url} already "
+                f"serves version {self.version}"
+            )
+        if self.fault_skip_weight_sync:
+            log.warning(
+                "inference.fault_skip_weight_sync=true (a test hook): weights version %d is NOT pushed to %s",
+                update.version,
+                self.client.base_url,
+            )
+            return
+        self._serve(update)
+
+    def close(self) -> None:
+        """Unload the served adapter (best effort: the server may be gone) and remove the published directories."""
+        try:
+            if self.served is not None:
+                self._unload(self.served, max_retries=0)
+        except HttpError as error:
+            log.warning("could not unload %s from %s: %s", self.served, self.client.base_url, error)
+        finally:
+            self.served = None
+            self.publisher.close()
+
+    def _serve(self, update: WeightUpdate) -> None:
+        path = self.publisher.publish(update)
+        name = adapter_name(update.version)
+        self._load(name, path)
+        previous, self.served, self.version = self.served, name, update.version
+        if previous is not None and previous != name:
+            try:
+                self._unload(previous)
+            except HttpError as error:  # harmless: no request names it any more
+                log.warning("could not unload %s from %s: %s", previous, self.client.base_url, error)
+
+    def _load(self, name: str, path: Path) -> None:
+        body: dict[str, Any] = {"lora_name": name, "lora_path": str(path)}
+        try:
+            self.client.post(self.routes.load, body, max_retries=0)
+            return
+        except HttpError as error:
+            if error.status is None:  # no answer: the server is unreachable, not misconfigured
+                raise
+            if not (error.status == 400 and "already" in error.body):
+                raise self._load_error(name, path, error) from None
+        # the server holds this name from before (a resumed run, an earlier run): never re-use it in place
+        log.info("%s at %s already holds %s: unloading it first", self.routes.server, self.client.base_url, name)
+        self._unload(name)
+        try:
+            self.client.post(self.routes.load, body, max_retries=0)
+        except HttpError as error:
+            raise error if error.status is None else self._load_error(name, path, error) from None
+
+    def _unload(self, name: str, max_retries: int | None = None) -> None:
+        self.client.post(self.routes.unload, {"lora_name": name}, max_retries=max_retries)
+
+    def _load_error(self, name: str, path: Path, error: HttpError) -> ConfigError:
+        routes, url = self.routes, self.client.base_url
+        if error.status in (404, 405) and str(path) not in error.body:
+            return ConfigError(
+                f"{routes.server} at {url} has no runtime-LoRA route {routes.load} ({error.status}): "
+                f"start it with {routes.requirements}"
+            )
+        return ConfigError(
+            f"{routes.server} at {url} could not load {name} from {path}: {error.status} {excerpt(error.body)}. "
+            f"It must run with {routes.requirements} and --max-lora-rank >= {self.lora_rank} (model.lora_rank), "
+            f"and read {path.parent} (set inference.adapter_root to a directory the server can read)"
+        )

@@ -1,0 +1,169 @@
+"""inference=sglang: sampling on a running SGLang server through its native `/generate` API.
+
+Requests: one per prompt, its token ids repeated G times in `input_ids` (a batch), each copy with
+its own `sampling_params`: the prompt's seed + g as `sampling_seed` (SGLang honours it when started
+with --enable-deterministic-inference) and every value explicit (temperature, top_p, top_k = -1,
+min_p, penalties, max_new_tokens, stop_token_ids), since SGLang fills unset ones from the model's
+generation_config. `return_logprob: true` answers meta_info.output_token_logprobs as
+[log-prob, token id, text] triples (the stop token included), and meta_info.finish_reason
+{"type": "length"} marks a completion cut by max_new_tokens. `lora_path` names the served adapter.
+
+Log-prob semantics: SGLang reports log-probs after temperature and top-p, which is what the
+trainer recomputes at top_p = 1 (the server must not set SGLANG_RETURN_ORIGINAL_LOGPROB, which
+reports those of the raw logits). With top_p < 1 they are those of the renormalized nucleus, as
+with vLLM (docs/inference-engines.md).
+
+Weights follow training through retrain.inference.served_adapters (`/load_lora_adapter`,
+`/unload_lora_adapter`; the server needs --enable-lora, --max-lora-rank and --lora-target-modules).
+The freshness probe scores the probe's continuation from meta_info.input_token_logprobs
+(`return_logprob` with `logprob_start_len`) at T = 1 under the served adapter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from retrain.inference.base import EngineResources
+from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
+from retrain.inference.config import SglangEngineConfig as Defaults
+from retrain.inference.freshness import Probe
+from retrain.inference.http import HttpClient, HttpError, api_key_from_env, check_url
+from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
+from retrain.plugins import built_in
+from retrain.types import Rollouts, SamplingParams, WeightUpdate
+
+GENERATE = "/generate"
+SGLANG_LORA_ROUTES = LoraRoutes(
+    load="/load_lora_adapter",
+    unload="/unload_lora_adapter",
+    server="SGLang",
+    requirements="--enable-lora, --lora-target-modules covering model.target_modules",
+)
+NEUTRAL_SAMPLING = {
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
+@built_in
+class SglangEngine:
+    """Samples on an SGLang server; see the module docstring."""
+
+    returns_entropies = False
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        resources: EngineResources,
+        url: str = Defaults.url,
+        api_key_env: str = Defaults.api_key_env,
+        timeout_s: float = Defaults.timeout_s,
+        max_retries: int = Defaults.max_retries,
+        max_concurrency: int = Defaults.max_concurrency,
+        adapter_root: str = Defaults.adapter_root,
+        fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
+    ) -> None:
+        self.url = check_url(url)
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
+        self.client = HttpClient(
+            self.url,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            max_concurrency=max_concurrency,
+            api_key=api_key_from_env(api_key_env),
+        )
+        try:
+            self.client.get("/health")
+            self.adapters = ServedAdapters(
+                self.client, SGLANG_LORA_ROUTES, resources, adapter_root, fault_skip_weight_sync
+            )
+        except BaseException:
+            self.client.close()
+            raise
+
+    @property
+    def weights_version(self) -> int:
+        return self.adapters.version
+
+    def generate(
+        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+    ) -> Rollouts:
+        bodies = [
+            self._body(prompt, group_size, sampling, request_seed(generator_seed, index))
+            for index, prompt in enumerate(prompt_ids)
+        ]
+        answers = self.client.post_all(GENERATE, bodies)
+        completions = [c for answer in answers for c in self._completions(answer, group_size)]
+        return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
+
+    def sync(self, update: WeightUpdate) -> None:
+        self.adapters.sync(update)
+
+    def probe_logprobs(self, probe: Probe) -> torch.Tensor:
+        body: dict[str, Any] = {
+            "input_ids": probe.prompt_ids + probe.completion_ids,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "top_p": 1.0, **NEUTRAL_SAMPLING},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "lora_path": self.adapters.served,
+        }
+        answer = self.client.post(GENERATE, body)
+        scored = answer["meta_info"]["input_token_logprobs"][-len(probe.completion_ids) :]
+        if [int(entry[1]) for entry in scored] != probe.completion_ids:
+            raise HttpError(
+                "POST", self.url + GENERATE, f"scored tokens {scored} instead of the probe's {probe.completion_ids}"
+            )
+        return torch.tensor([float(entry[0]) for entry in scored], dtype=torch.float32)
+
+    def close(self) -> None:
+        try:
+            self.adapters.close()
+        finally:
+            self.client.close()
+
+    def _body(self, prompt: list[int], group_size: int, sampling: SamplingParams, seed: int | None) -> dict[str, Any]:
+        params = {
+            "max_new_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            **NEUTRAL_SAMPLING,
+            "stop_token_ids": self.stop_ids,
+            "skip_special_tokens": True,
+        }
+        return {
+            "input_ids": [prompt] * group_size,
+            "sampling_params": [
+                params if seed is None else {**params, "sampling_seed": seed + g} for g in range(group_size)
+            ],
+            "return_logprob": True,
+            "lora_path": [self.adapters.served] * group_size,
+        }
+
+    def _completions(self, answer: Any, group_size: int) -> list[Completion]:
+        """One prompt's G completions, in order, from a batched `/generate` answer."""
+        url = self.url + GENERATE
+        if not isinstance(answer, list) or len(answer) != group_size:
+            raise HttpError("POST", url, f"answered {str(answer)[:200]} for a batch of {group_size} copies of a prompt")
+        completions = []
+        for item in answer:
+            meta = item["meta_info"]
+            triples = meta.get("output_token_logprobs")
+            if triples is None:
+                raise HttpError("POST", url, "answered without meta_info.output_token_logprobs")
+            finish = (meta.get("finish_reason") or {}).get("type")
+            if finish not in ("stop", "length"):
+                raise HttpError("POST", url, f"a completion ended with finish_reason={meta.get('finish_reason')!r}")
+            completions.append(
+                Completion(
+                    token_ids=[int(triple[1]) for triple in triples],
+                    logprobs=[float(triple[0]) for triple in triples],
+                    hit_max_tokens=finish == "length",
+                )
+            )
+        return completions

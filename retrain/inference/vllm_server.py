@@ -1,0 +1,244 @@
+"""inference=vllm_server: sampling on a running vLLM server through its OpenAI-compatible `/v1/completions`.
+
+Requests: token-id prompts, one request per prompt with n = G and the prompt's seed (vLLM seeds
+completion g with seed + g; at T = 0 the prompt is repeated G times instead, since vLLM refuses
+n > 1 for greedy requests), and every sampling value set explicitly (temperature, top_p, top_k,
+min_p, penalties), since vLLM fills unset ones from the model's generation_config. Token ids and
+log-probs come from `return_token_ids` (choices[i].token_ids) and `logprobs: 0`
+(logprobs.token_logprobs, the sampled token's); finish_reason "length" marks a cut completion.
+
+Log-prob semantics: vLLM reports log-probs of the raw logits unless the server runs with
+`--logprobs-mode processed_logprobs` (launchers/vllm/serve.sh does), which applies temperature and
+top-p first. The trainer recomputes log_softmax(logits / T), so the engine finds out at start which
+mode the server runs and refuses raw log-probs at a temperature other than 0 or 1. With top_p < 1,
+processed log-probs are those of the renormalized nucleus, above the trainer's by −log(nucleus
+mass) (visible in policy/ratio_mean at the first update): top_p = 1 gives exact ratios.
+
+Weights follow training through retrain.inference.served_adapters (`/v1/load_lora_adapter`,
+which needs `--enable-lora` and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1). The freshness probe scores
+the probe's continuation with `prompt_logprobs` (raw logits, i.e. T = 1) under the served adapter.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from retrain.errors import ConfigError
+from retrain.inference.base import EngineResources
+from retrain.inference.completions import (
+    Completion,
+    request_seed,
+    rollouts_from_completions,
+    stop_token_ids,
+)
+from retrain.inference.config import VllmServerEngineConfig as Defaults
+from retrain.inference.freshness import Probe
+from retrain.inference.http import HttpClient, HttpError, api_key_from_env, check_url
+from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
+from retrain.plugins import built_in
+from retrain.types import Rollouts, SamplingParams, WeightUpdate
+
+log = logging.getLogger(__name__)
+
+COMPLETIONS = "/v1/completions"
+VLLM_LORA_ROUTES = LoraRoutes(
+    load="/v1/load_lora_adapter",
+    unload="/v1/unload_lora_adapter",
+    server="vLLM",
+    requirements="--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (launchers/vllm/serve.sh does both)",
+)
+# vLLM's own defaults for what a request leaves unset come from the model's generation_config
+NEUTRAL_SAMPLING = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+MODE_CHECK_TEMPERATURE = 0.5  # processed log-probs at T = 0.5 double the gaps between log-probs at T = 1
+
+
+@built_in
+class VllmServerEngine:
+    """Samples on a vLLM server; see the module docstring."""
+
+    returns_entropies = False
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        resources: EngineResources,
+        url: str = Defaults.url,
+        api_key_env: str = Defaults.api_key_env,
+        timeout_s: float = Defaults.timeout_s,
+        max_retries: int = Defaults.max_retries,
+        max_concurrency: int = Defaults.max_concurrency,
+        adapter_root: str = Defaults.adapter_root,
+        fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
+    ) -> None:
+        self.url = check_url(url)
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
+        self.client = HttpClient(
+            self.url,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            max_concurrency=max_concurrency,
+            api_key=api_key_from_env(api_key_env),
+        )
+        try:
+            self.base_model = self._base_model()
+            self.tempered_logprobs = self._reports_tempered_logprobs(Probe.from_tokenizer(tokenizer).prompt_ids)
+            self.adapters = ServedAdapters(
+                self.client, VLLM_LORA_ROUTES, resources, adapter_root, fault_skip_weight_sync
+            )
+        except BaseException:
+            self.client.close()
+            raise
+        self._warned_top_p = False
+
+    @property
+    def weights_version(self) -> int:
+        return self.adapters.version
+
+    def generate(
+        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+    ) -> Rollouts:
+        self._check_semantics(sampling)
+        bodies = [
+            self._body(prompt, group_size, sampling, request_seed(generator_seed, index))
+            for index, prompt in enumerate(prompt_ids)
+        ]
+        responses = self.client.post_all(COMPLETIONS, bodies)
+        completions = [c for response in responses for c in self._completions(response, group_size)]
+        return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
+
+    def sync(self, update: WeightUpdate) -> None:
+        self.adapters.sync(update)
+
+    def probe_logprobs(self, probe: Probe) -> torch.Tensor:
+        body = {
+            "model": self._served_model(),
+            "prompt": probe.prompt_ids + probe.completion_ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+            **NEUTRAL_SAMPLING,
+        }
+        response = self.client.post(COMPLETIONS, body)
+        scored = response["choices"][0].get("prompt_logprobs")
+        if not scored:
+            raise HttpError("POST", self.url + COMPLETIONS, "answered without prompt_logprobs")
+        entries = scored[-len(probe.completion_ids) :]
+        return torch.tensor(
+            [float(entry[str(token)]["logprob"]) for entry, token in zip(entries, probe.completion_ids)],
+            dtype=torch.float32,
+        )
+
+    def close(self) -> None:
+        try:
+            self.adapters.close()
+        finally:
+            self.client.close()
+
+    # ---- requests ----------------------------------------------------------------------------
+    def _served_model(self) -> str:
+        return self.adapters.served or self.base_model
+
+    def _body(self, prompt: list[int], group_size: int, sampling: SamplingParams, seed: int | None) -> dict[str, Any]:
+        greedy = sampling.temperature == 0
+        return {
+            "model": self._served_model(),
+            "prompt": [prompt] * group_size if greedy else prompt,
+            "n": 1 if greedy else group_size,
+            "seed": seed,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            **NEUTRAL_SAMPLING,
+            "stop_token_ids": self.stop_ids,
+            "skip_special_tokens": True,
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
+
+    def _completions(self, response: dict[str, Any], group_size: int) -> list[Completion]:
+        """One prompt's G completions, in order, from a `/v1/completions` answer."""
+        url = self.url + COMPLETIONS
+        choices = sorted(response["choices"], key=lambda choice: choice["index"])
+        if len(choices) != group_size:
+            raise HttpError("POST", url, f"answered {len(choices)} completions for a prompt, expected {group_size}")
+        completions = []
+        for choice in choices:
+            token_ids = choice.get("token_ids")
+            logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+            if token_ids is None or logprobs is None:
+                raise HttpError(
+                    "POST", url, "answered without token_ids or log-probs: the server must support return_token_ids"
+                )
+            if choice.get("finish_reason") not in ("stop", "length"):
+                raise HttpError("POST", url, f"a completion ended with finish_reason={choice.get('finish_reason')!r}")
+            completions.append(
+                Completion(
+                    token_ids=list(token_ids),
+                    logprobs=[float(value) for value in logprobs],
+                    hit_max_tokens=choice["finish_reason"] == "length",
+                )
+            )
+        return completions
+
+    # ---- what the server is ------------------------------------------------------------------
+    def _base_model(self) -> str:
+        """The base model's served name: the first model `/v1/models` lists that is no adapter."""
+        models = self.client.get("/v1/models")["data"]
+        bases = [model["id"] for model in models if not model.get("parent")]
+        if not bases:
+            raise HttpError("GET", self.url + "/v1/models", f"lists no base model: {models}")
+        return bases[0]
+
+    def _reports_tempered_logprobs(self, prompt: list[int]) -> bool:
+        """Whether the server's log-probs follow the temperature (`--logprobs-mode processed_logprobs`):
+        then the gap between the two likeliest tokens at T = 0.5 is twice the gap at T = 1."""
+        gaps = []
+        for temperature in (1.0, MODE_CHECK_TEMPERATURE):
+            body = {
+                "model": self.base_model,
+                "prompt": prompt,
+                "max_tokens": 1,
+                "temperature": temperature,
+                "top_p": 1.0,
+                **NEUTRAL_SAMPLING,
+                "seed": 0,
+                "logprobs": 2,
+                "return_tokens_as_token_ids": True,
+            }
+            top = self.client.post(COMPLETIONS, body)["choices"][0]["logprobs"]["top_logprobs"][0]
+            best = sorted(top.values(), reverse=True)
+            gaps.append(best[0] - best[1])
+        if gaps[0] < 1e-3:
+            log.warning("could not tell which --logprobs-mode %s runs (a near tie on the check prompt)", self.url)
+            return True
+        ratio = gaps[1] / gaps[0]
+        tempered = ratio > (1 + 1 / MODE_CHECK_TEMPERATURE) / 2
+        log.info("vLLM at %s reports %s log-probs", self.url, "temperature-scaled" if tempered else "raw")
+        return tempered
+
+    def _check_semantics(self, sampling: SamplingParams) -> None:
+        if sampling.temperature not in (0.0, 1.0) and not self.tempered_logprobs:
+            raise ConfigError(
+                f"inference=vllm_server: the vLLM server at {self.url} reports log-probs of the raw logits, but "
+                f"training.temperature={sampling.temperature} needs those of the temperature-scaled distribution "
+                "(what the trainer recomputes); start it with --logprobs-mode processed_logprobs "
+                "(launchers/vllm/serve.sh does)"
+            )
+        if sampling.top_p < 1 and sampling.temperature > 0 and not self._warned_top_p:
+            self._warned_top_p = True
+            log.warning(
+                "training.top_p=%s: vLLM reports log-probs of the renormalized nucleus, above the trainer's "
+                "full-distribution ones by -log(nucleus mass); the first-update importance ratio is below 1 "
+                "by that factor (policy/ratio_mean). Use top_p=1 for exact ratios.",
+                sampling.top_p,
+            )
