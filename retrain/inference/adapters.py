@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from retrain.backend.model import ModelSpec
+from retrain.inference.base import EngineResources
 from retrain.types import WeightUpdate
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -52,6 +53,14 @@ def peft_adapter_config(spec: ModelSpec, base_model: str) -> dict[str, object]:
 def peft_saved_key(parameter_name: str) -> str:
     """A live PEFT parameter name (`…q_proj.lora_A.default.weight`) as PEFT saves it (`…q_proj.lora_A.weight`)."""
     return parameter_name.replace(f".{PEFT_ADAPTER_NAME}.", ".")
+
+
+def initial_update(resources: EngineResources) -> WeightUpdate | None:
+    """Weights version 0 (the backend's freshly initialised adapter), when the backend shares its model."""
+    if resources.model is None:
+        return None
+    tensors = {name: p for name, p in resources.model.named_parameters() if p.requires_grad}
+    return WeightUpdate(version=0, tensors=tensors)
 
 
 class AdapterPublisher:

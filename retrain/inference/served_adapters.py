@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.errors import ConfigError
-from retrain.inference.adapters import AdapterPublisher, adapter_name
+from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_update
 from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.http import HttpClient, HttpError, excerpt
 from retrain.types import WeightUpdate
@@ -32,14 +32,6 @@ class LoraRoutes:
     unload: str
     server: str  # e.g. "vLLM", for messages
     requirements: str  # what the server needs, e.g. "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
-
-
-def initial_update(resources: EngineResources) -> WeightUpdate | None:
-    """Weights version 0 (the backend's freshly initialised adapter), when the backend shares its model."""
-    if resources.model is None:
-        return None
-    tensors = {name: p for name, p in resources.model.named_parameters() if p.requires_grad}
-    return WeightUpdate(version=0, tensors=tensors)
 
 
 class ServedAdapters:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from retrain.errors import ConfigError
-from retrain.inference.adapters import AdapterPublisher, adapter_name
+from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_update
 from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import VllmEngineConfig
@@ -167,16 +167,24 @@ class VllmEngine:
         self.lora: Any = None  # the LoRARequest of the served version (None: the base model)
         self._next_lora_id = 1
         self._asleep = False
+        self._warned_top_p = False
         self.weights_version = 0
-        if resources.model is not None:  # serve the initial adapter exactly as the backend holds it
-            trainable = {name: p for name, p in resources.model.named_parameters() if p.requires_grad}
-            self._push(WeightUpdate(version=0, tensors=trainable))
+        initial = initial_update(resources)
+        if initial is not None:  # serve the initial adapter exactly as the backend holds it
+            self._push(initial)
 
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
     ) -> Rollouts:
         from vllm import SamplingParams as VllmSampling
 
+        if sampling.top_p < 1 and sampling.temperature > 0 and not self._warned_top_p:
+            self._warned_top_p = True
+            log.warning(
+                "training.top_p=%s: vLLM reports log-probs of the renormalised nucleus, above the trainer's "
+                "full-distribution ones, so policy/ratio_mean sits below 1; use top_p=1 for exact ratios",
+                sampling.top_p,
+            )
         self._wake()
         parameters = [
             VllmSampling(
