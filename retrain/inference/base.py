@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
+from retrain.errors import UserError
 from retrain.plugins import Check, PluginOutputError, check_shape
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from retrain.inference.freshness import Probe
 
 
-class StaleWeightsError(RuntimeError):
+class StaleWeightsError(UserError, RuntimeError):
     """The engine cannot show that it serves the weights of the version it was asked to sync to.
 
     Silently stale sampler weights make every rollout off-policy without any visible error, so the

