@@ -1,7 +1,9 @@
 """Thin entry: tool subcommands (`status`, `squeeze`) by name, everything else through Hydra.
 
 An error the user caused (a `retrain.errors.UserError`: config, data, plugin, Hub) ends a run with
-its message on one line and exit code 1; its traceback goes to the run's log file only. Any other
+its message on one line and exit code 1; its traceback goes to the run's log file only, unless the
+run dir was refused (another run's, retrain/launch.py): then nothing goes into it. In a `--multirun`
+Hydra reports each job's error itself, so the job raises the UserError behind a wrapped one. Any other
 error is a bug in retrain and keeps Hydra's report, traceback included.
 """
 
@@ -11,6 +13,7 @@ import importlib
 import logging
 import re
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -32,14 +35,23 @@ UNLOCATABLE_TARGET = re.compile(
 
 
 def _hydra_entry(cfg: DictConfig) -> None:
+    from retrain.launch import RunDirRefused
     from retrain.run import run
+    from retrain.secrets import masked_override
 
+    sys.argv[1:] = [masked_override(arg) for arg in sys.argv[1:]]  # parsed already; what wandb records of it
     try:
         run(cfg)
     except Exception as error:
+        if isinstance(error, RunDirRefused):  # the run dir is another run's: not a line into its run.log
+            _stop_logging_into(Path(HydraConfig.get().runtime.output_dir))
         user_error = _user_error_behind(error)
-        if user_error is None or HydraConfig.get().mode != RunMode.RUN:
+        if user_error is None:
             raise
+        if HydraConfig.get().mode != RunMode.RUN:
+            if user_error is error:
+                raise
+            raise user_error from error  # what Hydra reports: the real import error, not "Error locating target"
         _report_user_error(user_error, error)
         raise SystemExit(1) from None
 
@@ -61,9 +73,19 @@ def _unlocatable_target(error: BaseException) -> ConfigError | None:
     match = UNLOCATABLE_TARGET.match(str(error)) if isinstance(error, InstantiationException) else None
     if match is None:
         return None
+    from retrain.plugins import import_failure  # here: `retrain status` starts without torch
+
     key = f"{match['key']}._target_" if match["key"] else "_target_"
-    why = " ".join(str(error.__cause__).splitlines()[1:]) or str(error.__cause__)
-    return ConfigError(f"{key}={match['target']!r} cannot be imported: {why}")
+    return ConfigError(f"{key}={match['target']!r} cannot be imported: {import_failure(error)}")
+
+
+def _stop_logging_into(run_dir: Path) -> None:
+    """Close the log files Hydra opened inside `run_dir` (its run.log): what this process logs goes to the console."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(run_dir):
+            root.removeHandler(handler)
+            handler.close()
 
 
 def _report_user_error(user_error: UserError, raised: BaseException) -> None:

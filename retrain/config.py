@@ -57,7 +57,14 @@ class TrainingConfig:
     clip_eps: float = 0.0  # 0: pure importance-sampling loss
     clip_eps_high: float | None = None  # DAPO clip-higher; None = clip_eps
     save_every: int = 20  # checkpoint every N steps (and always at the end)
+    keep_checkpoints: int = 0  # keep the newest N checkpoints/step_N (final/ always); 0 = keep all
     deterministic: bool = False  # also bit-exact on GPU: deterministic kernels, slower (docs/reproducibility.md)
+
+    def __post_init__(self) -> None:
+        from retrain.errors import ConfigError
+
+        if self.keep_checkpoints < 0:
+            raise ConfigError(f"training.keep_checkpoints must be >= 0 (0 keeps all), got {self.keep_checkpoints}")
 
 
 @dataclass
@@ -66,6 +73,8 @@ class ScoringConfig:
 
     timeout_s: float = 30.0  # a reward call that takes longer scores 0 and counts as an error
     workers: int = 0  # parallel reward worker processes; 0 = one per core (2 to 8)
+    max_failing_steps: int = 3  # stop the run when no completion gets a score for this many steps in a row; 0 = never
+    max_worker_rss_mb: int = 4096  # replace a worker holding more memory than this between chunks; 0 = no limit
 
 
 @dataclass

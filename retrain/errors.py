@@ -32,6 +32,10 @@ class RewardWorkerError(UserError, RuntimeError):
     """A scoring worker process could not load the reward (raised when the scorer starts)."""
 
 
+class RewardFailureError(UserError, RuntimeError):
+    """The reward scored none of a step's completions for `scoring.max_failing_steps` steps in a row."""
+
+
 class HubFetchError(UserError, RuntimeError):
     """Something could not be fetched from the Hugging Face Hub (offline, unknown id, ...)."""
 

@@ -2,43 +2,108 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import math
-import shutil
+import os
 from pathlib import Path
 from typing import Any
 
+from retrain.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+NONFINITE_KEYS = "nonfinite_keys"  # a record's keys whose value was NaN or ±inf, written as null
+
 
 class JsonlLog:
-    """An append-only jsonl file of per-step records that can be rewound to a checkpoint's step."""
+    """An append-only jsonl file of per-step records that can be rewound to a checkpoint's step.
+
+    Strict JSON, one record a line: a non-finite number is written as null and its key listed under
+    `nonfinite_keys`. A line goes in whole or not at all (one write, truncated back if the disk refuses
+    part of it); a kill of the machine mid-write can still leave a torn last line, which reading drops.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record, default=_json_default) + "\n")
+        line = (_json_line(record) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            end = os.fstat(fd).st_size
+            try:
+                written = os.write(fd, line)
+                if written != len(line):
+                    raise OSError(errno.ENOSPC, f"wrote {written} of {len(line)} bytes", str(self.path))
+            except BaseException:
+                os.ftruncate(fd, end)  # no torn line left behind
+                raise
+        finally:
+            os.close(fd)
 
     def records(self) -> list[dict[str, Any]]:
+        """Every record; a torn last line (a kill or a full disk mid-write) is dropped with a warning, any other
+        line that does not parse is a CheckpointError naming it (a restore cannot tell which step it held)."""
         if not self.path.exists():
             return []
-        with open(self.path) as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+        lines = self.path.read_bytes().split(b"\n")
+        records = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError as error:  # JSON or UTF-8 that does not decode
+                if number == len(lines):  # no newline after it: the write was cut
+                    log.warning("dropping the torn last line of %s (%d bytes)", self.path, len(line))
+                    continue
+                raise CheckpointError(
+                    f"{self.path} line {number} is not a JSON record ({error}); remove or repair that line"
+                ) from error
+        return records
 
     def restore_from(self, source: Path, last_step: int) -> None:
         """Keep the records of steps <= last_step from `source` (this file or another run's)."""
         kept = [r for r in JsonlLog(source).records() if r.get("step", -1) <= last_step]
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with open(tmp, "w") as handle:
-            handle.writelines(json.dumps(r, default=_json_default) + "\n" for r in kept)
-        shutil.move(tmp, self.path)
+            handle.writelines(_json_line(r) + "\n" for r in kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.path)
+
+    def clear(self) -> bool:
+        """Empty the file (a run starting over from step 0); whether it held anything."""
+        held = self.path.is_file() and self.path.stat().st_size > 0
+        with open(self.path, "wb"):
+            pass
+        return held
 
 
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {value!r}")
+def _json_line(record: dict[str, Any]) -> str:
+    """`record` as strict JSON on one line: non-finite numbers become null, their keys listed (NONFINITE_KEYS)."""
+    nonfinite: list[str] = []
+    finite = _finite(record, "", nonfinite)
+    if nonfinite:
+        finite[NONFINITE_KEYS] = nonfinite
+    return json.dumps(finite, allow_nan=False)
+
+
+def _finite(value: Any, key: str, nonfinite: list[str]) -> Any:
+    """`value` with tensors and numpy numbers as Python numbers and NaN/±inf as None (their keys into `nonfinite`)."""
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{key}.{k}" if key else str(k), nonfinite) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, f"{key}[{i}]", nonfinite) for i, v in enumerate(value)]
+    if not isinstance(value, (str, int, float)) and hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        nonfinite.append(key)
+        return None
+    return value
 
 
 def console_line(record: dict[str, Any], label: str, placeholder_loss: bool) -> str:

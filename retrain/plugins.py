@@ -128,6 +128,26 @@ def check_finite(value: torch.Tensor, *, what: str) -> torch.Tensor:
     raise PluginOutputError(f"{what} returned non-finite values (e.g. {float(value[index])} at index {list(index)})")
 
 
+def import_failure(error: BaseException) -> str:
+    """Why a `_target_` did not import, from the error Hydra wraps it in ("Error locating target ..."):
+    what does not exist, or the error the plugin's own module raised while importing (a dependency
+    that is not installed, a bad import in it), with the module and line that raised it."""
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    innermost = root.__traceback__
+    while innermost is not None and innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    frame = innermost.tb_frame if innermost is not None else None
+    module = str(frame.f_globals.get("__name__", "")) if frame is not None else ""
+    if frame is None or module.startswith(("hydra.", "importlib")) or frame.f_code.co_filename.startswith("<"):
+        return f"{type(root).__name__}: {root}"  # raised by the lookup itself: the module or the name is missing
+    return (
+        f"importing {module} raised {type(root).__name__}: {root} "
+        f"({frame.f_code.co_filename}, line {innermost.tb_lineno})"  # type: ignore[union-attr]
+    )
+
+
 def declared(part: Any, attribute: str, default: Any) -> Any:
     """An attribute a part declares on itself (looked up through partials and wrappers), else `default`."""
     if hasattr(part, attribute):

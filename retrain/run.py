@@ -9,12 +9,10 @@ retrain's own are wrapped so their outputs are checked against their contract (r
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import logging
 import secrets
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,11 +34,14 @@ from retrain.determinism import reproducible_torch
 from retrain.errors import CheckpointError, ConfigError
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.freshness import Probe
-from retrain.plugins import checked, plugin_name
+from retrain.launch import claimed_run_dir, record_launch
+from retrain.plugins import checked, import_failure, plugin_name
 from retrain.reward.scorer import RewardScorer
 from retrain.rundir import STATE_FILE, Checkpoint, RunDir
+from retrain.secrets import check_env_names, shown_config
 from retrain.trainer import PlanningDetection, Trainer
 from retrain.types import Example
+from retrain.validation import check_config, check_prompt_lengths, warn_if_untrainable
 
 log = logging.getLogger("retrain")
 
@@ -50,9 +51,13 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     run_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     check_known_keys(cfg)
-    with exclusive_run_dir(run_dir), ExitStack() as parts:
+    check_config(cfg)
+    check_env_names(cfg)
+    # nothing is written into the run dir before it is this run's: a refused launch leaves it as it was
+    with claimed_run_dir(run_dir, config_identity(cfg)), ExitStack() as parts:
+        record_launch(run_dir, cfg)
         trainer = build_trainer(cfg, run_dir, parts)
-        # a cluster's pre-emption signal: finish the step, checkpoint, requeue
+        # SIGTERM, Ctrl-C, a cluster's pre-emption signal: finish the step, checkpoint, then exit (or requeue)
         with (
             requeue_on_preemption(trainer),
             reproducible_torch(trainer.training.deterministic, getattr(trainer.backend, "device", None)),
@@ -64,20 +69,19 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     """Every part, built from `cfg` and wired into a Trainer; `parts` closes them when it exits."""
     training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]
     algorithm = checked_algorithm(instantiate(cfg.algorithm))
-    backend_cls = get_class(cfg.backend._target_)
+    backend_cls = target_class(cfg, "backend")
     capabilities = capabilities_of(backend_cls)
-    engine_cls = backend_cls if capabilities.samples_itself else get_class(cfg.inference._target_)
+    engine_cls = backend_cls if capabilities.samples_itself else target_class(cfg, "inference")
     preflight(
         algorithm,
         capabilities,
         backend_name=backend_cls.__name__,
         engine_returns_entropies=bool(getattr(engine_cls, "returns_entropies", False)),
     )
+    warn_if_untrainable(algorithm, training)
 
     resume = find_resume_checkpoint(cfg, run_dir)
-    identity = config_identity(cfg)
-    if resume is not None and not cfg.resume["from"]:
-        check_same_run(Checkpoint(resume).state().get("config_identity", {}), identity, run_dir)
+    identity = config_identity(cfg)  # checked against the run dir's when it was claimed (retrain/launch.py)
     seed = resolve_seed(training.seed, resume)
     training = replace(training, seed=seed)
     batching = FixedBatching(training.batch_size)
@@ -85,12 +89,19 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
     evaluation: EvalConfig = OmegaConf.to_object(cfg.eval)  # type: ignore[assignment]
     eval_examples = held_out_examples(data, evaluation.num_examples)
-    scorer = RewardScorer(instantiate(cfg.reward), timeout_s=cfg.scoring.timeout_s, workers=cfg.scoring.workers)
+    scorer = RewardScorer(
+        instantiate(cfg.reward),
+        timeout_s=cfg.scoring.timeout_s,
+        workers=cfg.scoring.workers,
+        max_failing_steps=cfg.scoring.max_failing_steps,
+        max_worker_rss_mb=cfg.scoring.max_worker_rss_mb,
+    )
     parts.callback(scorer.close)
 
     model: ModelSpec = instantiate(cfg.model)
     tokenizer = model.load_tokenizer()
     prompts = ChatPrompts(tokenizer, model.name_or_path)
+    check_prompt_lengths([*getattr(data, "train_examples", []), *eval_examples], tokenizer, model, training.max_tokens)
     # a partial first: Hydra would turn dataclass kwargs back into configs
     backend: Backend = checked(
         instantiate(cfg.backend, _partial_=True)(
@@ -104,7 +115,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     if engine is not backend:
         parts.callback(engine.close)
     output: LoggingConfig = OmegaConf.to_object(cfg.logging)  # type: ignore[assignment]
-    run_config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    run_config = shown_config(cfg)  # what wandb records: no environment value, no secret
     return Trainer(
         backend=backend,
         engine=engine,
@@ -159,29 +170,27 @@ def held_out_examples(data: Any, num_examples: int) -> list[Example]:
         raise ConfigError(f"eval.num_examples={num_examples}: {error}") from error
 
 
-@contextmanager
-def exclusive_run_dir(run_dir: Path) -> Iterator[None]:
-    """One process per run dir: two jobs that resolve to the same dir must not interleave writes."""
-    with open(RunDir(run_dir).lock_file, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"run dir {run_dir} is in use by another retrain process; in a sweep that "
-                "varies more than algorithm and training.seed, add the varied keys to "
-                "hydra.sweep.subdir (see docs/configuration.md)"
-            ) from None
-        yield
+def target_class(cfg: DictConfig, group: str) -> type:
+    """The class `<group>._target_` names; one that does not import is a ConfigError saying why."""
+    target = str(cfg[group]._target_)
+    try:
+        return get_class(target)
+    except (ImportError, ValueError) as error:  # ValueError: it imports, but is not a class
+        raise ConfigError(f"{group}._target_={target!r} cannot be imported: {import_failure(error)}") from error
 
 
 # what may differ when a run dir is entered again: how long it runs, what it logs, where it reports
 NOT_IDENTITY = {"resume", "logging", "eval", "scoring", "squeeze"}
-NOT_IDENTITY_TRAINING = {"max_steps", "save_every"}
+NOT_IDENTITY_TRAINING = {"max_steps", "save_every", "keep_checkpoints"}
 
 
 def config_identity(cfg: DictConfig) -> dict[str, Any]:
-    """The settings that define a run's trajectory, flattened to dotted keys."""
-    container: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    """The settings that define a run's trajectory, flattened to dotted keys.
+
+    As shown (retrain.secrets): an environment variable's value and a secret never enter it, so
+    rotating a key never makes a run dir refuse its own run.
+    """
+    container = shown_config(cfg)
     flat: dict[str, Any] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -197,24 +206,26 @@ def config_identity(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
-def check_same_run(saved: dict[str, Any], current: dict[str, Any], run_dir: Path) -> None:
-    """Entering a run dir again continues that run only if it is the same run (else a clear error)."""
-    differing = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
-    if differing and saved:
-        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differing[:5])
-        raise ConfigError(
-            f"run dir {run_dir} holds a run with a different config ({shown}); use a new "
-            "hydra.run.dir, or resume.from=<that dir> to continue it with the new settings"
-        )
-
-
 def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
-    """`resume.from` (a run dir or a checkpoint dir), else this run dir's own latest checkpoint that reads whole.
+    """This run dir's own latest checkpoint that reads whole, else `resume.from` (a run dir or a checkpoint dir).
 
-    The second case is what makes a requeued cluster job continue where it was killed; damaged newer
-    checkpoints are skipped (this run dir's own are set aside, another run's left as they are).
+    The first is what makes a requeued cluster job continue where it was killed: `resume.from` only seeds
+    a new run, so re-entering a run dir that has a checkpoint of its own never starts over from the source.
+    Damaged newer checkpoints are skipped (this run dir's own are set aside, another run's left as they are);
+    when none of this run dir's own reads, `resume.from` is the way out, else the run fails (in status.json too).
     """
     source = str(cfg.resume["from"] or "")
+    files = RunDir(run_dir)
+    try:
+        own = files.resumable_checkpoint(set_aside=True)
+    except CheckpointError as error:
+        if not source:
+            files.record_failure(f"{type(error).__name__}: {error}")
+            raise
+        log.warning("%s; resuming from resume.from=%s instead", error, source)
+        own = None
+    if own is not None:
+        return own.path
     if source:
         path = Path(source).expanduser()
         if Checkpoint(path).is_complete:
@@ -225,8 +236,7 @@ def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
         if found is None:
             raise ConfigError(f"resume.from={source!r}: no checkpoint ({STATE_FILE}) found there")
         return found.path
-    latest = RunDir(run_dir).resumable_checkpoint(set_aside=True)
-    return None if latest is None else latest.path
+    return None
 
 
 def resolve_seed(configured: int, resume: Path | None) -> int:

@@ -5,30 +5,40 @@
       metrics.jsonl                one record per step
       emergence/steps.jsonl        per-step planning statistics
       emergence/generations.jsonl  a few completions per step
-      checkpoints/step_N/          a checkpoint after N completed steps (PEFT adapter + trainer_state.json)
+      checkpoints/step_N/          a checkpoint after N completed steps (PEFT adapter, optimizer.pt,
+                                   trainer_state.json, checksums.json)
       final/                       the checkpoint written when the run finishes
       <checkpoint>.damaged-<time>  a checkpoint found unreadable on restart, set aside (never listed, never deleted)
+      .<checkpoint>.<stage>-<pid>  a checkpoint being written, replaced or pruned (hidden; tidied on restart)
       run.log                      the console log (Hydra's file handler, conf/config.yaml)
-      job.json, exit.json          the campaign callback's record of each attempt's start and end
-      .hydra/                      Hydra's composed config
+      job.json, exit.json          each attempt's start (once it holds the dir) and how Hydra's job returned
+      .hydra/                      Hydra's composed config (written by retrain/launch.py, secrets masked)
       .retrain.lock                held by the process training in this dir
+      run_identity.json            the config identity of the run this dir holds (retrain/launch.py)
 
 The run may be read from another process, another node, or after it died, so every write is atomic:
 a JSON file goes through a temp file + fsync + rename; a checkpoint is written into a hidden temp
-dir, fsynced and renamed into place, with `trainer_state.json` written last, so a checkpoint dir that
-has it is whole and a killed run never leaves a half-written checkpoint that a restart would trust.
-A save the filesystem refuses (a full disk) removes its temp dir and ends the run with one message
-naming the checkpoint it can resume from. A restart reads every file of the newest checkpoint before
-trusting it, and falls back past damaged ones (a file truncated or overwritten outside retrain).
+dir, fsynced and renamed into place, with `trainer_state.json` and then `checksums.json` (the sha256
+of every other file) written last, so a killed run never leaves a half-written checkpoint that a
+restart would trust. A checkpoint written again (final/ of a continued run) replaces the old one by
+renaming the old one aside first, and an old one pruned (`training.keep_checkpoints`) is renamed
+aside before it is deleted: a kill at any point leaves a whole checkpoint under its name, or a hidden
+dir that the restart puts back or removes. A save the filesystem refuses (a full disk) removes its
+temp dir and ends the run with one message naming the checkpoint it can resume from. A restart
+reads every file of the newest checkpoint and checks its digests before trusting it, and falls back
+past damaged ones (a file truncated, zeroed or overwritten outside retrain, or missing).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,19 +59,26 @@ CHECKPOINTS = "checkpoints"
 STEP_PREFIX = "step_"
 FINAL = "final"
 STATE_FILE = "trainer_state.json"
+CHECKSUMS_FILE = "checksums.json"  # {path: sha256} of every other file, written last (none: an older checkpoint)
 LOG_FILE = "run.log"
 JOB_FILE = "job.json"
 EXIT_FILE = "exit.json"
 HYDRA_DIR = ".hydra"
 LOCK_FILE = ".retrain.lock"
+IDENTITY_FILE = "run_identity.json"
 # what PEFT's save_pretrained writes into every checkpoint dir
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+OPTIMIZER_STATE = "optimizer.pt"  # the backend's optimizer moments: without them a resume is not exact
 # what a restore reads from trainer_state.json (Trainer._restore, run.resolve_seed): a state without one is damaged
 RESTORE_KEYS = frozenset(
     {"completed_steps", "step", "seed", "data", "algorithm", "batching", "total_correct", "total_completions", "rng"}
 )
 DAMAGED_MARK = ".damaged-"  # `step_8.damaged-20250101T120000`: no step dir's name, so never listed again
+# hidden dirs of a checkpoint save under way, `.<name>.<stage>-<pid>`: being written, the old one being replaced,
+# an old one being pruned; a kill leaves them behind, and the restart removes them (or puts a replaced one back)
+STAGING, REPLACED, PRUNED = "tmp", "replaced", "pruned"
+HIDDEN_CHECKPOINT = re.compile(rf"^\.(?P<name>.+)\.(?P<stage>{STAGING}|{REPLACED}|{PRUNED})-\d+$")
 DISK_FULL_BYTES = 1 << 20  # less free space than this after a failed write: the disk is full
 
 
@@ -132,11 +149,45 @@ def _fsync_tree(root: Path) -> None:
         if file.is_file():
             with open(file, "rb") as handle:
                 os.fsync(handle.fileno())
-    dir_fd = os.open(root, os.O_RDONLY)
+    _fsync_dir(root)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the renames inside `directory` durable."""
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _sha256(file: Path) -> str:
+    with open(file, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _digests(root: Path) -> dict[str, str]:
+    """sha256 of every file under `root`, by path relative to it."""
+    return {file.relative_to(root).as_posix(): _sha256(file) for file in sorted(root.rglob("*")) if file.is_file()}
+
+
+def _hidden(checkpoint: Path, stage: str) -> Path:
+    """The hidden dir beside `checkpoint` for one stage of a save by this process (HIDDEN_CHECKPOINT)."""
+    return checkpoint.with_name(f".{checkpoint.name}.{stage}-{os.getpid()}")
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Rename `new` to `target`; an existing `target` is renamed aside first and deleted only after, so a kill
+    in between leaves the old checkpoint whole under its hidden name (RunDir.tidy_interrupted_saves puts it back)."""
+    old = _hidden(target, REPLACED) if target.exists() else None
+    if old is not None:
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(target, old)
+    os.replace(new, target)
+    _fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old)
 
 
 @dataclass(frozen=True)
@@ -176,8 +227,9 @@ class Checkpoint:
         """What makes this checkpoint unfit to restore, or None when every file in it reads whole.
 
         Reads the files without building a model: the state parses and has every key a restore reads,
-        the PEFT adapter (config and every tensor) is there, and every JSON, safetensors and torch file
-        (the optimizer state) loads.
+        the PEFT adapter (config and every tensor) and the optimizer state are there, every JSON,
+        safetensors and torch file loads, and every file matches its sha256 in checksums.json (damage
+        that still loads: a zeroed block of weights). A checkpoint written before checksums has none to check.
         """
         try:
             state = self.state()
@@ -187,7 +239,7 @@ class Checkpoint:
             return f"{STATE_FILE} holds a {type(state).__name__}, not the trainer's state"
         if missing := RESTORE_KEYS - state.keys():
             return f"{STATE_FILE} lacks {', '.join(sorted(missing))}"
-        for required in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        for required in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_STATE):
             if not (self.path / required).is_file():
                 return f"{required} is missing"
         for file in sorted(self.path.iterdir()):
@@ -198,6 +250,22 @@ class Checkpoint:
                 reader(file)
             except Exception as error:  # each library has its own errors for a truncated or garbled file
                 return f"{file.name} does not read ({type(error).__name__}: {error})"
+        return self._checksum_mismatch()
+
+    def _checksum_mismatch(self) -> str | None:
+        """Which file differs from the digest recorded when it was saved; None when all match (or none were)."""
+        checksums = self.path / CHECKSUMS_FILE
+        if not checksums.is_file():
+            return None
+        recorded = json.loads(checksums.read_text())  # it read whole above, as every JSON file does
+        if not isinstance(recorded, dict):
+            return f"{CHECKSUMS_FILE} holds a {type(recorded).__name__}, not the digests of the files"
+        for name, digest in sorted(recorded.items()):
+            file = self.path / name
+            if not file.is_file():
+                return f"{name} is missing (listed in {CHECKSUMS_FILE})"
+            if _sha256(file) != digest:
+                return f"{name} does not match its sha256 in {CHECKSUMS_FILE} (changed after it was saved)"
         return None
 
     def set_aside(self) -> Path:
@@ -208,19 +276,21 @@ class Checkpoint:
 
     @classmethod
     def write(cls, target: Path, write_payload: Callable[[Path], None], state: dict[str, Any]) -> Checkpoint:
-        """Create `target` atomically: `write_payload(tmp_dir)` writes the model files, then the state.
+        """Create or replace `target` atomically: `write_payload(tmp_dir)` writes the model files, then the
+        state, then the digests of both.
 
         A failed write leaves no temp dir behind; one the filesystem refused (a full disk) raises a
         CheckpointError that names the newest intact checkpoint, so a rerun resumes from it.
         """
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+        tmp = _hidden(target, STAGING)
         if tmp.exists():
             shutil.rmtree(tmp)
         try:
             tmp.mkdir()
             write_payload(tmp)
             write_json_atomic(tmp / STATE_FILE, {**state, "checkpoint_path": str(target)})
+            write_json_atomic(tmp / CHECKSUMS_FILE, _digests(tmp))
             _fsync_tree(tmp)
         except BaseException as error:
             refusal = _filesystem_refusal(error, target.parent) if isinstance(error, Exception) else None
@@ -228,9 +298,7 @@ class Checkpoint:
             if refusal is not None:
                 raise CheckpointError(_unwritten(target, refusal)) from error
             raise
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        _replace_dir(tmp, target)
         return cls(target)
 
 
@@ -321,6 +389,10 @@ class RunDir:
     def lock_file(self) -> Path:
         return self.path / LOCK_FILE
 
+    @property
+    def identity_file(self) -> Path:
+        return self.path / IDENTITY_FILE
+
     def has_run(self) -> bool:
         """Whether a run lives here: the trainer's status, the campaign callback's job file, or Hydra's dir."""
         return self.path.is_dir() and any(p.exists() for p in (self.status_file, self.job_file, self.hydra_dir))
@@ -354,9 +426,12 @@ class RunDir:
         """The most advanced checkpoint that reads whole (`Checkpoint.damage`); None when there is none at all.
 
         Newer damaged ones are skipped with a warning naming them and, with `set_aside` (this run's own
-        dir, not another run's that `resume.from` reads), renamed out of the listing. When every
-        checkpoint is damaged nothing is renamed and a CheckpointError says what is wrong with each.
+        dir under its lock, not another run's that `resume.from` reads), renamed out of the listing, after
+        the saves a kill interrupted are tidied (`tidy_interrupted_saves`). When every checkpoint is
+        damaged nothing is renamed and a CheckpointError says what is wrong with each.
         """
+        if set_aside:
+            self.tidy_interrupted_saves()
         damaged: list[tuple[Checkpoint, str]] = []
         for checkpoint in self.checkpoints():
             why = checkpoint.damage()
@@ -376,6 +451,41 @@ class RunDir:
             )
         return None
 
+    def tidy_interrupted_saves(self) -> None:
+        """Undo what a kill during a save left (HIDDEN_CHECKPOINT): a checkpoint being replaced goes back under
+        its name when the new one never got there; temp dirs, pruned and replaced leftovers are removed.
+
+        Only for this run's own dir, under its lock: another process's save under way would look the same.
+        """
+        for parent in (self.path, self.checkpoints_dir):
+            if not parent.is_dir():
+                continue
+            for hidden in sorted(parent.iterdir()):
+                match = HIDDEN_CHECKPOINT.match(hidden.name)
+                if match is None or not hidden.is_dir():
+                    continue
+                original = parent / match["name"]
+                if match["stage"] == REPLACED and not original.exists() and Checkpoint(hidden).is_complete:
+                    log.warning("a save of %s was killed while replacing it: putting the previous one back", original)
+                    os.rename(hidden, original)
+                else:
+                    log.info("removing %s, left by a save that was killed", hidden)
+                    shutil.rmtree(hidden)
+
+    def prune_checkpoints(self, keep: int) -> None:
+        """Delete all but the `keep` newest step checkpoints (`training.keep_checkpoints`; 0 keeps all).
+
+        final/ is never counted nor deleted. Each goes through a hidden name first, so a kill mid-delete never
+        leaves a half-deleted checkpoint that a restart would find damaged.
+        """
+        if keep <= 0:
+            return
+        for old in [c for c in self.checkpoints() if not c.is_final][keep:]:
+            aside = _hidden(old.path, PRUNED)
+            os.rename(old.path, aside)
+            shutil.rmtree(aside)
+            log.debug("removed %s (training.keep_checkpoints=%d)", old.path, keep)
+
     def save_checkpoint(
         self, completed_steps: int, write_payload: Callable[[Path], None], state: dict[str, Any], *, final: bool = False
     ) -> Checkpoint:
@@ -390,6 +500,20 @@ class RunDir:
 
     def write_status(self, status: dict[str, Any]) -> None:
         write_json_atomic(self.status_file, status)
+
+    def record_failure(self, error: str) -> None:
+        """Mark the run failed in status.json before the trainer could (its checkpoints cannot be restored),
+        keeping what the last attempt recorded there."""
+        self.write_status(
+            {
+                **self.read_status(),
+                "state": "failed",
+                "error": error,
+                "updated_at": time.time(),
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
+            }
+        )
 
     def read_job(self) -> dict[str, Any]:
         """What the campaign callback recorded when this attempt started; {} outside a campaign."""

@@ -6,7 +6,8 @@
 
 Everything is derived from the files the runs write, and each process's (or SLURM job's) liveness:
 a run that says "running" but whose process is gone is reported `dead`. A sweep is `running`,
-`done`, `partial` (finished, some runs not done) or `dead` (finished, none done).
+`done`, `partial` (finished, some runs not done) or `dead` (finished, none done). A run or sweep dir
+whose files cannot be read as such is listed as `unreadable`, with the reason, beside the others.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from retrain.campaign.manifest import MANIFEST, collect, state_counts
 from retrain.campaign.report import refresh
-from retrain.campaign.runs import RunInfo, describe_age, read_run
+from retrain.campaign.runs import UNREADABLE, RunInfo, describe_age, read_run
 from retrain.campaign.stats import run_scores
 from retrain.campaign.summary import build_summary, render_markdown
 from retrain.rundir import RunDir
@@ -38,7 +39,6 @@ def run_report(run: RunInfo) -> dict[str, Any]:
     last = run.metrics[-1] if run.metrics else {}
     files = RunDir(run.dir) if run.dir is not None else None
     checkpoints = [p.name for p in reversed(files.step_dirs())] if files is not None else []
-    status = files.read_status() if files is not None else {}
     return {
         "dir": str(run.dir),
         "condition": run.condition,
@@ -54,7 +54,7 @@ def run_report(run: RunInfo) -> dict[str, Any]:
         "last_step_time_s": last.get("step_time_s"),
         "checkpoints": checkpoints,
         "final_adapter": run.has_adapter,
-        "eval": status.get("eval") or {},
+        "eval": run.eval,
         "job": run.job,
     }
 
@@ -94,15 +94,12 @@ def render_run(report: dict[str, Any]) -> str:
 
 
 def overview(root: Path) -> list[dict[str, Any]]:
-    """One entry per sweep and per stand-alone run below `root`."""
+    """One entry per sweep and per stand-alone run below `root`; one that cannot be read is `unreadable`."""
     entries: list[dict[str, Any]] = []
     for dirpath, dirs, _ in os.walk(root):
         path = Path(dirpath)
         if is_sweep_dir(path):
-            campaign = collect(path)
-            entries.append(
-                {"kind": "sweep", "dir": str(path), "state": campaign.state, "counts": state_counts(campaign.runs)}
-            )
+            entries.append(_sweep_entry(path))
             dirs.clear()
         elif RunDir(path).has_run():
             run = read_run(path)
@@ -115,6 +112,7 @@ def overview(root: Path) -> list[dict[str, Any]]:
                     "max_steps": run.max_steps,
                     "condition": run.condition,
                     "seed": run.seed,
+                    "error": run.error,
                 }
             )
             dirs.clear()
@@ -123,10 +121,20 @@ def overview(root: Path) -> list[dict[str, Any]]:
     return entries
 
 
+def _sweep_entry(path: Path) -> dict[str, Any]:
+    try:
+        campaign = collect(path)
+    except Exception as error:  # a damaged manifest: any failure to read it must not hide the other entries
+        return {"kind": "sweep", "dir": str(path), "state": UNREADABLE, "error": f"{type(error).__name__}: {error}"}
+    return {"kind": "sweep", "dir": str(path), "state": campaign.state, "counts": state_counts(campaign.runs)}
+
+
 def render_overview(entries: list[dict[str, Any]]) -> str:
     lines = []
     for entry in entries:
-        if entry["kind"] == "sweep":
+        if entry["state"] == UNREADABLE:
+            lines.append(f"{entry['kind']:<6} {UNREADABLE} {entry['dir']}  ({entry['error']})")
+        elif entry["kind"] == "sweep":
             counts = ", ".join(f"{n} {s}" for s, n in sorted(entry["counts"].items()))
             lines.append(f"sweep  {entry['state']:<8} {entry['dir']}  ({counts})")
         else:

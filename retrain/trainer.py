@@ -34,7 +34,7 @@ from retrain.data.base import DataSource
 from retrain.inference.base import InferenceEngine
 from retrain.inference.freshness import Freshness, FreshnessProof, Probe
 from retrain.logging import JsonlLog, WandbSink, console_line
-from retrain.reward.scorer import Scorer
+from retrain.reward.scorer import Scorer, fill_excluded
 from retrain.rundir import Checkpoint, RunDir
 from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainResult, WeightUpdate
 
@@ -66,7 +66,8 @@ class Trainer:
 
     `training.seed` is the resolved seed (never -1). `planning` is set only when the algorithm needs
     planning tokens; `eval_examples` are the held-out problems (none: no evaluation). `run_config`
-    is the resolved config, recorded by wandb; `config_identity` is saved in every checkpoint.
+    is the config as it may be shown (retrain.secrets: no environment value, no secret), recorded by
+    wandb; `config_identity` is saved in every checkpoint.
     """
 
     def __init__(
@@ -134,12 +135,13 @@ class Trainer:
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train to max_steps (or until a stop request); returns the final status."""
-        if self.resume_checkpoint is not None and self._restore(self.resume_checkpoint):
-            return self._write_status("done")
-        if self.resume_checkpoint is None:
-            self.freshness.check(self.engine, self.weights_version)  # the engine starts on the initial adapter
-        self._start_wandb()
         try:
+            if self.resume_checkpoint is None:
+                self._start_over()
+                self.freshness.check(self.engine, self.weights_version)  # the engine starts on the initial adapter
+            elif self._restore(self.resume_checkpoint):
+                return self._write_status("done")
+            self._start_wandb()
             if self.next_step == 0 and self.eval_examples:
                 self._evaluate("before")
             self._write_status("running")
@@ -203,7 +205,8 @@ class Trainer:
         t_reward = time.perf_counter()
         row_examples = [example for example in examples for _ in range(G)]
         scored = self.scorer.score(rollouts.texts, row_examples)
-        rewards = scored.rewards.view(B, G)
+        excluded = scored.excluded_mask().view(B, G)  # no verdict: neither trained on nor counted
+        rewards = fill_excluded(scored.rewards.view(B, G), excluded)
 
         t_advantage = time.perf_counter()
         planning = None
@@ -212,7 +215,7 @@ class Trainer:
         advantage = self.algorithm.compute(
             rewards, rollouts.logprobs, rollouts.completion_mask, rollouts.entropies, planning
         )
-        row_mask = advantage.group_has_signal.repeat_interleave(G)
+        row_mask = advantage.group_has_signal.repeat_interleave(G) & ~excluded.view(-1)
         batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
 
         if self._sampler is not None and self._may_prefetch(step + 1):
@@ -228,13 +231,14 @@ class Trainer:
         freshness = {} if result.update is None else self._sync_engine(result.update).metrics()
         t_end = time.perf_counter()
 
-        correct = rewards > CORRECT_THRESHOLD
-        correct_rate = float(correct.float().mean())
+        correct = (rewards > CORRECT_THRESHOLD) & ~excluded
+        judged = int((~excluded).sum())
+        correct_rate = float(correct.sum()) / max(judged, 1)
         self.total_correct += int(correct.sum())
-        self.total_completions += correct.numel()
+        self.total_completions += judged
         self.algorithm.end_step(correct_rate)
         uniform = ~advantage.group_has_signal
-        all_correct = correct.all(dim=1)
+        all_correct = (correct | excluded).all(dim=1)
         timings = {
             "sample_time_s": t_reward - t_sample,
             "reward_time_s": t_advantage - t_reward,
@@ -250,7 +254,7 @@ class Trainer:
             "loss": result.loss,
             "mean_reward": float(rewards.mean()),
             "correct_rate": correct_rate,
-            "running_correct_rate": self.total_correct / self.total_completions,
+            "running_correct_rate": self.total_correct / max(self.total_completions, 1),
             "num_datums": batch.num_datums,
             "num_tokens": result.num_tokens,
             "max_token_hit_rate": float(rollouts.hit_max_tokens.float().mean()),
@@ -265,6 +269,7 @@ class Trainer:
             "skipped_nonfinite": result.skipped_nonfinite,
             "reward/errors": scored.errors,
             "reward/timeouts": scored.timeouts,
+            "reward/excluded": len(scored.excluded),
             **advantage.metrics,
             **rollouts.metrics,  # the sampler's, e.g. policy/top_p_mass: every step, trained on or not
             **result.metrics,
@@ -412,7 +417,7 @@ class Trainer:
 
     def _accuracy(self, examples: list[Example], sampling: SamplingParams, samples: int) -> float:
         """Share of correct completions; prompts go in chunks of the configured batch size."""
-        correct = 0
+        correct = total = 0
         chunk = self.training.batch_size
         for start in range(0, len(examples), chunk):
             part = examples[start : start + chunk]
@@ -423,8 +428,10 @@ class Trainer:
                 step_generator_seed(self.training.seed, -1 - start),
             )
             scored = self.scorer.score(rollouts.texts, [e for e in part for _ in range(samples)])
-            correct += int((scored.rewards > CORRECT_THRESHOLD).sum())
-        return correct / (len(examples) * samples)
+            judged = ~scored.excluded_mask()  # completions the reward gave no verdict for do not count
+            correct += int(((scored.rewards > CORRECT_THRESHOLD) & judged).sum())
+            total += int(judged.sum())
+        return correct / max(total, 1)
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save(self, final: bool = False) -> Path:
@@ -450,12 +457,23 @@ class Trainer:
         }
         checkpoint = self.files.save_checkpoint(completed, self.backend.save, state, final=final)
         self._last_saved_step = completed - 1
+        self.files.prune_checkpoints(self.training.keep_checkpoints)
         return checkpoint.path
 
+    def _start_over(self) -> None:
+        """No checkpoint to resume from: drop what an attempt killed before its first checkpoint logged, so a
+        restart never writes a step twice (a run dir holding another config's run is refused: retrain/launch.py)."""
+        dropped = [log_file.clear() for log_file in (self.metrics, self.steps_log, self.generations_log)]
+        if any(dropped):
+            log.info("No checkpoint in %s: starting at step 0, dropping what an earlier attempt logged", self.run_dir)
+
     def _restore(self, checkpoint: Path) -> bool:
-        """Load a checkpoint; returns True when it is a finished run (nothing left to do)."""
+        """Load a checkpoint; returns True when it is a finished run (nothing left to do).
+
+        A step checkpoint of the last step is restored like any other: the run was killed before its final/
+        (held-out evaluation and the final checkpoint still to do)."""
         state = Checkpoint(checkpoint).state()
-        if state["completed_steps"] >= self.training.max_steps:
+        if state["completed_steps"] >= self.training.max_steps and Checkpoint(checkpoint).is_final:
             log.info(
                 "Run at %s already finished %d/%d steps: nothing to resume.",
                 checkpoint,

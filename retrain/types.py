@@ -79,7 +79,7 @@ class TrainBatch:
 
     rollouts: Rollouts
     advantages: torch.Tensor  # [N, T] float32, 0 on padding and on dropped rows
-    row_mask: torch.Tensor  # [N] bool: rows that belong to a group with signal
+    row_mask: torch.Tensor  # [N] bool: rows to train on (in a group with signal, and given a verdict by the reward)
 
     @property
     def num_datums(self) -> int:

@@ -40,5 +40,9 @@ def test_saving_again_replaces_the_checkpoint_whole(tmp_path: Path) -> None:
     run_dir.save_checkpoint(10, write_old, {"completed_steps": 10, "step": 9}, final=True)
     saved = run_dir.save_checkpoint(20, write_adapter, {"completed_steps": 20, "step": 19}, final=True)
     assert saved.path == tmp_path / "final" and saved.state()["completed_steps"] == 20
-    assert sorted(p.name for p in saved.path.iterdir()) == ["adapter_model.safetensors", "trainer_state.json"]
+    assert sorted(p.name for p in saved.path.iterdir()) == [
+        "adapter_model.safetensors",
+        "checksums.json",
+        "trainer_state.json",
+    ]
     assert [p.name for p in tmp_path.iterdir()] == ["final"]  # no temp dir left behind

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import math
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,17 @@ import torch
 from safetensors.torch import save_file
 
 from retrain.errors import CheckpointError
-from retrain.rundir import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RESTORE_KEYS, STATE_FILE, Checkpoint, RunDir
+from retrain.logging import JsonlLog
+from retrain.rundir import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    CHECKSUMS_FILE,
+    OPTIMIZER_STATE,
+    RESTORE_KEYS,
+    STATE_FILE,
+    Checkpoint,
+    RunDir,
+)
 
 
 def write_adapter(directory: Path) -> None:
@@ -112,10 +125,11 @@ def test_the_run_dir_of_a_checkpoint(tmp_path: Path) -> None:
 
 
 def write_model_files(directory: Path) -> None:
-    """What a backend writes: a PEFT adapter (config + safetensors) and a torch optimizer state."""
+    """What a backend writes: a PEFT adapter (config + safetensors + model card) and a torch optimizer state."""
     (directory / ADAPTER_CONFIG).write_text(json.dumps({"r": 2}))
-    save_file({"lora_A": torch.ones(2, 8), "lora_B": torch.zeros(8, 2)}, directory / ADAPTER_WEIGHTS)
-    torch.save({"state": {0: {"exp_avg": torch.ones(16)}}, "param_groups": []}, directory / "optimizer.pt")
+    (directory / "README.md").write_text("a model card")
+    save_file({"lora_A": torch.ones(2, 8), "lora_B": torch.ones(8, 2)}, directory / ADAPTER_WEIGHTS)
+    torch.save({"state": {0: {"exp_avg": torch.ones(16)}}, "param_groups": []}, directory / OPTIMIZER_STATE)
 
 
 def save_restorable(run_dir: RunDir, completed: int, final: bool = False) -> Checkpoint:
@@ -138,6 +152,10 @@ def truncate(file: Path) -> None:
         (lambda c: truncate(c.path / ADAPTER_WEIGHTS), f"{ADAPTER_WEIGHTS} does not read (SafetensorError"),
         (lambda c: (c.path / ADAPTER_WEIGHTS).write_bytes(b"\x00" * 64), f"{ADAPTER_WEIGHTS} does not read"),
         (lambda c: truncate(c.path / "optimizer.pt"), "optimizer.pt does not read"),
+        (lambda c: (c.path / OPTIMIZER_STATE).unlink(), f"{OPTIMIZER_STATE} is missing"),
+        (lambda c: zero_half_of_the_tensors(c.path / ADAPTER_WEIGHTS), f"{ADAPTER_WEIGHTS} does not match its sha256"),
+        (lambda c: (c.path / "README.md").unlink(), "README.md is missing (listed in checksums.json)"),
+        (lambda c: (c.path / "README.md").write_text("edited"), "README.md does not match its sha256"),
     ],
 )
 def test_a_checkpoint_is_damaged_when_any_file_does_not_read_whole(tmp_path: Path, damage, named: str) -> None:
@@ -145,6 +163,30 @@ def test_a_checkpoint_is_damaged_when_any_file_does_not_read_whole(tmp_path: Pat
     assert checkpoint.damage() is None
     damage(checkpoint)
     assert checkpoint.damage().startswith(named)
+
+
+def zero_half_of_the_tensors(file: Path) -> None:
+    """Damage that every reader accepts: the header intact, half the tensor bytes zeroed (a disk fault, a bad copy)."""
+    data = bytearray(file.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # safetensors: u64 header length, JSON header, then the tensors
+    middle = start + (len(data) - start) // 2
+    data[middle:] = bytes(len(data) - middle)
+    file.write_bytes(bytes(data))
+
+
+def test_every_file_of_a_checkpoint_is_recorded_with_its_sha256_last(tmp_path: Path) -> None:
+    checkpoint = save_restorable(RunDir(tmp_path), 3)
+    recorded = json.loads((checkpoint.path / CHECKSUMS_FILE).read_text())
+    assert sorted(recorded) == sorted(["README.md", ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_STATE, STATE_FILE])
+    assert all(len(digest) == 64 for digest in recorded.values())
+
+
+def test_a_checkpoint_written_before_checksums_stays_valid_and_its_files_are_still_read(tmp_path: Path) -> None:
+    checkpoint = save_restorable(RunDir(tmp_path), 3)
+    (checkpoint.path / CHECKSUMS_FILE).unlink()
+    assert checkpoint.damage() is None
+    truncate(checkpoint.path / ADAPTER_WEIGHTS)
+    assert checkpoint.damage().startswith(f"{ADAPTER_WEIGHTS} does not read")
 
 
 def test_damaged_checkpoints_are_set_aside_and_never_listed_again(tmp_path: Path) -> None:
@@ -171,3 +213,137 @@ def test_with_no_checkpoint_that_reads_nothing_is_renamed_and_the_error_names_ea
     with pytest.raises(CheckpointError, match=r"step_2: optimizer.pt does not read .*step_1: optimizer.pt"):
         run_dir.resumable_checkpoint(set_aside=True)
     assert [p.name for p in run_dir.step_dirs()] == ["step_2", "step_1"]
+
+
+def test_replacing_a_checkpoint_killed_half_way_leaves_the_old_one_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill after the old final/ was renamed aside and before the new one took its name: the restart puts the
+    old one back (deleting the old one first, as before, lost final/ and the run started over)."""
+    run_dir = RunDir(tmp_path)
+    save_restorable(run_dir, 10, final=True)
+    rename = os.replace
+
+    def killed_before_the_new_one_is_in_place(source: object, target: object) -> None:
+        if Path(str(target)) == run_dir.final_dir:
+            raise KeyboardInterrupt("killed")
+        rename(source, target)
+
+    monkeypatch.setattr(os, "replace", killed_before_the_new_one_is_in_place)
+    with pytest.raises(KeyboardInterrupt):
+        save_restorable(run_dir, 20, final=True)
+    monkeypatch.undo()
+    assert not run_dir.final_dir.exists()
+
+    found = run_dir.resumable_checkpoint(set_aside=True)
+    assert found is not None and found.is_final and found.state()["completed_steps"] == 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # the new one's temp dir is removed too
+
+
+def test_a_restart_removes_what_killed_saves_left_and_nothing_else(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
+    save_restorable(run_dir, 2)
+    save_restorable(run_dir, 4)
+    save_restorable(run_dir, 4, final=True)
+    left = [
+        run_dir.checkpoints_dir / ".step_6.tmp-123",  # killed while writing
+        run_dir.checkpoints_dir / ".step_4.replaced-123",  # killed after the new step_4 took its name
+        run_dir.checkpoints_dir / ".step_1.pruned-123",  # killed while deleting an old one
+        tmp_path / ".final.tmp-77",
+    ]
+    for hidden in left:
+        hidden.mkdir()
+        (hidden / ADAPTER_WEIGHTS).write_bytes(b"half")
+    kept = [run_dir.checkpoints_dir / "step_3.damaged-20250101T000000", tmp_path / ".hidden-by-the-user"]
+    for other in kept:
+        other.mkdir()
+    run_dir.tidy_interrupted_saves()
+    assert not any(hidden.exists() for hidden in left)
+    assert all(other.is_dir() for other in kept)
+    assert [c.name for c in run_dir.checkpoints()] == ["final", "step_4", "step_2"]
+
+
+def test_pruning_keeps_the_newest_step_checkpoints_and_final(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
+    for completed in (1, 2, 3, 4):
+        save(run_dir, completed)
+    save(run_dir, 2, final=True)
+    (run_dir.checkpoints_dir / "step_0").mkdir()  # not a checkpoint retrain wrote: left alone
+    run_dir.prune_checkpoints(0)
+    assert [c.name for c in run_dir.checkpoints()] == ["step_4", "step_3", "final", "step_2", "step_1"]
+    run_dir.prune_checkpoints(2)
+    assert [c.name for c in run_dir.checkpoints()] == ["step_4", "step_3", "final"]
+    assert sorted(p.name for p in run_dir.checkpoints_dir.iterdir()) == ["step_0", "step_3", "step_4"]
+
+
+def test_a_failure_before_the_trainer_starts_is_recorded_in_the_status(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
+    run_dir.write_status({"state": "running", "step": 7, "max_steps": 10, "pid": 1})
+    run_dir.record_failure("CheckpointError: no checkpoint can be restored")
+    status = run_dir.read_status()
+    assert status["state"] == "failed" and status["error"] == "CheckpointError: no checkpoint can be restored"
+    assert status["step"] == 7 and status["max_steps"] == 10 and status["pid"] == os.getpid()
+
+
+def strict_json(line: str) -> dict:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"bare {constant}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_metrics_are_strict_json_with_non_finite_numbers_as_null_and_named(tmp_path: Path) -> None:
+    log = JsonlLog(tmp_path / "metrics.jsonl")
+    log.append({"step": 0, "loss": math.nan, "grad_norm": torch.tensor(math.inf), "eval": {"x": -math.inf}, "ok": 1.5})
+    log.append({"step": 1, "loss": 0.5})
+    first, second = (strict_json(line) for line in log.path.read_text().splitlines())
+    assert first == {
+        "step": 0,
+        "loss": None,
+        "grad_norm": None,
+        "eval": {"x": None},
+        "ok": 1.5,
+        "nonfinite_keys": ["loss", "grad_norm", "eval.x"],
+    }
+    assert second == {"step": 1, "loss": 0.5}
+    log.restore_from(log.path, last_step=0)  # a rewind keeps the flag
+    assert log.records() == [first]
+
+
+def test_a_torn_last_line_is_dropped_on_read_and_on_restore(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = JsonlLog(tmp_path / "metrics.jsonl")
+    for step in range(3):
+        log.append({"step": step})
+    with open(log.path, "ab") as handle:
+        handle.write('{"step": 3, "completion": "\u00e9'.encode()[:-1])  # cut mid-record (and mid-character)
+    with caplog.at_level("WARNING"):
+        assert log.records() == [{"step": 0}, {"step": 1}, {"step": 2}]
+    assert "torn last line" in caplog.text and str(log.path) in caplog.text
+    log.restore_from(log.path, last_step=1)
+    assert log.path.read_text() == '{"step": 0}\n{"step": 1}\n'
+
+
+def test_a_damaged_line_before_the_last_names_the_file_and_line(tmp_path: Path) -> None:
+    log = JsonlLog(tmp_path / "metrics.jsonl")
+    log.path.write_text('{"step": 0}\n{"step": 1, "lo\n{"step": 2}\n')
+    with pytest.raises(CheckpointError, match=f"{log.path} line 2 is not a JSON record"):
+        log.records()
+
+
+def test_an_append_the_disk_cuts_short_leaves_no_partial_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = JsonlLog(tmp_path / "metrics.jsonl")
+    log.append({"step": 0})
+    before = log.path.read_bytes()
+    write = os.write
+
+    def disk_full_half_way(fd: int, data: bytes) -> int:
+        return write(fd, data[: len(data) // 2])  # what write(2) does when the disk fills mid-way
+
+    monkeypatch.setattr(os, "write", disk_full_half_way)
+    with pytest.raises(OSError) as raised:
+        log.append({"step": 1, "loss": 0.25})
+    monkeypatch.undo()
+    assert raised.value.errno == errno.ENOSPC
+    assert log.path.read_bytes() == before
+    log.append({"step": 1})
+    assert log.records() == [{"step": 0}, {"step": 1}]

@@ -92,3 +92,54 @@ def test_a_run_that_never_wrote_status_takes_its_condition_from_the_saved_config
     OmegaConf.save(compose(["algorithm=maxrl_gtpo", "algorithm/advantage=rloo"]), run_dir / ".hydra" / "config.yaml")
     assert "${" in (run_dir / ".hydra" / "config.yaml").read_text()
     assert read_run(run_dir).condition == "rloo_gtpo"
+
+
+GARBAGE = {
+    "list_status": {"status.json": b"[1, 2]"},
+    "binary_status": {"status.json": b"\xff\xfe\x00 not utf-8"},
+    "string_job": {"job.json": b'"a string"'},
+    "wrong_types": {"status.json": b'{"state": 5, "step": "x"}'},
+    "list_config": {".hydra/config.yaml": b"- 1\n- 2\n"},
+    "list_slurm": {"job.json": b'{"pid": 1, "slurm": [1]}'},
+}
+
+
+def write_garbage(root: Path) -> None:
+    for name, files in GARBAGE.items():
+        for relative, content in files.items():
+            (root / name / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / name / relative).write_bytes(content)
+    (root / "dir_as_status" / "status.json").mkdir(parents=True)
+
+
+def test_garbage_run_dirs_are_listed_as_unreadable_beside_the_good_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_garbage(tmp_path)
+    simulate_run(tmp_path, "grpo_none", 1, 0.4)
+    assert main([str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    unreadable = {Path(line.split()[2]).name: line for line in lines if line.startswith("run    unreadable")}
+    assert set(unreadable) == {*GARBAGE, "dir_as_status"}
+    assert "status.json holds a list, not an object" in unreadable["list_status"]
+    assert "status.json does not read (UnicodeDecodeError" in unreadable["binary_status"]
+    assert "IsADirectoryError" in unreadable["dir_as_status"]
+    assert any(line.startswith("run    done") and "grpo_none_s1" in line for line in lines)
+
+    assert main([str(tmp_path / "list_config"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["state"] == "unreadable" and ".hydra/config.yaml holds a list" in report["error"]
+
+
+def test_a_garbage_run_in_a_sweep_is_reported_not_fatal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_dir = tmp_path / "sweep"
+    plan = expand(["algorithm=grpo_none", "training.seed=1,2"])
+    start_manifest(sweep_dir, plan, CampaignSettings(last_k=3), "BasicLauncher", None)
+    simulate_run(sweep_dir, "grpo_none", 1, 0.4, num=0)
+    broken = simulate_run(sweep_dir, "grpo_none", 2, 0.4, num=1)
+    (broken.dir / "status.json").write_text("[1, 2]")
+    assert main([str(sweep_dir), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["counts"] == {"done": 1, "unreadable": 1}
+    assert [f["name"] for f in summary["failed"]] == ["grpo_none_s2"]
+    assert "status.json holds a list" in summary["failed"][0]["error"]

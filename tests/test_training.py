@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,15 +166,28 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path: Path) -> None:
         assert any(key.startswith("train/surprisal/") for key in logged)
 
 
+def long_context_tiny_model(tmp_path: Path) -> Path:
+    """The tiny model in a local dir, with a context that GSM8K and MATH prompts fit (its own 128
+    positions fit the arithmetic task only; RoPE learns no positions, so the same weights serve more)."""
+    copy = tmp_path / "tiny_long_context"
+    shutil.copytree(TINY_MODEL_DIR, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    return copy
+
+
 def test_local_model_dir_and_data_files_work_like_hub_ids(tmp_path: Path, shared_data: Path) -> None:
-    gsm8k = small_run(tmp_path, "gsm8k", "data=gsm8k", f"data.path={shared_data / 'gsm8k' / 'test.jsonl'}", steps=1)
+    model = f"model.name_or_path={long_context_tiny_model(tmp_path)}"
+    gsm8k = small_run(
+        tmp_path, "gsm8k", "data=gsm8k", f"data.path={shared_data / 'gsm8k' / 'test.jsonl'}", model, steps=1
+    )
     assert read_metrics(gsm8k)[0]["step"] == 0
     math500 = small_run(
         tmp_path,
         "math",
         "data=math",
         f"data.path={shared_data / 'math' / 'test.jsonl'}",
-        f"model.name_or_path={TINY_MODEL_DIR}",
+        model,
         "reward=math",
         steps=1,
     )

@@ -20,9 +20,10 @@ from retrain.plugins import Check, PluginOutputError, check_finite, check_shape,
 
 
 def check_advantage(value: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-    """An episode advantage: finite float [B, G] for rewards [B, G]."""
+    """An episode advantage: finite float [B, G] for rewards [B, G], finite as the float32 the pipeline
+    computes in (a float64 1e300 would turn inf there, and the error would name the pipeline instead)."""
     rewards = args[0]
-    return check_finite(check_shape(value, tuple(rewards.shape), what=what), what=what)
+    return check_finite(check_shape(value, tuple(rewards.shape), what=what).float(), what=what)
 
 
 def check_uncertainty(value: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:

@@ -244,11 +244,8 @@ class LocalBackend:
                 f"adapter in {path} does not fit this model: unexpected weights "
                 f"{result.unexpected_keys[:5]}, missing LoRA weights {missing[:5]}"
             )
-        optimizer_file = path / OPTIMIZER_FILE
-        if optimizer_file.exists():
-            self.optimizer.load_state_dict(torch.load(optimizer_file, map_location=self.device, weights_only=True))
-        else:
-            log.warning("no %s in %s: the optimizer restarts from scratch", OPTIMIZER_FILE, path)
+        # its moments are part of an exact resume: a checkpoint without them is damaged (rundir.Checkpoint.damage)
+        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, map_location=self.device, weights_only=True))
         self.weights_version = _optimizer_steps(self.optimizer)
         return WeightUpdate(version=self.weights_version, tensors=self.adapter)
 

@@ -8,7 +8,8 @@
 
 Where each hook runs matters: on_multirun_* run in the driver (the `python -m retrain --multirun`
 process); on_job_* run inside each job — on SLURM that is another process, possibly another node.
-So every job leaves its own files (job.json at start, exit.json at the end) and refreshes the
+So every job leaves its own files (job.json once it holds its run dir, `record_job_start` called by
+retrain/launch.py; exit.json at the end; neither when the dir is another run's) and refreshes the
 sweep's manifest and summary itself, under a lock: the summary is current even if the driver is
 killed, or if Hydra stops before `on_multirun_end` (it does when a job fails).
 """
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hydra.conf import HydraConf
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -32,7 +34,8 @@ from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_setting
 from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
 from retrain.campaign.plan import planned_jobs
 from retrain.campaign.report import refresh
-from retrain.config import container_dict, container_list
+from retrain.config import container_dict
+from retrain.launch import RunDirRefused, held_elsewhere
 from retrain.rundir import RunDir, write_json_atomic
 
 log = logging.getLogger("retrain.campaign")
@@ -57,6 +60,22 @@ def _slurm_ids() -> dict[str, Any]:
         "restart_count": "SLURM_RESTART_COUNT",
     }
     return {key: os.environ[var] for key, var in names.items() if var in os.environ}
+
+
+def record_job_start(run_dir: RunDir, hydra: HydraConf, overrides: list[str]) -> None:
+    """job.json of this attempt, and no exit.json of an earlier one: written once the job holds the run dir."""
+    run_dir.exit_file.unlink(missing_ok=True)  # an earlier attempt's ending is not this one's
+    write_json_atomic(
+        run_dir.job_file,
+        {
+            "num": int(hydra.job.num) if hydra.mode == RunMode.MULTIRUN else None,
+            "overrides": overrides,
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "started_at": time.time(),
+            "slurm": _slurm_ids(),
+        },
+    )
 
 
 class CampaignCallback(Callback):
@@ -110,19 +129,7 @@ class CampaignCallback(Callback):
 
     # ---- each job (possibly on a cluster node) -------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        run_dir = RunDir(Path(str(config.hydra.runtime.output_dir)))
-        run_dir.exit_file.unlink(missing_ok=True)  # an earlier attempt's ending is not this one's
-        write_json_atomic(
-            run_dir.job_file,
-            {
-                "num": int(config.hydra.job.num) if _multirun(config) else None,
-                "overrides": container_list(config.hydra.overrides.task, "hydra.overrides.task", resolve=False),
-                "pid": os.getpid(),
-                "hostname": socket.gethostname(),
-                "started_at": time.time(),
-                "slurm": _slurm_ids(),
-            },
-        )
+        # nothing is written into the run dir yet: the job may find it in use (retrain/launch.py, record_job_start)
         if _multirun(config):
             refresh(sweep_dir_of(config), with_summary=False)
 
@@ -130,6 +137,8 @@ class CampaignCallback(Callback):
         run_dir = RunDir(Path(str(config.hydra.runtime.output_dir)))
         failed = job_return.status == JobStatus.FAILED
         value = getattr(job_return, "_return_value", None)  # .return_value re-raises a job's exception
+        if isinstance(value, RunDirRefused) or held_elsewhere(run_dir.path):
+            return  # the dir is another run's: its files, the sweep's record of it included, stay as they are
         write_json_atomic(
             run_dir.exit_file,
             {

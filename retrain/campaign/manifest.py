@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from retrain.campaign.plan import PlannedJob
-from retrain.campaign.runs import RunInfo, process_alive, read_run, slurm_job_id, slurm_states
+from retrain.campaign.runs import RunInfo, process_alive, read_job, read_run, slurm_job_id, slurm_states
 from retrain.rundir import RunDir, read_json, write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -141,7 +141,7 @@ def start_manifest(
 
 def _job_num(run_dir: Path) -> int | None:
     files = RunDir(run_dir)
-    job = files.read_job()
+    job = read_job(run_dir)
     if isinstance(job.get("num"), int):
         return job["num"]
     try:
@@ -182,7 +182,7 @@ def collect(sweep_dir: Path) -> Campaign:
     plan = [PlannedJob(**job) for job in manifest["plan"]] if manifest.get("plan") is not None else None
     run_dirs = find_run_dirs(sweep_dir)
     queued = submitit_job_ids(sweep_dir)
-    jobs = [RunDir(d).read_job() for d in run_dirs]
+    jobs = [read_job(d) for d in run_dirs]
     ids = [i for i in (slurm_job_id(job) for job in jobs) if i] + list(queued.values())
     cluster = slurm_states(sorted(set(ids))) if ids else {}
     runs_by_num: dict[int, RunInfo] = {}

@@ -17,7 +17,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from retrain.config import container_dict, container_list
 from retrain.errors import ConfigError
+from retrain.secrets import masked_override
 
 CONDITION_KEY = "algorithm"  # the config group whose option is the campaign condition
 SEED_KEY = "training.seed"
@@ -35,11 +37,13 @@ class PlannedJob:
 
 
 def sweep_arguments(config: DictConfig) -> list[str]:
-    """The sweeper's params followed by the command line's task overrides."""
-    params = config.hydra.sweeper.get("params") or {}
-    arguments = [f"{key}={value}" for key, value in params.items()]
-    arguments += [str(override) for override in config.hydra.overrides.task]
-    return arguments
+    """The sweeper's params followed by the command line's task overrides, as typed (`${oc.env:...}` unresolved)
+    and with secrets masked: the plan is written into the sweep's manifest."""
+    params = config.hydra.sweeper.get("params")
+    swept = container_dict(params, "hydra.sweeper.params", resolve=False) if params else {}
+    arguments = [f"{key}={value}" for key, value in swept.items()]
+    arguments += [str(o) for o in container_list(config.hydra.overrides.task, "hydra.overrides.task", resolve=False)]
+    return [masked_override(argument) for argument in arguments]
 
 
 def expand(arguments: list[str]) -> list[PlannedJob]:

@@ -1,16 +1,19 @@
-"""Graceful pre-emption for runs launched by submitit (`hydra/launcher=slurm` or `local`).
+"""Graceful stops: SIGTERM, Ctrl-C and a cluster's pre-emption finish the step, checkpoint, then end the run.
 
-SLURM warns a job `signal_delay_s` before its time limit (and submitit's tests, or a pre-empting
-scheduler, do the same) with SIGUSR2. submitit's own handler checkpoints the *launcher* and
-requeues at once, killing the step in flight: the run would then resume from its last periodic
-checkpoint and redo up to `save_every - 1` steps. With this guard the signal only asks the trainer
-to stop; it finishes the step, checkpoints, returns, and only then is submitit's handler called to
-requeue and exit. The requeued job re-enters the same run dir and resumes from that checkpoint.
+Anywhere (a terminal, a container, `kill`, `docker stop`, systemd, any scheduler): SIGTERM or SIGINT
+(Ctrl-C) asks the trainer to stop; it finishes the step in flight, writes a checkpoint, records
+`stopped` in status.json, and the process exits with 128 + the signal's number (143, 130). Started again
+in the same run dir, the run resumes from that checkpoint. A second Ctrl-C stops at once, without one.
 
-SIGTERM (`scancel`, `scontrol requeue`, the time limit itself, a node going down) also asks the
-trainer to checkpoint after the step in flight; the job then exits without a result, so SLURM's
-own requeue or cancellation stands and the run resumes from there rather than from an older
-periodic checkpoint — if the step ends within SLURM's KillWait.
+In a job launched by submitit (`hydra/launcher=slurm` or `local`), SLURM warns the job `signal_delay_s`
+before its time limit (and submitit's tests, or a pre-empting scheduler, do the same) with SIGUSR2.
+submitit's own handler checkpoints the *launcher* and requeues at once, killing the step in flight: the
+run would then resume from its last periodic checkpoint and redo up to `save_every - 1` steps. With this
+guard the signal only asks the trainer to stop; it finishes the step, checkpoints, returns, and only
+then is submitit's handler called to requeue and exit. The requeued job re-enters the same run dir and
+resumes from that checkpoint. SIGTERM there (`scancel`, `scontrol requeue`, the time limit itself, a
+node going down) stops the same way, and the job exits without a result, so SLURM's own requeue or
+cancellation stands — if the step ends within SLURM's KillWait.
 
     with requeue_on_preemption(trainer):
         status = trainer.run()
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,25 +58,33 @@ def preemption_signal() -> signal.Signals | None:
 
 @contextmanager
 def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
-    """Turn submitit's pre-emption signal into: finish the step, checkpoint, then requeue."""
-    warning = preemption_signal()
-    requeue = signal.getsignal(warning) if warning is not None else None
-    if warning is None or not callable(requeue):
+    """Turn SIGTERM, SIGINT and submitit's pre-emption signal into: finish the step, checkpoint, then exit
+    (or requeue). Signal handlers belong to the main thread: elsewhere the signals keep their handlers."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: set[int] = set()
+    warning = preemption_signal()
+    submitit_handler = signal.getsignal(warning) if warning is not None else None
+    requeue = submitit_handler if callable(submitit_handler) else None
+    if requeue is None:
+        warning = None
+    received: list[int] = []
 
     def on_signal(number: int, frame: Any) -> None:
+        if number == signal.SIGINT and number in received:
+            raise KeyboardInterrupt  # Ctrl-C twice: stop now, without a checkpoint
         if number not in received:
             log.warning(
-                "Received %s: stopping after this step to checkpoint%s.",
+                "Received %s: stopping after this step to checkpoint%s.%s",
                 signal.Signals(number).name,
                 " and requeue" if number == warning else "",
+                " Press Ctrl-C again to stop at once, without one." if number == signal.SIGINT else "",
             )
-        received.add(number)
+            received.append(number)
         trainer.request_stop()
 
-    previous = {number: signal.signal(number, on_signal) for number in (warning, signal.SIGTERM)}
+    handled = [signal.SIGTERM, signal.SIGINT, *([warning] if warning is not None else [])]
+    previous = {number: signal.signal(number, on_signal) for number in handled}
     try:
         yield
     finally:
@@ -81,8 +93,11 @@ def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
     state = RunDir(trainer.run_dir).read_status().get("state")
     if state == "done" or not received:
         return
-    if warning in received:
+    if requeue is not None and warning in received:
         log.warning("Checkpointed (state %s); handing over to submitit to requeue this job.", state)
         requeue(warning, None)  # submitit: checkpoint the launcher, `scontrol requeue`, exit
-    log.warning("Checkpointed after SIGTERM (state %s); exiting for SLURM to requeue or cancel this job.", state)
-    raise SystemExit(TERMINATED_EXIT_CODE)  # no result: the job did not finish
+    first = received[0]
+    name = signal.Signals(first).name
+    then = "for SLURM to requeue or cancel this job" if requeue is not None else "start it again to resume"
+    log.warning("Checkpointed after %s (state %s); exiting, %s.", name, state, then)
+    raise SystemExit(128 + first if first in (signal.SIGTERM, signal.SIGINT) else TERMINATED_EXIT_CODE)

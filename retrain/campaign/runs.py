@@ -4,10 +4,11 @@ on another node, or be dead): status.json and metrics.jsonl (the trainer's), job
 
 A run's state is one of:
   pending  planned, not started             running  alive and training
-  stopped  pre-empted, checkpointed, waiting for its requeue
+  stopped  pre-empted, checkpointed, waiting for its requeue (or, outside a cluster, for a restart)
   done     finished all steps                failed   raised an error (see `error`)
   dead     says running/stopped, but its process or cluster job is gone
   unknown  a bare run dir (no status.json, no job.json): nothing to ask
+  unreadable  its files hold something else than a run writes (damaged, or not a run's): see `error`
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from retrain.config import register_resolvers
-from retrain.rundir import RunDir
+from retrain.rundir import EXIT_FILE, JOB_FILE, STATUS_FILE, RunDir
 
 SLURM_ALIVE = {
     "PENDING",
@@ -40,6 +42,7 @@ SLURM_ALIVE = {
     "STAGE_OUT",
     "STOPPED",
 }
+UNREADABLE = "unreadable"
 
 
 @dataclass
@@ -58,6 +61,7 @@ class RunInfo:
     job: dict[str, Any] = field(default_factory=dict)
     exit: dict[str, Any] | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    eval: dict[str, Any] = field(default_factory=dict)  # held-out accuracy recorded in status.json
 
     @property
     def has_adapter(self) -> bool:
@@ -125,6 +129,8 @@ def slurm_states(job_ids: list[str]) -> dict[str, str]:
 
 def slurm_job_id(job: dict[str, Any]) -> str | None:
     slurm = job.get("slurm") or {}
+    if not isinstance(slurm, dict):  # a damaged job.json: no job to ask about
+        return None
     if slurm.get("array_job_id") and slurm.get("array_task_id") is not None:
         return f"{slurm['array_job_id']}_{slurm['array_task_id']}"
     return slurm.get("job_id")
@@ -143,6 +149,8 @@ def resolve_state(
     else:
         alive = process_alive(process.get("hostname"), process.get("pid"))
     if recorded == "stopped":
+        if cluster_state is None and alive is False:
+            return "stopped"  # SIGTERM or Ctrl-C outside a cluster: checkpointed, resumes when started again
         return "running" if alive and cluster_state == "RUNNING" else ("stopped" if alive is not False else "dead")
     if alive is False:
         return "done" if exit_info is not None and exit_info.get("status") == "completed" else "dead"
@@ -152,35 +160,85 @@ def resolve_state(
 
 
 def read_run(run_dir: Path, cluster_states: dict[str, str] | None = None) -> RunInfo:
-    """Read one run dir; `cluster_states` (from `slurm_states`) avoids one sacct call per run."""
+    """Read one run dir; `cluster_states` (from `slurm_states`) avoids one sacct call per run.
+
+    A run dir whose files cannot be read as a run's (not UTF-8, a list where an object belongs, a step
+    that is no number, a directory named status.json) is `unreadable`, with the reason as its error, so
+    one damaged dir never hides the others from `retrain status` or a sweep's summary.
+    """
+    try:
+        return _read_run(run_dir, cluster_states)
+    except (OSError, ValueError, TypeError) as error:
+        return RunInfo(
+            dir=run_dir,
+            name=run_dir.name,
+            condition=None,
+            seed=None,
+            state=UNREADABLE,
+            error=f"{type(error).__name__}: {error}",
+        )
+
+
+def read_job(run_dir: Path) -> dict[str, Any]:
+    """The campaign callback's job.json; {} when absent or unreadable (then `read_run` says why)."""
+    try:
+        return _read_object(RunDir(run_dir).read_job, JOB_FILE)
+    except ValueError:
+        return {}
+
+
+def _read_run(run_dir: Path, cluster_states: dict[str, str] | None) -> RunInfo:
     files = RunDir(run_dir)
-    status = files.read_status()
-    job = files.read_job()
-    exit_info = files.read_exit()
-    config = files.read_hydra_config()
+    status = _read_object(files.read_status, STATUS_FILE)
+    job = _read_object(files.read_job, JOB_FILE)
+    exit_info = _read_object(files.read_exit, EXIT_FILE) if files.exit_file.exists() else None
+    config = _read_object(files.read_hydra_config, ".hydra/config.yaml")
+    if job.get("slurm") is not None:
+        _mapping(job["slurm"], f"{JOB_FILE}'s slurm")
     job_id = slurm_job_id(job)
     if cluster_states is None and job_id:
         cluster_states = slurm_states([job_id])
     cluster_state = (cluster_states or {}).get(job_id) if job_id else None
+    training = _mapping(config.get("training") or {}, ".hydra/config.yaml's training")
     condition = status.get("condition") or _condition_of(config)
-    seed = status.get("seed", (config.get("training") or {}).get("seed"))
-    max_steps = status.get("max_steps", (config.get("training") or {}).get("max_steps"))
+    seed = status.get("seed", training.get("seed"))
+    max_steps = status.get("max_steps", training.get("max_steps"))
     error = status.get("error") or (exit_info or {}).get("error")
+    recorded_state = status.get("state")
+    if recorded_state is not None and not isinstance(recorded_state, str):
+        raise ValueError(f"{STATUS_FILE} records the state {recorded_state!r}")
     return RunInfo(
         dir=run_dir,
         name=run_dir.name,
-        condition=condition,
+        condition=None if condition is None else str(condition),
         seed=None if seed is None else int(seed),
         # job.json is rewritten by every attempt (a requeue is a new process); status.json as a fallback
-        state=resolve_state(status.get("state"), job if job.get("pid") else status, exit_info, cluster_state),
+        state=resolve_state(recorded_state, job if job.get("pid") else status, exit_info, cluster_state),
         step=int(status.get("step", -1)),
-        max_steps=max_steps,
-        error=error,
-        updated_at=status.get("updated_at"),
+        max_steps=None if max_steps is None else int(max_steps),
+        error=None if error is None else str(error),
+        updated_at=None if status.get("updated_at") is None else float(status["updated_at"]),
         job=job,
         exit=exit_info,
-        metrics=files.metrics_records(),
+        metrics=[record for record in files.metrics_records() if isinstance(record, dict)],
+        eval=_mapping(status.get("eval") or {}, f"{STATUS_FILE}'s eval"),
     )
+
+
+def _read_object(read: Callable[[], Any], name: str) -> dict[str, Any]:
+    """What `read` returns ({} for a missing file), or ValueError naming the file it could not read as an object."""
+    try:
+        value = read()
+    except (OSError, ValueError) as error:  # a directory in its place, bytes that are not UTF-8, ...
+        raise ValueError(f"{name} does not read ({type(error).__name__}: {error})") from error
+    return _mapping({} if value is None else value, name)
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    """`value` when it is a JSON object / YAML mapping, else ValueError naming the file that holds it."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} holds a {type(value).__name__}, not an object")
+    return value
 
 
 def describe_age(updated_at: float | None) -> str:

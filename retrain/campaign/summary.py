@@ -100,7 +100,7 @@ def build_summary(campaign: Campaign, plot: str | None) -> dict[str, Any]:
         "failed": [
             {"name": r.name, "state": r.state, "error": r.error, "dir": None if r.dir is None else str(r.dir)}
             for r in campaign.runs
-            if r.state in ("failed", "dead", "missing")
+            if r.state in ("failed", "dead", "missing", "unreadable")
         ],
         "squeeze": campaign.squeeze,
         "plot": plot,

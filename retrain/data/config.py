@@ -29,6 +29,7 @@ class MathDataConfig:
     held_out_split: str = "test"  # "" = no held-out set
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE  # {question} is the problem
     max_examples: int = 0  # 0 = all; else a fixed subset, the same for every seed
+    skip_invalid: bool = False  # a row with no problem: an error naming it, or (true) skipped with a warning
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Gsm8kDataConfig:
     held_out_split: str = "test"
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     max_examples: int = 0
+    skip_invalid: bool = False  # a row with no question or answer (or no ####): an error, or (true) skipped
 
 
 @dataclass
@@ -59,6 +61,7 @@ class JsonlDataConfig:
     extra_fields: list[str] = field(default_factory=list)  # copied into Example.extra (reward **extra)
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     max_examples: int = 0
+    skip_invalid: bool = False  # a row with no question or answer: an error naming it, or (true) skipped
 
 
 SCHEMAS: dict[str, type] = {

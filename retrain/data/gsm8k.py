@@ -10,7 +10,7 @@ from retrain.data.base import ExampleData, fixed_subset
 from retrain.data.config import Gsm8kDataConfig
 from retrain.data.jsonl import load_records, require_fields
 from retrain.data.prompts import check_template, fill_template
-from retrain.errors import ConfigError
+from retrain.data.records import InvalidRows, SplitRecords
 from retrain.types import Example
 
 ANSWER_MARKER = "####"
@@ -35,6 +35,7 @@ class Gsm8kData(ExampleData):
         held_out_split: str = Gsm8kDataConfig.held_out_split,
         prompt_template: str = Gsm8kDataConfig.prompt_template,
         max_examples: int = Gsm8kDataConfig.max_examples,
+        skip_invalid: bool = Gsm8kDataConfig.skip_invalid,
     ) -> None:
         check_template(prompt_template, {"question"}, "data.prompt_template")
 
@@ -43,20 +44,26 @@ class Gsm8kData(ExampleData):
             require_fields(
                 dataset, {"GSM8K's question field": "question", "GSM8K's answer field": "answer"}, f"{path} ({which})"
             )
+            records = SplitRecords(path, which, config_name or None)
+            invalid = InvalidRows("gsm8k", records, skip_invalid)
             examples = []
-            for index, record in enumerate(dataset):
+            for index, record in records.enumerate(dataset):
+                if invalid.rejects_blank(index, record, ("question", "answer")):
+                    continue
                 try:
                     reference = gsm8k_reference(record["answer"])
                 except ValueError as exc:
-                    raise ConfigError(f"data.path={path!r}, {which} record {index}: {exc}") from exc
+                    invalid.reject(index, str(exc))
+                    continue
                 examples.append(
                     Example(
-                        prompt=fill_template(prompt_template, question=record["question"]),
+                        prompt=fill_template(prompt_template, question=str(record["question"])),
                         reference=reference,
                         id=f"gsm8k/{which}/{index}",
-                        extra={"question": record["question"]},
+                        extra={"question": str(record["question"])},
                     )
                 )
+            invalid.report()
             return examples
 
         super().__init__(

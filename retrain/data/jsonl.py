@@ -16,7 +16,8 @@ import datasets
 from retrain.data.base import ExampleData, fixed_subset
 from retrain.data.config import JsonlDataConfig
 from retrain.data.prompts import check_template, fill_template
-from retrain.errors import ConfigError, DataError
+from retrain.data.records import InvalidRows, SplitRecords, file_problem, split_files
+from retrain.errors import ConfigError, DataError, UserError
 from retrain.hub import hub_fetch, local_path
 from retrain.types import Example
 
@@ -41,7 +42,7 @@ def load_records(
             raise ConfigError(
                 f"{setting}={path!r}: unsupported file type {local.suffix!r} (use one of {', '.join(FILE_BUILDERS)})"
             )
-        with _readable(path, setting):
+        with _readable(path, setting, local, split, None):
             return _load(
                 builder,
                 None,
@@ -51,7 +52,7 @@ def load_records(
                 f"{path} is a single file, which is one split named 'train'",
             )
     source = str(local) if local is not None else path
-    with _fetching(path, local, setting), _readable(path, setting):
+    with _fetching(path, local, setting), _readable(path, setting, local, split, config_name):
         name = _pick_config(source, config_name, setting)
         return _load(source, name, split, {}, split_setting, f"in {path}")
 
@@ -70,12 +71,20 @@ def _fetching(path: str, local: Path | None, setting: str) -> AbstractContextMan
 
 
 @contextmanager
-def _readable(path: str, setting: str) -> Iterator[None]:
-    """A malformed record or an unreadable file: a DataError naming the setting and the file."""
+def _readable(path: str, setting: str, local: Path | None, split: str, config_name: str | None) -> Iterator[None]:
+    """A malformed record or an unreadable file: a DataError naming the setting, and the file and line
+    when a local file of the split shows the cause (an empty file, a malformed line, non-UTF-8 bytes)."""
     try:
         yield
-    except datasets.exceptions.DatasetGenerationError as exc:
-        raise DataError(f"{setting}={path!r}: cannot read the records ({exc.__cause__ or exc})") from exc
+    except UserError:
+        raise
+    except Exception as exc:  # datasets says StopIteration, ValueError, UnicodeDecodeError, ArrowInvalid, ...
+        problem = next(filter(None, map(file_problem, split_files(local, split, config_name))), None)
+        if problem is not None:
+            raise DataError(f"{setting}={path!r}: cannot read the records: {problem}") from exc
+        if isinstance(exc, datasets.exceptions.DatasetGenerationError):
+            raise DataError(f"{setting}={path!r}: cannot read the records ({exc.__cause__ or exc})") from exc
+        raise
 
 
 def _pick_config(source: str, config_name: str | None, setting: str) -> str | None:
@@ -125,6 +134,7 @@ class JsonlData(ExampleData):
         extra_fields: Iterable[str] = (),
         prompt_template: str = JsonlDataConfig.prompt_template,
         max_examples: int = JsonlDataConfig.max_examples,
+        skip_invalid: bool = JsonlDataConfig.skip_invalid,
     ) -> None:
         if not path:
             raise ConfigError(
@@ -142,15 +152,20 @@ class JsonlData(ExampleData):
         def load(which: str, split_setting: str) -> list[Example]:
             dataset = load_records(path, which, config_name or None, split_setting=split_setting)
             require_fields(dataset, fields, f"{path} ({which})")
-            return [
+            records = SplitRecords(path, which, config_name or None)
+            invalid = InvalidRows("jsonl", records, skip_invalid)
+            examples = [
                 Example(
                     prompt=fill_template(prompt_template, question=str(record[question_field])),
                     reference=str(record[answer_field]).strip(),
                     id=str(record[id_field]) if id_field else f"{which}/{index}",
                     extra={"question": str(record[question_field]), **{name: record[name] for name in extra_names}},
                 )
-                for index, record in enumerate(dataset)
+                for index, record in records.enumerate(dataset)
+                if not invalid.rejects_blank(index, record, (question_field, answer_field))
             ]
+            invalid.report()
+            return examples
 
         super().__init__(
             name="jsonl",

@@ -18,6 +18,7 @@ from retrain.data.base import ExampleData, fixed_subset
 from retrain.data.config import SEED_SUBJECTS, MathDataConfig
 from retrain.data.jsonl import config_names, load_records, require_fields
 from retrain.data.prompts import check_template, fill_template
+from retrain.data.records import InvalidRows, SplitRecords
 from retrain.errors import ConfigError
 from retrain.reward.extract import last_boxed
 from retrain.types import Example
@@ -53,6 +54,7 @@ class MathData(ExampleData):
         held_out_split: str = MathDataConfig.held_out_split,
         prompt_template: str = MathDataConfig.prompt_template,
         max_examples: int = MathDataConfig.max_examples,
+        skip_invalid: bool = MathDataConfig.skip_invalid,
     ) -> None:
         check_template(prompt_template, {"question"}, "data.prompt_template")
         wanted = [normalize_subject(subject) for subject in subjects]
@@ -77,7 +79,9 @@ class MathData(ExampleData):
             skipped = 0
             for config_subject, dataset in parts:
                 require_fields(dataset, {"MATH's problem field": "problem"}, f"{path} ({which})")
-                for index, record in enumerate(dataset):
+                records = SplitRecords(path, which, configs[config_subject] if config_subject else None)
+                invalid = InvalidRows("math", records, skip_invalid)
+                for index, record in records.enumerate(dataset):
                     subject = config_subject or _record_subject(record)
                     if wanted and not by_config:
                         if subject is None:
@@ -88,11 +92,14 @@ class MathData(ExampleData):
                         seen.add(subject)
                         if subject not in wanted:
                             continue
+                    if invalid.rejects_blank(index, record, ("problem",)):
+                        continue
                     example = _math_example(record, subject, which, index, prompt_template)
                     if example is None:
                         skipped += 1
                     else:
                         examples.append(example)
+                invalid.report()
             absent = sorted(set(wanted) - seen) if wanted and not by_config else []
             if absent:
                 raise ConfigError(

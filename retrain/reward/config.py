@@ -56,6 +56,10 @@ class JudgeRewardConfig:
     temperature: float = 0.0
     request_timeout_s: float = 20.0  # per HTTP request; scoring.timeout_s bounds the whole call
     max_concurrency: int = 32  # requests in flight per scoring worker
+    max_reply_bytes: int = 1_000_000  # a longer reply is not read on: no verdict (the completion is excluded)
+    max_retries: int = 3  # asks again after HTTP 429/5xx, a dropped connection or a request timeout
+    retry_backoff_s: float = 1.0  # first pause before asking again, doubled each time (Retry-After wins)
+    max_wait_s: float = 25.0  # then the completion gets no verdict; keep it below scoring.timeout_s
 
 
 SCHEMAS: dict[str, type] = {

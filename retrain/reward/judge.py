@@ -1,14 +1,19 @@
 """`reward=judge`: an LLM behind an OpenAI-compatible chat-completions API answers yes or no.
 
-The judge is async, so one scoring worker keeps many requests in flight. A reply that is neither
-yes nor no, an HTTP error or a network failure raises: the completion scores 0.0 and is counted in
-`reward/errors`, rather than silently reading as "wrong".
+The judge is async, so one scoring worker keeps many requests in flight. A busy or failing server
+(HTTP 429 or 5xx, a dropped connection, a request timeout) is asked again after a growing pause
+(`Retry-After` when it sends one), while `max_wait_s` allows. A completion the judge could not score
+(retries spent, another HTTP error, a reply that is no chat completion, larger than `max_reply_bytes`,
+or neither yes nor no) raises NoVerdict: it is left out of training and counted in `reward/excluded`,
+rather than scored 0.0, which would train the policy away from answers nobody judged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import random
 import re
 from typing import Any
 
@@ -16,10 +21,12 @@ import httpx
 
 from retrain.data.prompts import check_template, fill_template
 from retrain.errors import ConfigError
+from retrain.reward.checks import NoVerdict
 from retrain.reward.config import JudgeRewardConfig
 
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 _VERDICT = re.compile(r"\W*(yes|no)\b")
+_JITTER = random.Random()  # spreads the retries of many rows; its own generator leaves the caller's untouched
 
 
 def parse_verdict(reply: str) -> float:
@@ -50,6 +57,10 @@ class JudgeReward:
         temperature: float = JudgeRewardConfig.temperature,
         request_timeout_s: float = JudgeRewardConfig.request_timeout_s,
         max_concurrency: int = JudgeRewardConfig.max_concurrency,
+        max_reply_bytes: int = JudgeRewardConfig.max_reply_bytes,
+        max_retries: int = JudgeRewardConfig.max_retries,
+        retry_backoff_s: float = JudgeRewardConfig.retry_backoff_s,
+        max_wait_s: float = JudgeRewardConfig.max_wait_s,
     ) -> None:
         if not model:
             raise ConfigError("reward.model must name the judge model, got an empty string")
@@ -57,6 +68,14 @@ class JudgeReward:
             raise ConfigError(f"reward.base_url must be an http(s) URL, got {base_url!r}")
         if max_concurrency < 1:
             raise ConfigError(f"reward.max_concurrency must be at least 1, got {max_concurrency}")
+        if max_reply_bytes < 1:
+            raise ConfigError(f"reward.max_reply_bytes must be at least 1, got {max_reply_bytes}")
+        if max_retries < 0:
+            raise ConfigError(f"reward.max_retries must be 0 or more, got {max_retries}")
+        if not retry_backoff_s >= 0:
+            raise ConfigError(f"reward.retry_backoff_s must be 0 or more, got {retry_backoff_s}")
+        if not max_wait_s > 0:
+            raise ConfigError(f"reward.max_wait_s must be positive, got {max_wait_s}")
         check_template(prompt_template, {"response"}, "reward.prompt_template")
         self.model = model
         self.url = base_url.rstrip("/") + "/chat/completions"
@@ -66,6 +85,10 @@ class JudgeReward:
         self.temperature = temperature
         self.request_timeout_s = request_timeout_s
         self.max_concurrency = max_concurrency
+        self.max_reply_bytes = max_reply_bytes
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.max_wait_s = max_wait_s
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
@@ -79,13 +102,62 @@ class JudgeReward:
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
         }
-        reply = await self._client_for_this_loop().post(self.url, json=payload, headers=self._headers())
-        reply.raise_for_status()
+        body = await self._ask(payload)
         try:
-            content = reply.json()["choices"][0]["message"]["content"]
+            content = json.loads(body)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ValueError(f"the judge's reply is not a chat completion: {reply.text[:200]!r}") from exc
-        return parse_verdict(content or "")
+            raise NoVerdict(f"the judge's reply is not a chat completion: {body[:200]!r}") from exc
+        try:
+            return parse_verdict(content or "")
+        except ValueError as exc:
+            raise NoVerdict(str(exc)) from exc
+
+    async def _ask(self, payload: dict[str, Any]) -> bytes:
+        """The body of the judge's HTTP 200 reply; retries busy or failing servers while `max_wait_s` allows."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s
+        for attempt in range(self.max_retries + 1):
+            retry_after: float | None = None
+            try:
+                async with asyncio.timeout_at(deadline):
+                    status, body, retry_after = await self._post(payload)
+            except TimeoutError:
+                raise NoVerdict(f"the judge did not answer within reward.max_wait_s={self.max_wait_s:g} s") from None
+            except httpx.TransportError as exc:  # refused or dropped connection, request timeout, ...
+                failure = f"{type(exc).__name__}: {exc}"
+            else:
+                if status == 200:
+                    return body
+                failure = f"HTTP {status} {body[:200]!r}"
+                if status != 429 and status < 500:  # the request itself is wrong: asking again cannot help
+                    raise NoVerdict(f"the judge answered {failure}")
+            if attempt == self.max_retries:
+                break
+            pause = self.retry_backoff_s * 2**attempt * (1.0 + 0.5 * _JITTER.random())
+            pause = pause if retry_after is None else retry_after
+            if loop.time() + pause >= deadline:
+                raise NoVerdict(
+                    f"the judge failed ({failure}) and reward.max_wait_s={self.max_wait_s:g} s leaves no time to retry"
+                )
+            await asyncio.sleep(pause)
+        raise NoVerdict(f"the judge failed {self.max_retries + 1} times; the last: {failure}")
+
+    async def _post(self, payload: dict[str, Any]) -> tuple[int, bytes, float | None]:
+        """(status, body, Retry-After seconds); NoVerdict for a body past `max_reply_bytes`, never read whole."""
+        client = self._client_for_this_loop()
+        async with client.stream("POST", self.url, json=payload, headers=self._headers()) as reply:
+            declared = reply.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_reply_bytes:
+                raise NoVerdict(self._too_large(f"announces {declared} bytes"))
+            body = bytearray()
+            async for piece in reply.aiter_bytes():
+                body += piece
+                if len(body) > self.max_reply_bytes:
+                    raise NoVerdict(self._too_large(f"ran past {len(body)} bytes"))
+            return reply.status_code, bytes(body), _seconds(reply.headers.get("retry-after"))
+
+    def _too_large(self, what: str) -> str:
+        return f"the judge's reply {what}, more than reward.max_reply_bytes={self.max_reply_bytes}"
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
@@ -108,3 +180,11 @@ class JudgeReward:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_client_loop": None}
+
+
+def _seconds(retry_after: str | None) -> float | None:
+    """A `Retry-After` header given in seconds; None when absent or an HTTP date (the backoff applies)."""
+    try:
+        return max(0.0, float(retry_after)) if retry_after is not None else None
+    except ValueError:
+        return None

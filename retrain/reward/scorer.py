@@ -3,7 +3,9 @@
 Why processes and not threads: a Python function that never returns cannot be stopped inside a
 thread, and math-verify times itself with SIGALRM, which works only in a main thread. A worker
 process runs the reward in its main thread, and a worker stuck past the timeout is killed and
-replaced, so one bad completion costs at most `timeout_s` and the next step finds a full pool.
+replaced, so one bad completion costs at most `timeout_s` and the next step finds a full pool. A
+worker whose memory grew past `max_worker_rss_mb` (a reward that leaks, or read a huge reply) is
+replaced between chunks the same way (measured from /proc, so on Linux only).
 
 Workers are fresh interpreters (`python -m retrain.reward.worker`), never forks of the trainer:
 forking a process that holds CUDA contexts and thread pools can deadlock the child, and the
@@ -36,9 +38,10 @@ from typing import Any, Protocol
 
 import torch
 
-from retrain.errors import ConfigError, RewardOutputError, RewardWorkerError
+from retrain.errors import ConfigError, RewardFailureError, RewardOutputError, RewardWorkerError
 from retrain.plugins import plugin_name
 from retrain.reward import worker as worker_module
+from retrain.reward.checks import bounded
 from retrain.types import Example
 
 log = logging.getLogger(__name__)
@@ -51,19 +54,38 @@ MAX_AUTO_WORKERS = 8
 
 @dataclass
 class ScoreResult:
-    """Row-aligned rewards for one call, plus what went wrong (failed rows score 0.0)."""
+    """Row-aligned rewards for one call, plus what went wrong (failed and excluded rows hold 0.0)."""
 
     rewards: torch.Tensor  # [N] float32
-    errors: int = 0  # rows that raised, timed out or took their worker down
+    errors: int = 0  # rows that raised, timed out or took their worker down: they score 0.0
     timeouts: int = 0  # of those, rows that ran out of time
-    failures: dict[int, str] = field(default_factory=dict)  # row -> why it has no verdict
+    failures: dict[int, str] = field(default_factory=dict)  # row -> why it failed
+    excluded: dict[int, str] = field(default_factory=dict)  # row -> why the reward gave no verdict (NoVerdict)
+
+    def excluded_mask(self) -> torch.Tensor:
+        """[N] bool: rows to leave out of training and of the accuracy figures."""
+        mask = torch.zeros(self.rewards.shape[0], dtype=torch.bool)
+        mask[list(self.excluded)] = True
+        return mask
+
+
+def fill_excluded(rewards: torch.Tensor, excluded: torch.Tensor) -> torch.Tensor:
+    """Rewards [B, G] in which each excluded row holds the mean of its group's other rows (0 when none is left).
+
+    A group's advantages are then those of its scored rows alone (exactly so for GRPO and MaxRL, whose
+    baseline is the mean), and an excluded row's own advantage is 0; the trainer also masks it out.
+    """
+    kept = (~excluded).float()
+    mean = (rewards * kept).sum(dim=1, keepdim=True) / kept.sum(dim=1, keepdim=True).clamp_min(1.0)
+    return torch.where(excluded, mean, rewards)
 
 
 class Scorer(Protocol):
     """What the trainer asks of its reward scorer."""
 
     def score(self, responses: list[str], examples: list[Example]) -> ScoreResult:
-        """Rewards for row-aligned responses and examples; failed rows score 0.0 and are counted."""
+        """Rewards for row-aligned responses and examples; failed rows score 0.0 and are counted, rows the
+        reward gave no verdict for are listed in `excluded`."""
 
     def close(self) -> None:
         """Stop whatever runs the reward."""
@@ -116,21 +138,36 @@ class RewardScorer:
     """Runs `reward_fn(response, reference, **example.extra)` for every row of a step, in parallel.
 
     A row whose reward raises, runs past `timeout_s`, or kills its worker scores 0.0 and is counted
-    in `errors` (and `timeouts`); a reward that returns anything but one finite number raises
-    RewardOutputError, since that is a bug in the reward rather than a bad completion.
+    in `errors` (and `timeouts`); a row whose reward raises NoVerdict is `excluded`. A reward that
+    returns anything but one finite number raises RewardOutputError, since that is a bug in the reward
+    rather than a bad completion, and one that fails or excludes every row of `max_failing_steps`
+    calls in a row raises RewardFailureError: a run whose reward never answers would train on nothing.
     """
 
     def __init__(
-        self, reward_fn: Callable[..., Any], name: str | None = None, timeout_s: float = 30.0, workers: int = 0
+        self,
+        reward_fn: Callable[..., Any],
+        name: str | None = None,
+        timeout_s: float = 30.0,
+        workers: int = 0,
+        max_failing_steps: int = 3,
+        max_worker_rss_mb: int = 4096,
     ) -> None:
         if not timeout_s > 0:
             raise ConfigError(f"scoring.timeout_s must be positive, got {timeout_s}")
         if workers < 0:
             raise ConfigError(f"scoring.workers must be 0 (one per core) or more, got {workers}")
+        if max_failing_steps < 0:
+            raise ConfigError(f"scoring.max_failing_steps must be 0 (never stop) or more, got {max_failing_steps}")
+        if max_worker_rss_mb < 0:
+            raise ConfigError(f"scoring.max_worker_rss_mb must be 0 (no limit) or more, got {max_worker_rss_mb}")
         if not callable(reward_fn):
             raise ConfigError(f"reward {name or reward_fn!r} is not callable")
         self.name = name or plugin_name(reward_fn)
         self.timeout_s = float(timeout_s)
+        self.max_failing_steps = max_failing_steps
+        self.max_worker_rss_mb = max_worker_rss_mb
+        self.failing_steps = 0  # calls in a row in which no row got a score
         self.concurrent = is_async_reward(reward_fn)
         try:
             self._reward_blob = pickle.dumps(reward_fn)
@@ -167,6 +204,7 @@ class RewardScorer:
             # Workers still busy with this call would answer into the next one: replace them.
             self._replace(worker for worker in self._workers if worker.rows)
             raise
+        self._recycle_bloated(self._workers)  # between steps: the replacements load while the trainer trains
         if outcome.failures:
             first = min(outcome.failures)
             log.warning(
@@ -178,12 +216,41 @@ class RewardScorer:
                 first,
                 outcome.failures[first],
             )
+        if outcome.excluded:
+            first = min(outcome.excluded)
+            log.warning(
+                "reward %s gave no verdict for %d of %d completions (left out of training); first, row %d: %s",
+                self.name,
+                len(outcome.excluded),
+                len(rows),
+                first,
+                outcome.excluded[first],
+            )
+        self._count_failing_step(outcome, len(rows))
         return ScoreResult(
             rewards=torch.tensor(outcome.rewards, dtype=torch.float32),
             errors=len(outcome.failures),
             timeouts=outcome.timeouts,
             failures=dict(sorted(outcome.failures.items())),
+            excluded=dict(sorted(outcome.excluded.items())),
         )
+
+    def _count_failing_step(self, outcome: _Outcome, size: int) -> None:
+        """RewardFailureError once `max_failing_steps` calls in a row got no score for any row."""
+        unscored = {**outcome.failures, **outcome.excluded}
+        if size == 0:  # nothing asked: nothing learned
+            return
+        if len(unscored) < size:
+            self.failing_steps = 0
+            return
+        self.failing_steps += 1
+        if self.max_failing_steps and self.failing_steps >= self.max_failing_steps:
+            raise RewardFailureError(
+                f"reward {self.name} scored none of the completions of {self.failing_steps} steps in a row "
+                f"(a step here is a training step or an evaluation batch); the last step's first failure: "
+                f"{unscored[min(unscored)]}. Fix the reward (or the server it asks), or set "
+                "scoring.max_failing_steps=0 to train on through such steps"
+            )
 
     def close(self) -> None:
         """Stop the worker processes (idempotent)."""
@@ -207,7 +274,7 @@ class RewardScorer:
         )
         while pending or any(worker.rows for worker in self._workers):
             for worker in self._workers:
-                if worker.ready and not worker.rows and pending:
+                if worker.ready and not worker.rows and pending and not self._recycle_bloated([worker]):
                     self._dispatch(worker, pending.popleft(), rows)
             self._await_messages(rows, outcome, pending)
 
@@ -259,8 +326,10 @@ class RewardScorer:
             worker.deadline = time.monotonic() + self.timeout_s
         if kind == "ok":
             outcome.rewards[index] = payload
+        elif kind == "excluded":
+            outcome.excluded[index] = bounded(payload)
         else:
-            outcome.fail(index, payload, timed_out=kind == "timeout")
+            outcome.fail(index, bounded(payload), timed_out=kind == "timeout")
 
     def _on_deadline(self, worker: _Worker, outcome: _Outcome, pending: deque[list[int]]) -> None:
         if not worker.ready:
@@ -319,10 +388,38 @@ class RewardScorer:
             old.stop(grace_s=0.0)
             self._workers[self._workers.index(old)] = self._start_worker()
 
+    def _recycle_bloated(self, idle: list[_Worker]) -> bool:
+        """Replace idle workers whose resident memory is past `max_worker_rss_mb` (0: no limit); True if any was."""
+        if not self.max_worker_rss_mb:
+            return False
+        bloated = []
+        for worker in idle:
+            rss = resident_mb(worker.process.pid)
+            if rss is not None and rss > self.max_worker_rss_mb:
+                log.warning(
+                    "reward %s: a scoring worker holds %.0f MB (scoring.max_worker_rss_mb=%d); replacing it",
+                    self.name,
+                    rss,
+                    self.max_worker_rss_mb,
+                )
+                bloated.append(worker)
+        self._replace(bloated)
+        return bool(bloated)
+
     def _wait_until_ready(self) -> None:
         outcome = _Outcome(0)
         while not all(worker.ready for worker in self._workers):
             self._await_messages([], outcome, deque())
+
+
+def resident_mb(pid: int) -> float | None:
+    """A process's resident memory in MB, from /proc; None where there is no /proc (or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as handle:
+            pages = int(handle.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _worker_env() -> dict[str, str]:
@@ -338,6 +435,7 @@ class _Outcome:
     def __init__(self, size: int) -> None:
         self.rewards = [0.0] * size
         self.failures: dict[int, str] = {}
+        self.excluded: dict[int, str] = {}
         self.timeouts = 0
 
     def fail(self, index: int, why: str, timed_out: bool) -> None:

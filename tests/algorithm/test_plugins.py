@@ -127,6 +127,10 @@ def test_a_whole_algorithm_plugin_replaces_the_pipeline():
             rf"episode advantage {PLUGINS}.nan_advantage returned non-finite values \(e.g. nan at index \[0, 0\]\)",
         ),
         (
+            [f"algorithm.advantage._target_={PLUGINS}.float64_overflow_advantage"],
+            rf"episode advantage {PLUGINS}.float64_overflow_advantage returned non-finite values \(e.g. (-)?inf ",
+        ),
+        (
             [f"algorithm.uncertainty={PLUGINS}.nan_uncertainty"],
             rf"uncertainty '{PLUGINS}.nan_uncertainty' returned non-finite values",
         ),

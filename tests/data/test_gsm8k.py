@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 
 from retrain.config import compose
 from retrain.data.gsm8k import Gsm8kData, gsm8k_reference
-from retrain.errors import ConfigError
+from retrain.errors import ConfigError, DataError
 
 
 def test_train_split_for_training_test_split_held_out(gsm8k_dir: Path) -> None:
@@ -45,7 +45,7 @@ def test_gsm8k_reference(answer: str, reference: str) -> None:
 def test_a_record_without_the_marker_is_named(tmp_path: Path) -> None:
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps({"question": "q", "answer": "42"}) + "\n")
-    with pytest.raises(ConfigError, match="train record 0: no '####'"):
+    with pytest.raises(DataError, match=f"{path} line 1: no '####'"):
         Gsm8kData(seed=0, path=str(path))
 
 

@@ -45,6 +45,11 @@ def nan_advantage(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards - rewards.mean(dim=1, keepdim=True)) / spread * 0.0 / 0.0
 
 
+def float64_overflow_advantage(rewards: torch.Tensor) -> torch.Tensor:
+    """Bug: finite in float64 (1e300), inf once the pipeline computes in float32."""
+    return (rewards - rewards.mean(dim=1, keepdim=True)).double() * 1e300
+
+
 # ---- uncertainty kinds: (logprobs, mask, entropies | None) -> [N, T] -------------------------------
 
 

@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+from retrain.reward.checks import NoVerdict
 from retrain.reward.match import match_reward
 
 
@@ -81,3 +82,34 @@ class ScaledMatchReward:
 
     def __call__(self, response: str, reference: str, **extra: Any) -> float:
         return self.scale * match_reward(response, reference)
+
+
+def overflowing_reward(response: str, reference: str, **extra: Any) -> Any:
+    """Bug: an unbounded score. `10**400` is no float at all; `1e308` is a float64 but inf as a float32."""
+    return {"int": 10**400, "float": 1e308}.get(response, 1.0)
+
+
+def verbose_reward(response: str, reference: str, **extra: Any) -> float:
+    """Prints a megabyte per completion (stdout and stderr) and raises a megabyte-long message on "boom"."""
+    print("v" * 2**20)
+    os.write(2, b"w" * 2**20)  # below Python, as a native library would
+    if "boom" in response:
+        raise RuntimeError("e" * 2**20)
+    return 1.0
+
+
+def undecided_reward(response: str, reference: str, **extra: Any) -> float:
+    """Gives no verdict on "undecided" (as a judge whose server is down does); scores the rest."""
+    if "undecided" in response:
+        raise NoVerdict("the verifier is unavailable")
+    return 1.0 if reference in response else 0.0
+
+
+_HELD: list[bytes] = []
+
+
+def memory_hog_reward(response: str, reference: str, **extra: Any) -> float:
+    """Holds on to 128 MB on "hog" (a leak); scores every completion with the id of the worker process."""
+    if "hog" in response:
+        _HELD.append(b"m" * (128 << 20))
+    return float(os.getpid())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from retrain.reward.checks import NoVerdict
+
 
 def digit_count_reward(response: str, reference: str, **extra: object) -> float:
     """Partial credit: the share of the reference's digits that appear in the response."""
@@ -38,3 +40,16 @@ class ScalarAdvantageBackend:
 
     def __init__(self, **settings: object) -> None:
         raise RuntimeError("preflight should have stopped this run before the backend was built")
+
+
+def checksum_judged_reward(response: str, reference: str, **extra: object) -> float:
+    """A judge with gaps, decided by the completion's character sum: no verdict at 0 mod 3, correct at 1 mod 3."""
+    checksum = sum(map(ord, response)) % 3
+    if checksum == 0:
+        raise NoVerdict("the judge is unavailable")
+    return float(checksum == 1)
+
+
+def never_judged_reward(response: str, reference: str, **extra: object) -> float:
+    """A judge that is always down: no completion ever gets a verdict."""
+    raise NoVerdict("the judge is down")

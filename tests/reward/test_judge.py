@@ -1,9 +1,10 @@
-"""`reward=judge` against a real OpenAI-compatible HTTP server on 127.0.0.1."""
+"""`reward=judge` against a real OpenAI-compatible HTTP server on 127.0.0.1 (well-behaved, busy, failing, hostile)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,23 +16,54 @@ from hydra.utils import instantiate
 
 from retrain.config import compose
 from retrain.errors import ConfigError
+from retrain.reward.checks import NoVerdict
 from retrain.reward.judge import JudgeReward, parse_verdict
 from retrain.reward.scorer import RewardScorer
 from retrain.types import Example
 
 
 class JudgeServer(BaseHTTPRequestHandler):
-    """Grades by keyword in the student's answer; records what it was sent."""
+    """Grades by keyword in the student's answer; records what it was sent and how often each answer came."""
 
     requests: ClassVar[list[dict]] = []
+    attempts: ClassVar[dict[str, int]] = {}
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         prompt = body["messages"][0]["content"]
         JudgeServer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
         answer = prompt.split("Student's answer:")[-1]
+        seen = JudgeServer.attempts[answer] = JudgeServer.attempts.get(answer, 0) + 1
         if "BROKEN" in answer:
             self.send_error(500, "judge overloaded")
+            return
+        if "REFUSED" in answer:
+            self.send_error(400, "bad request")
+            return
+        if "BUSY" in answer and seen <= 2:  # rate-limited twice, then served
+            self.send_response(429)
+            self.send_header("Retry-After", "0")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if "DOWN" in answer and seen <= 2:
+            self.send_error(503, "try later")
+            return
+        if "ANNOUNCED" in answer:  # says 1 GB, sends a little
+            self.send_response(200)
+            self.send_header("Content-Length", str(10**9))
+            self.end_headers()
+            self.wfile.write(b"{}")
+            return
+        if "ENDLESS" in answer:  # no length: 32 MB of one JSON string, unless the client hangs up first
+            self.send_response(200)
+            self.end_headers()
+            try:
+                self.wfile.write(b'{"choices": "')
+                for _ in range(512):
+                    self.wfile.write(b"x" * 65536)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
             return
         if "SLOW" in answer:
             time.sleep(0.5)
@@ -100,13 +132,14 @@ def test_the_judge_sees_question_reference_and_response(base_url: str, monkeypat
     assert "What is 3*4?" in prompt and "Reference answer:\n12" in prompt and "CORRECT: 12" in prompt
 
 
-def test_through_the_scorer_failures_are_counted_and_requests_overlap(base_url: str) -> None:
+def test_through_the_scorer_unjudged_rows_are_excluded_and_requests_overlap(base_url: str) -> None:
     cfg = compose(
         [
             "reward=judge",
             f"reward.base_url={base_url}",
             "reward.model=judge-1",
             "reward.api_key_env=RETRAIN_TEST_UNSET_KEY",
+            "reward.retry_backoff_s=0.01",
         ]
     )
     judge = instantiate(cfg.reward)
@@ -117,11 +150,71 @@ def test_through_the_scorer_failures_are_counted_and_requests_overlap(base_url: 
         started = time.monotonic()
         result = scorer.score(responses, rows)
         elapsed = time.monotonic() - started
-    assert result.rewards.tolist() == [1.0] * 12 + [0.0] * 4
-    assert (result.errors, result.timeouts) == (2, 0)
-    assert "expected yes or no" in result.failures[14] and "500" in result.failures[15]
+    assert result.rewards.tolist()[:14] == [1.0] * 12 + [0.0] * 2
+    # no verdict is not a verdict of "wrong": those rows are excluded, not scored 0 and counted as errors
+    assert (result.errors, result.timeouts, sorted(result.excluded)) == (0, 0, [14, 15])
+    assert result.excluded_mask().tolist() == [False] * 14 + [True] * 2
+    assert "expected yes or no" in result.excluded[14]
+    assert "failed 4 times" in result.excluded[15] and "HTTP 500" in result.excluded[15]
     assert all(request["auth"] is None for request in JudgeServer.requests)  # no key when unset
     assert elapsed < 14 * 0.5 / 2  # 14 slow answers of 0.5 s overlap instead of queueing per worker
+
+
+def judged(judge: JudgeReward, answer: str) -> float:
+    return asyncio.run(judge(answer, "12", question="What is 3*4?"))
+
+
+@pytest.mark.parametrize("answer", ["CORRECT BUSY", "CORRECT DOWN"])
+def test_a_busy_or_failing_judge_is_asked_again_until_it_answers(base_url: str, answer: str) -> None:
+    JudgeServer.attempts.clear()
+    judge = JudgeReward(model="m", base_url=base_url, retry_backoff_s=0.01)
+    assert judged(judge, answer) == 1.0
+    assert list(JudgeServer.attempts.values()) == [3]  # two failures (429 with Retry-After: 0, or 503), one answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "attempts", "why"),
+    [
+        ("BROKEN", 3, "the judge failed 3 times; the last: HTTP 500"),
+        ("REFUSED", 1, "the judge answered HTTP 400"),  # a wrong request is not asked again
+        ("UNSURE", 1, "the judge replied 'Maybe.'; expected yes or no"),
+    ],
+)
+def test_a_judge_that_cannot_score_gives_no_verdict(base_url: str, answer: str, attempts: int, why: str) -> None:
+    JudgeServer.attempts.clear()
+    judge = JudgeReward(model="m", base_url=base_url, max_retries=2, retry_backoff_s=0.01)
+    with pytest.raises(NoVerdict, match=why):
+        judged(judge, answer)
+    assert list(JudgeServer.attempts.values()) == [attempts]
+
+
+@pytest.mark.parametrize(("answer", "why"), [("ANNOUNCED", "announces 1000000000 bytes"), ("ENDLESS", "ran past")])
+def test_a_huge_reply_is_never_read_whole(base_url: str, answer: str, why: str) -> None:
+    judge = JudgeReward(model="m", base_url=base_url, max_reply_bytes=100_000, retry_backoff_s=0.01)
+    started = time.monotonic()
+    with pytest.raises(NoVerdict, match=f"{why}.*reward.max_reply_bytes=100000"):
+        judged(judge, answer)
+    assert time.monotonic() - started < 5.0
+
+
+def test_an_unreachable_judge_is_retried_then_gives_no_verdict() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    judge = JudgeReward(model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, retry_backoff_s=0.01)
+    with pytest.raises(NoVerdict, match="failed 2 times; the last: ConnectError"):
+        judged(judge, "12")
+
+
+def test_max_wait_bounds_a_judge_call_retries_included(base_url: str) -> None:
+    judge = JudgeReward(model="m", base_url=base_url, max_wait_s=0.2)
+    started = time.monotonic()
+    with pytest.raises(NoVerdict, match=r"did not answer within reward.max_wait_s=0.2 s"):
+        judged(judge, "CORRECT SLOW")  # the server takes 0.5 s
+    assert time.monotonic() - started < 0.45
+    slow_backoff = JudgeReward(model="m", base_url=base_url, retry_backoff_s=1.0, max_wait_s=0.5)
+    with pytest.raises(NoVerdict, match="leaves no time to retry"):
+        judged(slow_backoff, "BROKEN")
 
 
 @pytest.mark.parametrize(
@@ -131,6 +224,10 @@ def test_through_the_scorer_failures_are_counted_and_requests_overlap(base_url: 
         ({"base_url": "127.0.0.1:8000"}, "reward.base_url"),
         ({"prompt_template": "no slots"}, "reward.prompt_template"),
         ({"max_concurrency": 0}, "reward.max_concurrency"),
+        ({"max_reply_bytes": 0}, "reward.max_reply_bytes"),
+        ({"max_retries": -1}, "reward.max_retries"),
+        ({"retry_backoff_s": float("nan")}, "reward.retry_backoff_s"),
+        ({"max_wait_s": 0}, "reward.max_wait_s"),
     ],
 )
 def test_bad_settings_name_their_key(kwargs: dict, key: str) -> None:

@@ -13,10 +13,11 @@ import torch
 from hydra.utils import instantiate
 
 from retrain.config import compose
-from retrain.errors import ConfigError, RewardOutputError, RewardWorkerError
+from retrain.errors import ConfigError, RewardFailureError, RewardOutputError, RewardWorkerError
 from retrain.plugins import plugin_name
+from retrain.reward.checks import MESSAGE_LIMIT
 from retrain.reward.match import match_reward
-from retrain.reward.scorer import RewardScorer, is_async_reward
+from retrain.reward.scorer import RewardScorer, fill_excluded, is_async_reward
 from retrain.types import Example
 from tests.plugins import reward_plugins as plugins
 
@@ -116,6 +117,74 @@ def test_a_wrong_output_is_a_clear_error_naming_reward_and_value(reward, trigger
         assert scorer.score(["fine"] * 3, examples(["x"] * 3)).rewards.tolist() == [1.0] * 3
 
 
+@pytest.mark.parametrize(
+    ("trigger", "shown"), [("int", "returned an int of about 400 digits"), ("float", r"returned 1e\+308")]
+)
+def test_a_reward_past_float32_is_a_clear_error_not_a_dead_worker(trigger: str, shown: str) -> None:
+    name = "tests.plugins.reward_plugins.overflowing_reward"
+    with (
+        RewardScorer(plugins.overflowing_reward, timeout_s=5, workers=1) as scorer,
+        pytest.raises(RewardOutputError, match=f"reward {name} {shown}"),
+    ):
+        scorer.score(["fine", trigger], examples(["x"] * 2))
+
+
+def test_what_a_reward_prints_and_raises_is_bounded(capfd: pytest.CaptureFixture[str]) -> None:
+    with RewardScorer(plugins.verbose_reward, timeout_s=10, workers=1) as scorer:
+        result = scorer.score(["fine", "boom", "fine", "fine"], examples(["x"] * 4))
+    assert result.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert result.failures[1].startswith("RuntimeError: eee") and len(result.failures[1]) < MESSAGE_LIMIT + 50
+    printed = capfd.readouterr()
+    assert len(printed.out) + len(printed.err) < 64 * 1024  # of 8 MB printed
+    assert "bytes of its output dropped" in printed.err
+
+
+def test_rows_without_a_verdict_are_excluded_not_scored() -> None:
+    with RewardScorer(plugins.undecided_reward, timeout_s=5, workers=2) as scorer:
+        result = scorer.score(["x", "undecided", "y", "undecided x"], examples(["x"] * 4))
+    assert (result.errors, sorted(result.excluded)) == (0, [1, 3])
+    assert result.excluded[1] == "NoVerdict: the verifier is unavailable"
+    assert result.excluded_mask().tolist() == [False, True, False, True]
+
+
+def test_excluded_rows_take_the_mean_of_their_group_so_they_move_no_advantage() -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    excluded = torch.tensor([[False, False, True, False], [True, True, False, False], [True] * 4])
+    filled = fill_excluded(rewards, excluded)
+    torch.testing.assert_close(filled, torch.tensor([[1.0, 0.0, 1 / 3, 0.0], [0.5, 0.5, 1.0, 0.0], [0.0] * 4]))
+    kept = rewards[0, [0, 1, 3]]
+    assert filled[0].mean() == pytest.approx(kept.mean())  # the group's baseline is that of its scored rows
+
+
+def test_a_reward_that_scores_nothing_for_several_steps_stops_the_run() -> None:
+    with RewardScorer(plugins.undecided_reward, timeout_s=5, workers=1, max_failing_steps=2) as scorer:
+        scorer.score(["undecided"] * 2, examples(["x"] * 2))
+        scorer.score(["x", "undecided"], examples(["x"] * 2))  # one row scored: the count starts over
+        scorer.score(["undecided"] * 2, examples(["x"] * 2))
+        with pytest.raises(
+            RewardFailureError,
+            match=r"scored none of the completions of 2 steps in a row.*the verifier is unavailable.*"
+            r"scoring.max_failing_steps=0",
+        ):
+            scorer.score(["undecided"] * 2, examples(["x"] * 2))
+    with RewardScorer(plugins.flaky_reward, timeout_s=5, workers=1, max_failing_steps=0) as scorer:
+        for _ in range(4):
+            assert scorer.score(["boom"] * 2, examples(["x"] * 2)).errors == 2
+
+
+@pytest.mark.parametrize(("limit", "recycled"), [(100, True), (0, False)])
+def test_a_worker_past_its_memory_limit_is_replaced(limit: int, recycled: bool) -> None:
+    with RewardScorer(plugins.memory_hog_reward, timeout_s=10, workers=1, max_worker_rss_mb=limit) as scorer:
+        # each row scores the worker's pid; one worker, one row per chunk: a new chunk may find a new worker
+        first = scorer.score(["fine", "hog", "fine"], examples(["x"] * 3)).rewards.tolist()
+        second = scorer.score(["hog", "fine"], examples(["x"] * 2)).rewards.tolist()
+    pids = [*first, *second]
+    if recycled:  # a worker that held on to 128 MB ("hog") scores nothing more
+        assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
+    else:
+        assert len(set(pids)) == 1
+
+
 def test_extra_reaches_the_reward_as_keyword_arguments() -> None:
     rows = examples(["x", "x"], subject="algebra") + examples(["x"], subject="geometry")
     with RewardScorer(plugins.subject_reward, timeout_s=5, workers=2) as scorer:
@@ -154,7 +223,13 @@ def test_a_reward_the_workers_cannot_import_fails_at_start(monkeypatch: pytest.M
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "key"), [({"timeout_s": 0}, "scoring.timeout_s"), ({"workers": -1}, "scoring.workers")]
+    ("kwargs", "key"),
+    [
+        ({"timeout_s": 0}, "scoring.timeout_s"),
+        ({"workers": -1}, "scoring.workers"),
+        ({"max_failing_steps": -1}, "scoring.max_failing_steps"),
+        ({"max_worker_rss_mb": -1}, "scoring.max_worker_rss_mb"),
+    ],
 )
 def test_bad_scoring_settings_name_their_key(kwargs: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key):

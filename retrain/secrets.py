@@ -1,0 +1,107 @@
+"""What of a config is private, and the config as it may be shown or saved: env values unresolved, secrets masked.
+
+Two kinds of value never leave the process that resolved them (wandb, saved files, messages, a run's identity):
+
+- a value read from the environment (`${oc.env:MY_TOKEN}`, also inside a string or through another key
+  that interpolates it) is kept as the interpolation the user wrote, never as what it resolves to;
+- the value of a key whose name has the word key, token, secret or password in it (`api_key`, `hf_token`,
+  `client_secret`; not `max_tokens`) is shown as `***`. A `*_env` key names a variable, never holds its
+  value, so it is shown, and a value that does not look like a variable's name is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from retrain.errors import ConfigError
+
+MASK = "***"
+SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials"})
+ENV_SUFFIX = "_env"  # `api_key_env`: the name of the variable that holds the key
+ENV_INTERPOLATION = re.compile(r"\$\{\s*(?:oc\.env|env)\s*:")
+UNESCAPED_INTERPOLATION = re.compile(r"(?<!\\)\$\{")
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# `api_key`, `apiKey`, `hf-token` -> words; camelCase splits before each capital
+_WORD_BOUNDARY = re.compile(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def looks_secret(key: str) -> bool:
+    """Whether a (dotted) key's own name says it holds a secret."""
+    name = key.rsplit(".", 1)[-1]
+    if name.lower().endswith(ENV_SUFFIX):
+        return False
+    return any(word.lower() in SECRET_WORDS for word in _WORD_BOUNDARY.split(name))
+
+
+def from_environment(value: Any) -> bool:
+    """Whether a shown value (see `shown_config`) holds an environment interpolation, in a list or dict too."""
+    if isinstance(value, str):
+        return ENV_INTERPOLATION.search(value) is not None
+    if isinstance(value, dict):
+        return any(from_environment(v) for v in value.values())
+    if isinstance(value, list):
+        return any(from_environment(v) for v in value)
+    return False
+
+
+def shown_config(cfg: DictConfig) -> dict[str, Any]:
+    """The config resolved, except that what comes from the environment stays the interpolation written,
+    and the values of secret-looking keys are masked: what wandb, saved files and messages may hold."""
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    kept = OmegaConf.create(_walk(raw, "", _unresolved_env))
+    shown: dict[str, Any] = _walk(OmegaConf.to_container(kept, resolve=True), "", _masked)
+    return shown
+
+
+def masked_config(cfg: DictConfig) -> DictConfig:
+    """The config as written (interpolations unresolved), with the literal values of secret-looking keys masked."""
+    return OmegaConf.create(_walk(OmegaConf.to_container(cfg, resolve=False), "", _masked))
+
+
+def masked_override(override: str) -> str:
+    """A command-line override (`+reward.api_key=sk-...`) with a literal secret value masked."""
+    key, sep, value = override.partition("=")
+    if sep and looks_secret(key.lstrip("+~")) and value and not from_environment(value):
+        return f"{key}={MASK}"
+    return override
+
+
+def check_env_names(cfg: DictConfig) -> None:
+    """A `*_env` key (`reward.api_key_env`) names an environment variable: a value that looks like anything
+    else (most likely the key itself, pasted in) is refused before it is saved or shown anywhere."""
+
+    def check(key: str, value: Any) -> Any:
+        name = key.rsplit(".", 1)[-1]
+        if name.lower().endswith(ENV_SUFFIX) and isinstance(value, str) and value and not ENV_NAME.match(value):
+            raise ConfigError(
+                f"{key} must name an environment variable (upper-case letters, digits and _, e.g. OPENAI_API_KEY), "
+                "and the value given is not one; put the key itself in that variable, never in the config"
+            )
+        return value
+
+    _walk(OmegaConf.to_container(cfg, resolve=False), "", check)
+
+
+def _unresolved_env(key: str, value: Any) -> Any:
+    """A string that reads the environment becomes a literal of itself (OmegaConf's `\\${` escape)."""
+    if isinstance(value, str) and from_environment(value):
+        return UNESCAPED_INTERPOLATION.sub(r"\\${", value)
+    return value
+
+
+def _masked(key: str, value: Any) -> Any:
+    if looks_secret(key) and value not in (None, "") and not from_environment(value):
+        return MASK
+    return value
+
+
+def _walk(node: Any, prefix: str, leaf: Any) -> Any:
+    """A copy of a container with `leaf(dotted key, value)` applied to every scalar (a list's items under its key)."""
+    if isinstance(node, dict):
+        return {k: _walk(v, f"{prefix}.{k}" if prefix else str(k), leaf) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_walk(v, prefix, leaf) for v in node]
+    return leaf(prefix, node)

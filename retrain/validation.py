@@ -1,0 +1,160 @@
+"""Checks that need no model weights, run by the composition root before any model loads.
+
+Without them a wrong value surfaces after gigabytes of weights have loaded, as a traceback deep in
+an engine (a negative group size), or never (a NaN learning rate passes `lr > 0` and trains
+nothing), and a prompt longer than the model's context is sampled past the positions the model
+knows. Each check names the key, or the data row, to fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from retrain.algorithm.base import Algorithm
+from retrain.backend.model import ChatPrompts, ModelSpec
+from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.config import TrainingConfig
+from retrain.errors import ConfigError, DataError
+from retrain.hub import hub_fetch
+from retrain.types import Example
+
+log = logging.getLogger("retrain")
+
+# run-wide values whose range no part checks before the model loads: key -> (valid?, what is valid)
+RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "training.batch_size": (lambda v: v >= 1, ">= 1"),
+    "training.group_size": (lambda v: v >= 1, ">= 1"),
+    "training.max_tokens": (lambda v: v >= 1, ">= 1"),
+    "training.temperature": (lambda v: v >= 0, ">= 0 (0 = greedy)"),
+    "training.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "eval.num_examples": (lambda v: v >= 0, ">= 0 (0 = no evaluation)"),
+    "eval.samples": (lambda v: v >= 1, ">= 1"),
+}
+PROMPT_CHUNK = 1024  # prompts templated and tokenized per call when their lengths are checked
+PROBE_TOKENS = 4  # tokens per completion of the synthetic step that tells whether an algorithm can learn
+
+
+def check_config(cfg: DictConfig) -> None:
+    """ConfigError naming the key of the first value that cannot work: a float that is not finite
+    (anywhere, plugin arguments included), or a run-wide value out of its range."""
+    check_finite(cfg)
+    for key, (valid, rule) in RANGES.items():
+        value = OmegaConf.select(cfg, key)
+        if not valid(value):
+            raise ConfigError(f"{key} must be {rule}, got {value}")
+    training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]
+    # the optimiser's and the loss's own checks, now rather than after the tokenizer has loaded
+    OptimSettings.from_config(training)
+    LossSettings.from_config(training)
+
+
+def check_finite(node: DictConfig | ListConfig, prefix: str = "") -> None:
+    """ConfigError naming the first float under `node` that is NaN or infinite (`training.lr=nan`)."""
+    keys: Sequence[Any] = range(len(node)) if isinstance(node, ListConfig) else list(node.keys())
+    for key in keys:
+        if OmegaConf.is_interpolation(node, key):
+            continue  # checked where it points to, under the key the user set
+        where = f"{prefix}[{key}]" if isinstance(node, ListConfig) else f"{prefix}.{key}" if prefix else str(key)
+        try:
+            value = node[key]
+        except OmegaConfBaseException:
+            continue  # a value that cannot be read here (a missing ???) fails where it is used
+        if isinstance(value, (DictConfig, ListConfig)):
+            check_finite(value, where)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}={value} is not a finite number")
+
+
+def warn_if_untrainable(algorithm: Algorithm, training: TrainingConfig) -> None:
+    """Warn, once at start, when the sampling settings make every group's rewards equal and the
+    algorithm then gives every completion advantage 0: a run that can never train.
+
+    `group_size=1` leaves one completion per group, `temperature=0` samples a group's completions
+    greedily, all alike. Whether the algorithm learns nothing from such groups is observed on a
+    synthetic step, so a user's advantage that is not group-relative draws no warning.
+    """
+    size = training.group_size
+    if size == 1:
+        cause, fix = "training.group_size=1 leaves one completion per group", "training.group_size >= 2"
+    elif training.temperature == 0:
+        cause, fix = "training.temperature=0 samples every completion of a group alike", "training.temperature > 0"
+    else:
+        return
+    if _learns_from_uniform_groups(algorithm, size):
+        return
+    log.warning(
+        "%s, so algorithm %r, whose advantages compare the completions of a group, gives every completion "
+        "advantage 0: this run can never train; set %s",
+        cause,
+        getattr(algorithm, "name", type(algorithm).__name__),
+        fix,
+    )
+
+
+def _learns_from_uniform_groups(algorithm: Algorithm, group_size: int) -> bool:
+    """Whether `algorithm` gives any token a nonzero advantage when each group's rewards are equal."""
+    rewards = torch.tensor([[1.0] * group_size, [0.0] * group_size])
+    rows = rewards.numel()
+    probe = copy.deepcopy(algorithm)  # the real algorithm's schedule state stays untouched
+    probe.begin_step(0)
+    output = probe.compute(
+        rewards=rewards,
+        logprobs=torch.full((rows, PROBE_TOKENS), -1.0),
+        mask=torch.ones(rows, PROBE_TOKENS, dtype=torch.bool),
+        entropies=torch.ones(rows, PROBE_TOKENS) if algorithm.needs_entropies else None,
+        planning=torch.zeros(rows, PROBE_TOKENS, dtype=torch.bool) if algorithm.needs_planning else None,
+    )
+    return bool(output.token_advantages.abs().sum() > 0)
+
+
+def model_context(model: ModelSpec) -> int | None:
+    """The model's context in tokens, `max_position_embeddings` of its config.json (read without loading
+    weights; a multimodal config's `text_config` counts); None when the config declares none."""
+    path, from_hub = model.source()
+    if from_hub:
+        from huggingface_hub import hf_hub_download
+
+        with hub_fetch(model.name_or_path, "model", "model.name_or_path"):
+            config_file = Path(hf_hub_download(path, "config.json", revision=model.revision))
+    else:
+        config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    value = (config.get("text_config") or {}).get("max_position_embeddings") or config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def check_prompt_lengths(examples: Sequence[Example], tokenizer: Any, model: ModelSpec, max_tokens: int) -> None:
+    """Refuse prompts that, chat-templated as the run sends them, leave less than `training.max_tokens`
+    of the model's context, naming the first such data row. The encodings are dropped chunk by chunk
+    (the run encodes the prompts it serves again), so a large data set costs time here, not memory."""
+    context = model_context(model)
+    if context is None:
+        return
+    room = context - max_tokens
+    where = f"model.name_or_path={model.name_or_path!r} has a context of {context} tokens (max_position_embeddings)"
+    if room <= 0:
+        raise ConfigError(f"training.max_tokens={max_tokens} leaves no room for a prompt: {where}")
+    too_long: list[tuple[Example, int]] = []
+    for start in range(0, len(examples), PROMPT_CHUNK):
+        chunk = examples[start : start + PROMPT_CHUNK]
+        encoded = ChatPrompts(tokenizer, model.name_or_path)([example.prompt for example in chunk])
+        too_long += [(example, len(ids)) for example, ids in zip(chunk, encoded) if len(ids) > room]
+    if too_long:
+        example, length = too_long[0]
+        raise DataError(
+            f"{len(too_long)} of {len(examples)} prompts do not fit: {where}, and training.max_tokens={max_tokens} "
+            f"leaves {room} for the prompt, but data row {example.id!r} ({example.prompt[:60]!r}...) takes "
+            f"{length} tokens; drop or shorten such rows, lower training.max_tokens or use a model with a longer context"
+        )

@@ -1,0 +1,153 @@
+"""Inputs are checked before the model loads: config values (each error names its key), prompts
+that cannot fit the model's context (named by data row), and settings that can never train (a warning)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from retrain.algorithm.checks import checked_algorithm
+from retrain.assets import TINY_MODEL_DIR
+from retrain.backend.model import ChatPrompts, ModelSpec
+from retrain.config import compose
+from retrain.errors import ConfigError, DataError
+from retrain.run import run
+from retrain.types import Example
+from retrain.validation import check_prompt_lengths, model_context, warn_if_untrainable
+from tests.conftest import run_cli
+
+QUICK = [
+    "experiment=quickstart",
+    "training.max_steps=2",
+    "eval.num_examples=0",
+    "scoring.workers=1",
+    "logging.progress_bar=false",
+]
+MODEL_LOADS = "Loading train model"
+UNTRAINABLE = "can never train"
+
+
+def raw_reward_advantage(rewards: torch.Tensor) -> torch.Tensor:
+    """An advantage that is not group-relative: a group of one still carries signal."""
+    return rewards - 0.5
+
+
+def refused(tmp_path: Path, caplog: pytest.LogCaptureFixture, *overrides: str) -> str:
+    """The message of the UserError that `run` raises for `overrides`, checked to come before any model loads."""
+    with caplog.at_level(logging.INFO), pytest.raises((ConfigError, DataError)) as raised:
+        run(compose([*QUICK, *overrides]), tmp_path / "run")
+    assert MODEL_LOADS not in caplog.text
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    return str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("training.batch_size=0", "training.batch_size must be >= 1, got 0"),
+        ("training.group_size=0", "training.group_size must be >= 1, got 0"),
+        ("training.max_tokens=0", "training.max_tokens must be >= 1, got 0"),
+        ("training.temperature=-0.5", r"training.temperature must be >= 0 \(0 = greedy\), got -0.5"),
+        ("training.top_p=0", r"training.top_p must be in \(0, 1\], got 0"),
+        ("training.top_p=1.5", r"training.top_p must be in \(0, 1\], got 1.5"),
+        ("eval.num_examples=-1", "eval.num_examples must be >= 0"),
+        ("eval.samples=0", "eval.samples must be >= 1, got 0"),
+        ("training.lr=nan", "training.lr=nan is not a finite number"),
+        ("training.lr=-inf", "training.lr=-inf is not a finite number"),
+        ("training.betas=[0.9,nan]", r"training.betas\[1\]=nan is not a finite number"),
+        ("scoring.timeout_s=inf", "scoring.timeout_s=inf is not a finite number"),
+        ("algorithm.gtpo.beta=nan", "algorithm.gtpo.beta=nan is not a finite number"),
+        ("+reward.scale=nan", "reward.scale=nan is not a finite number"),
+        ("training.weight_decay=-1", "training.weight_decay must be >= 0"),
+    ],
+)
+def test_a_bad_value_fails_naming_its_key_before_the_model_loads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, override: str, named: str
+) -> None:
+    message = refused(tmp_path, caplog, override)
+    assert re.search(named, message), message
+
+
+def test_evaluation_on_data_without_a_held_out_split_fails_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps({"question": f"{n}+1", "answer": str(n + 1)}) + "\n" for n in range(8)))
+    message = refused(tmp_path, caplog, "data=jsonl", f"data.path={path}", "eval.num_examples=4")
+    assert "eval.num_examples=4" in message and "no held-out split" in message
+
+
+def test_a_prompt_longer_than_the_context_is_refused_naming_the_row(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = [{"question": "1+1", "answer": "2"}, {"question": "what is " + "1+" * 80 + "1", "answer": "81"}]
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    message = refused(tmp_path, caplog, "data=jsonl", f"data.path={path}")
+    assert "1 of 2 prompts do not fit" in message and "data row 'train/1'" in message
+    assert "context of 128 tokens" in message and "training.max_tokens=8 leaves 120" in message
+
+
+def test_max_tokens_that_fill_the_context_are_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    message = refused(tmp_path, caplog, "training.max_tokens=128")
+    assert "training.max_tokens=128 leaves no room for a prompt" in message
+
+
+def test_the_lengths_are_those_of_the_chat_templated_prompts() -> None:
+    model = ModelSpec(name_or_path=str(TINY_MODEL_DIR))
+    tokenizer = model.load_tokenizer()
+    assert model_context(model) == 128
+    fits = [Example(prompt="x" * 40, reference="", id="a")]
+    templated = len(ChatPrompts(tokenizer, model.name_or_path)([fits[0].prompt])[0])
+    check_prompt_lengths(fits, tokenizer, model, max_tokens=128 - templated)
+    with pytest.raises(DataError, match="data row 'a'"):
+        check_prompt_lengths(fits, tokenizer, model, max_tokens=129 - templated)
+
+
+def test_the_context_comes_from_config_json_without_weights(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096}}))
+    assert model_context(ModelSpec(name_or_path=str(tmp_path))) == 4096
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "unknown"}))
+    assert model_context(ModelSpec(name_or_path=str(tmp_path))) is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warns"),
+    [
+        (["training.group_size=1"], True),
+        (["training.temperature=0"], True),
+        (["algorithm=rloo_gtpo_hicra", "training.group_size=1"], True),
+        ([], False),
+        (["training.group_size=1", f"algorithm.advantage._target_={__name__}.raw_reward_advantage"], False),
+    ],
+)
+def test_settings_that_can_never_train_a_group_relative_advantage_warn(
+    caplog: pytest.LogCaptureFixture, overrides: list[str], warns: bool
+) -> None:
+    cfg = compose([*QUICK, *overrides])
+    with caplog.at_level(logging.WARNING):
+        warn_if_untrainable(checked_algorithm(instantiate(cfg.algorithm)), OmegaConf.to_object(cfg.training))
+    assert (UNTRAINABLE in caplog.text) == warns, caplog.text
+
+
+def test_the_warning_comes_once_per_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        run(compose([*QUICK, "training.group_size=1", "training.batch_size=2", "training.max_steps=2"]), tmp_path)
+    assert sum(UNTRAINABLE in message for message in caplog.messages) == 1
+
+
+def test_the_command_line_says_which_key_in_one_line_and_loads_nothing(tmp_path: Path) -> None:
+    result = run_cli([*QUICK, "training.lr=nan", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False)
+    console = result.stdout + result.stderr
+    assert result.returncode == 1, console
+    assert [line for line in console.splitlines() if line.startswith("retrain: ")] == [
+        f"retrain: training.lr=nan is not a finite number (traceback in {tmp_path / 'run' / 'run.log'})"
+    ]
+    assert MODEL_LOADS not in console and "Traceback" not in console

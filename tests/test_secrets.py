@@ -1,0 +1,132 @@
+"""Secrets stay secret: environment values are never resolved into what is saved or shown, secret-looking
+keys are masked, neither is part of a run's identity, and a key pasted where a variable's name belongs is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from retrain.config import compose
+from retrain.errors import ConfigError
+from retrain.launch import RunDirRefused, check_same_run
+from retrain.run import config_identity
+from retrain.secrets import MASK, check_env_names, looks_secret, masked_config, masked_override, shown_config
+from tests.conftest import read_metrics, run_cli
+
+TOKEN, ROTATED = "tok-3f9a1c-first", "tok-77be02-rotated"
+LITERAL_KEY = "sk-literal-5d0e41"  # typed on the command line: masked in every file, wandb's record of argv too
+WITH_TOKEN = ["experiment=quickstart", "+reward.auth=${oc.env:MY_TOKEN}", "+reward.header=Bearer ${reward.auth}"]
+
+
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("reward.api_key", True),
+        ("hf_token", True),
+        ("apiKey", True),
+        ("client_secret", True),
+        ("db.password", True),
+        ("training.max_tokens", False),  # a count of tokens, not a token
+        ("model.tokenizer", False),
+        ("reward.api_key_env", False),  # the name of the variable that holds the key
+        ("training.keep_checkpoints", False),
+    ],
+)
+def test_which_keys_look_secret(key: str, secret: bool) -> None:
+    assert looks_secret(key) is secret
+
+
+def test_environment_values_stay_interpolations_and_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_TOKEN", TOKEN)
+    cfg = compose([*WITH_TOKEN, "+reward.hf_token=hf_literal_value", "training.lr=0.002"])
+    assert cfg.reward.header == f"Bearer {TOKEN}"  # the plugin itself gets the value
+    shown = shown_config(cfg)
+    assert shown["reward"]["auth"] == "${oc.env:MY_TOKEN}"
+    assert shown["reward"]["header"] == "Bearer ${oc.env:MY_TOKEN}"  # through another key's interpolation too
+    assert shown["reward"]["hf_token"] == MASK and shown["training"]["lr"] == 0.002
+    assert TOKEN not in str(shown) and "hf_literal_value" not in str(shown)
+    written = str(masked_config(cfg))
+    assert "${oc.env:MY_TOKEN}" in written and "hf_literal_value" not in written
+    assert masked_override("+reward.hf_token=hf_literal_value") == f"+reward.hf_token={MASK}"
+    assert masked_override("+reward.auth=${oc.env:MY_TOKEN}") == "+reward.auth=${oc.env:MY_TOKEN}"
+
+
+def test_rotating_a_key_does_not_change_the_run_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_TOKEN", TOKEN)
+    before = config_identity(compose([*WITH_TOKEN, "+reward.api_key=sk-first"]))
+    monkeypatch.setenv("MY_TOKEN", ROTATED)
+    after = config_identity(compose([*WITH_TOKEN, "+reward.api_key=sk-second"]))
+    assert before == after
+    assert TOKEN not in str(before) and "sk-first" not in str(before)
+
+
+def test_an_identity_saved_with_a_resolved_token_neither_blocks_the_resume_nor_shows_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Checkpoints written before secrets were kept out of the identity hold the token itself."""
+    monkeypatch.setenv("MY_TOKEN", ROTATED)
+    current = config_identity(compose([*WITH_TOKEN, "+reward.api_key=sk-second"]))
+    saved = {**current, "reward.auth": TOKEN, "reward.header": f"Bearer {TOKEN}", "reward.api_key": "sk-first"}
+    check_same_run(saved, current, tmp_path)
+    with pytest.raises(RunDirRefused) as refused:
+        check_same_run({**saved, "training.lr": 0.5, "reward.other_key": "sk-gone"}, current, tmp_path)
+    message = str(refused.value)
+    assert "training.lr" in message and "reward.other_key" in message
+    assert TOKEN not in message and "sk-first" not in message and "sk-gone" not in message
+
+
+def test_a_key_pasted_into_an_env_name_setting_is_refused(tmp_path: Path) -> None:
+    pasted = "sk-proj-Zx81qLw0"
+    with pytest.raises(ConfigError, match=r"reward\.api_key_env must name an environment variable"):
+        check_env_names(compose(["reward=judge", f"reward.api_key_env={pasted}"]))
+    check_env_names(compose(["reward=judge", "reward.api_key_env=MY_JUDGE_KEY"]))
+
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        ["experiment=quickstart", "reward=judge", f"reward.api_key_env={pasted}", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        check=False,
+    )
+    console = result.stdout + result.stderr
+    assert result.returncode == 1 and "reward.api_key_env must name an environment variable" in console, console
+    assert pasted not in console
+    assert not (run_dir / ".hydra").exists() and "Loading train model" not in console  # refused before it is saved
+
+
+def files_holding(root: Path, *values: str) -> list[str]:
+    return [
+        str(path.relative_to(root))
+        for path in root.rglob("*")
+        if path.is_file() and any(value.encode() in path.read_bytes() for value in values)
+    ]
+
+
+def test_a_token_from_the_environment_is_in_no_file_of_the_run_and_rotating_it_keeps_the_run(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [
+        "experiment=quickstart",
+        "eval.num_examples=0",
+        "logging.progress_bar=false",
+        "scoring.workers=1",
+        "training.batch_size=2",
+        "training.group_size=2",
+        "training.save_every=1",
+        "reward._target_=tests.plugins.launch_plugins.token_reward",
+        "+reward.auth=${oc.env:MY_TOKEN}",
+        f"+reward.api_key={LITERAL_KEY}",
+        "logging.wandb_project=retrain-test",
+        f"hydra.run.dir={run_dir}",
+    ]
+    offline = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    first = run_cli([*args, "training.max_steps=1"], cwd=tmp_path, env={**offline, "MY_TOKEN": TOKEN})
+    assert [r["reward/errors"] for r in read_metrics(run_dir)] == [0]  # the reward received the token itself
+    assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb")), "no offline wandb run was written"
+    assert files_holding(run_dir, TOKEN, LITERAL_KEY) == [] and TOKEN not in first.stdout + first.stderr
+
+    resumed = run_cli([*args, "training.max_steps=2"], cwd=tmp_path, env={**offline, "MY_TOKEN": ROTATED})
+    assert "Resumed from" in resumed.stdout
+    assert [r["reward/errors"] for r in read_metrics(run_dir)] == [0, 0]
+    assert files_holding(run_dir, TOKEN, ROTATED, LITERAL_KEY) == []
