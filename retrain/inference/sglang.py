@@ -29,7 +29,7 @@ from retrain.inference.base import EngineResources
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import SglangEngineConfig as Defaults
 from retrain.inference.freshness import Probe
-from retrain.inference.http import HttpClient, HttpError, api_key_from_env, check_url
+from retrain.inference.http import HttpError, connect
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
@@ -68,16 +68,10 @@ class SglangEngine:
         adapter_root: str = Defaults.adapter_root,
         fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
     ) -> None:
-        self.url = check_url(url)
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
-        self.client = HttpClient(
-            self.url,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            max_concurrency=max_concurrency,
-            api_key=api_key_from_env(api_key_env),
-        )
+        self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency)
+        self.url = self.client.base_url
         try:
             self.client.get("/health")
             self.adapters = ServedAdapters(
