@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vs_trl import BENCHMARKS, MODEL_SLOT, WORKLOADS, run_logged  # benchmarks/ is sys.path[0] as a script
+from vs_trl import WORKLOADS, benchmark_env, run_logged, workload_overrides  # benchmarks/ is sys.path[0] as a script
 
 ENGINES = ("pytorch", "vllm")
 COMMON = ["training.save_every=0", "eval.num_examples=0", "logging.progress_bar=false", "logging.console_groups=0"]
@@ -126,24 +125,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps, args.warmup = QUICK["rounds"], QUICK["steps"], QUICK["warmup"]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")])),
-        "HF_HUB_OFFLINE": "1",
-    }
-    if args.threads:
-        env["OMP_NUM_THREADS"] = str(args.threads)
+    env = benchmark_env(args.threads)
     with tempfile.TemporaryDirectory(prefix="engines_") as tmp:
         work = Path(tmp)
         for name in args.workloads:
             workload = WORKLOADS[name]
             steps, warmup = args.steps or workload.steps, workload.warmup if args.warmup is None else args.warmup
-            overrides = [*workload.overrides, *COMMON, f"training.max_steps={steps}"]
-            if any(MODEL_SLOT in override for override in overrides):
-                from _small64 import write_model
-
-                model_dir = write_model(work / "small64_model")
-                overrides = [override.replace(MODEL_SLOT, str(model_dir)) for override in overrides]
+            overrides = workload_overrides(workload, [*COMMON, f"training.max_steps={steps}"], work)
             print(f"{name}: {steps} steps per process, {warmup} warm-up; overrides: {' '.join(overrides)}", flush=True)
             rounds = []
             for number in range(1, args.rounds + 1):

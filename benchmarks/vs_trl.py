@@ -159,6 +159,29 @@ def run_trl(overrides: list[str], out_file: Path, env: dict[str, str]) -> Measur
     return trl_measured(out_file)
 
 
+def benchmark_env(threads: int | None) -> dict[str, str]:
+    """The environment of every side: the small64 reward importable by name, no Hub look-ups, equal threads."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+    }
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def workload_overrides(workload: Workload, extra: list[str], work: Path) -> list[str]:
+    """The workload's overrides plus `extra`, with the small64 model written under `work` where one is named."""
+    overrides = [*workload.overrides, *extra]
+    if any(MODEL_SLOT in override for override in overrides):
+        from _small64 import write_model  # benchmarks/ is sys.path[0] when run as a script
+
+        model_dir = write_model(work / "small64_model")
+        overrides = [override.replace(MODEL_SLOT, str(model_dir)) for override in overrides]
+    return overrides
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="retrain/TRL pairs per workload")
@@ -167,25 +190,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, help="first steps of each process left out (default: the workload's)")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for both sides (default: torch's, one per core)")
     args = parser.parse_args()
-    # Both sides see the same environment: the small64 reward importable by name, no Hub look-ups.
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")])),
-        "HF_HUB_OFFLINE": "1",
-    }
-    if args.threads:
-        env["OMP_NUM_THREADS"] = str(args.threads)
+    env = benchmark_env(args.threads)
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         work = Path(tmp)
         for name in args.workloads:
             workload = WORKLOADS[name]
             steps, warmup = args.steps or workload.steps, workload.warmup if args.warmup is None else args.warmup
-            overrides = [*workload.overrides, *COMMON, f"training.max_steps={steps}"]
-            if any(MODEL_SLOT in override for override in overrides):
-                from _small64 import write_model  # benchmarks/ is sys.path[0] when run as a script
-
-                model_dir = write_model(work / "small64_model")
-                overrides = [override.replace(MODEL_SLOT, str(model_dir)) for override in overrides]
+            overrides = workload_overrides(workload, [*COMMON, f"training.max_steps={steps}"], work)
             print(
                 f"{name}: {steps} steps per process, {warmup} warm-up, training.seed = round - 1; overrides: "
                 f"{' '.join(overrides)}",
