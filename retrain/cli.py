@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import hydra
+from dotenv import load_dotenv
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
@@ -27,7 +28,18 @@ from retrain.errors import ConfigError, UserError
 log = logging.getLogger("retrain")
 
 # subcommand -> module with `main(argv) -> int`
-SUBCOMMANDS = {"status": "retrain.status", "squeeze": "retrain.squeeze"}
+SUBCOMMANDS = {
+    "status": "retrain.status",
+    "squeeze": "retrain.squeeze",
+    "backends": "retrain.commands.backends",
+    "doctor": "retrain.commands.doctor",
+    "explain": "retrain.commands.explain",
+    "init": "retrain.commands.init",
+    "plugins": "retrain.commands.plugins",
+    "init-plugin": "retrain.commands.init_plugin",
+    "migrate-config": "retrain.commands.migrate_config",
+    "man": "retrain.commands.man",
+}
 # Hydra's words when a `_target_` does not import: "Error locating target 'x', ...\nfull_key: reward"
 UNLOCATABLE_TARGET = re.compile(
     r"Error locating target '(?P<target>[^']*)'.*?(?:\nfull_key: (?P<key>\S+))?\s*$", re.DOTALL
@@ -111,8 +123,14 @@ def _report_user_error(user_error: UserError, raised: BaseException) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    # the seeds' `.env` in the working directory: keys and tokens without exporting them (the environment wins)
+    load_dotenv(Path.cwd() / ".env", override=False)
     if args and args[0] in SUBCOMMANDS:
-        return int(importlib.import_module(SUBCOMMANDS[args[0]]).main(args[1:]) or 0)
+        try:
+            return int(importlib.import_module(SUBCOMMANDS[args[0]]).main(args[1:]) or 0)
+        except BrokenPipeError:  # `retrain plugins | head`: the reader has what it wanted
+            sys.stderr.close()  # nothing more to say, and no "Exception ignored" flushing stdout at exit
+            return 0
     register_configs()
     sys.argv = [sys.argv[0], *args]
     hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(_hydra_entry)()

@@ -99,6 +99,39 @@ class EvalConfig:
     samples: int = 4  # sampled completions per held-out prompt (greedy always uses 1)
 
 
+@dataclass
+class BackpressureConfig:
+    """Adaptive batch size from measured throughput, the USL controller of retrain/backpressure.py (seeds'
+    [backpressure]; docs/backpressure.md). Off: every step samples `training.batch_size` prompts."""
+
+    enabled: bool = False
+    warmup_steps: int = 10  # steps sweeping batch sizes min, 2·min, 4·min, ..., max before the USL fit decides
+    ema_decay: float = 0.9  # EMA decay of the throughput (tokens/s) at the current batch size
+    throttle_margin: float = 0.85  # target concurrency as a fraction of the fitted optimum p*
+    increase_margin: float = 0.5  # grow only below increase_margin·throttle_margin·p* (hysteresis)
+    min_batch_size: int = 1  # floor of the adaptive batch size
+    max_batch_size: int = 64  # ceiling of the adaptive batch size
+    peak_gflops: float = 0.0  # hardware peak GFLOP/s for the roofline hint; 0 = no compute hint
+    peak_bw_gb_s: float = 0.0  # hardware peak memory bandwidth (GB/s) for the roofline hint; 0 = no bandwidth hint
+
+    def __post_init__(self) -> None:
+        from retrain.errors import ConfigError
+
+        checks = {
+            "warmup_steps": (self.warmup_steps >= 0, ">= 0"),
+            "ema_decay": (0 <= self.ema_decay < 1, "in [0, 1)"),
+            "throttle_margin": (0 < self.throttle_margin <= 1, "in (0, 1]"),
+            "increase_margin": (0 < self.increase_margin <= 1, "in (0, 1]"),
+            "min_batch_size": (self.min_batch_size >= 1, ">= 1"),
+            "max_batch_size": (self.max_batch_size >= self.min_batch_size, f">= min_batch_size {self.min_batch_size}"),
+            "peak_gflops": (self.peak_gflops >= 0, ">= 0 (0 = no hint)"),
+            "peak_bw_gb_s": (self.peak_bw_gb_s >= 0, ">= 0 (0 = no hint)"),
+        }
+        for key, (valid, rule) in checks.items():
+            if not valid:
+                raise ConfigError(f"backpressure.{key} must be {rule}, got {getattr(self, key)}")
+
+
 def _resume_config() -> type:
     """`resume.from` is a Python keyword, so this dataclass is built by hand (no generated __init__)."""
     namespace = {"__annotations__": {"from": str}, "from": "", "__doc__": "Where to resume from."}
@@ -122,6 +155,7 @@ class RetrainConfig:
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    backpressure: BackpressureConfig = field(default_factory=BackpressureConfig)
     resume: Any = field(default_factory=ResumeConfig)
     squeeze: Any = None  # campaign auto-squeeze settings (see docs/squeeze.md)
 
@@ -131,6 +165,7 @@ RUN_WIDE_SCHEMAS: dict[str, type] = {
     "scoring": ScoringConfig,
     "logging": LoggingConfig,
     "eval": EvalConfig,
+    "backpressure": BackpressureConfig,
 }
 
 

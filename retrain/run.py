@@ -13,7 +13,7 @@ import functools
 import logging
 import secrets
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +23,31 @@ from omegaconf import DictConfig, OmegaConf
 
 from retrain.algorithm.base import Algorithm
 from retrain.algorithm.checks import checked_algorithm
-from retrain.algorithm.preflight import preflight
-from retrain.backend.base import BACKEND_CHECKS, Backend, Capabilities, capabilities_of
+from retrain.algorithm.preflight import ProbeReport, preflight
+from retrain.backend.base import BACKEND_CHECKS, Backend, Capabilities
+from retrain.backend.capabilities import BackendInfo, describe_backend
 from retrain.backend.model import ChatPrompts, ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
-from retrain.batching import FixedBatching
+from retrain.batching import build_batching
 from retrain.campaign.preemption import requeue_on_preemption
-from retrain.config import EvalConfig, LoggingConfig, TrainingConfig, check_known_keys
+from retrain.config import (
+    BackpressureConfig,
+    EvalConfig,
+    LoggingConfig,
+    TrainingConfig,
+    check_known_keys,
+    container_dict,
+)
 from retrain.determinism import reproducible_torch
+from retrain.environments.base import RolloutEnvironment
 from retrain.errors import CheckpointError, ConfigError
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
+from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.freshness import Probe
 from retrain.launch import claimed_run_dir, record_launch
 from retrain.plugins import checked, import_failure, plugin_name
 from retrain.reward.scorer import RewardScorer
-from retrain.rundir import STATE_FILE, Checkpoint, RunDir
+from retrain.rundir import LOCAL_CHECKPOINT_FILES, STATE_FILE, Checkpoint, RunDir
 from retrain.secrets import check_env_names, shown_config
 from retrain.trainer import PlanningDetection, Trainer
 from retrain.types import Example
@@ -68,23 +78,18 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
 def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     """Every part, built from `cfg` and wired into a Trainer; `parts` closes them when it exits."""
     training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]
-    algorithm = checked_algorithm(instantiate(cfg.algorithm))
-    backend_cls = target_class(cfg, "backend")
-    capabilities = capabilities_of(backend_cls)
-    engine_cls = backend_cls if capabilities.samples_itself else target_class(cfg, "inference")
-    preflight(
-        algorithm,
-        capabilities,
-        backend_name=backend_cls.__name__,
-        engine_returns_entropies=bool(getattr(engine_cls, "returns_entropies", False)),
-    )
+    plan = plan_parts(cfg)
+    algorithm, backend_cls, capabilities = plan.algorithm, plan.backend_cls, plan.backend.capabilities
+    flags = ", ".join(f"{key}={value}" for key, value in capabilities.as_dict().items())
+    log.info("backend %s: %s (source=%s)", plan.backend.name, flags, plan.backend.source)
+    plan.preflight()
     warn_if_untrainable(algorithm, training)
 
-    resume = find_resume_checkpoint(cfg, run_dir)
+    resume = find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls))
     identity = config_identity(cfg)  # checked against the run dir's when it was claimed (retrain/launch.py)
     seed = resolve_seed(training.seed, resume)
     training = replace(training, seed=seed)
-    batching = FixedBatching(training.batch_size)
+    backpressure: BackpressureConfig = OmegaConf.to_object(cfg.backpressure)  # type: ignore[assignment]  # checked now
     data = instantiate(cfg.data, seed=seed)
     log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
     evaluation: EvalConfig = OmegaConf.to_object(cfg.eval)  # type: ignore[assignment]
@@ -112,8 +117,13 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     )
     parts.callback(backend.close)
     engine = build_engine(cfg, backend, capabilities, tokenizer)
-    if engine is not backend:
-        parts.callback(engine.close)
+    batching = build_batching(backpressure, training.batch_size, training.group_size, backend.engine_resources().model)
+    parts.callback(engine.close)
+    if isinstance(data, RolloutEnvironment):
+        connect_environment(data, engine, tokenizer, model, parts)
+        log.info(
+            "data %s samples and scores its own episodes; reward=%s is not used", plugin_name(data), cfg.reward._target_
+        )
     output: LoggingConfig = OmegaConf.to_object(cfg.logging)  # type: ignore[assignment]
     run_config = shown_config(cfg)  # what wandb records: no environment value, no secret
     return Trainer(
@@ -137,13 +147,55 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     )
 
 
+@dataclass(frozen=True)
+class PartsPlan:
+    """What can be known of a run's parts before any model loads: the algorithm, the backend (described,
+    its options checked) and the class of the engine that will sample."""
+
+    algorithm: Algorithm
+    backend_cls: type
+    backend: BackendInfo
+    engine_cls: type
+
+    def preflight(self) -> ProbeReport:
+        """The algorithm on a synthetic step against what the backend and engine can serve (ConfigError if not)."""
+        return preflight(
+            self.algorithm,
+            self.backend.capabilities,
+            backend_name=self.backend.name,
+            engine_returns_entropies=bool(getattr(self.engine_cls, "returns_entropies", False)),
+        )
+
+
+def plan_parts(cfg: DictConfig) -> PartsPlan:
+    """The run's algorithm, backend description and engine class, without building a backend or an engine."""
+    algorithm = checked_algorithm(instantiate(cfg.algorithm))
+    backend_cls = target_class(cfg, "backend")
+    backend = describe_backend(backend_cls)
+    backend.check_options(container_dict(cfg.backend, "backend"))
+    engine_cls = backend_cls if backend.capabilities.samples_itself else target_class(cfg, "inference")
+    return PartsPlan(algorithm, backend_cls, backend, engine_cls)
+
+
 def build_engine(cfg: DictConfig, backend: Backend, capabilities: Capabilities, tokenizer: Any) -> InferenceEngine:
-    """The backend itself when it samples itself, else `inference=...` built beside it from what it shares."""
+    """The backend's own sampler when it samples itself (a remote service), else `inference=...` built
+    beside it from what it shares. The two are always different objects, so the freshness proof compares
+    two real paths: the sampler's log-probs against the training forward's."""
     if capabilities.samples_itself:
         log.info("backend %s samples itself; inference=%s is not used", plugin_name(backend), cfg.inference._target_)
-        return backend  # type: ignore[return-value]  # it implements InferenceEngine too
-    engine = instantiate(cfg.inference)(tokenizer=tokenizer, resources=backend.engine_resources())
+        engine = backend.sampling_engine(tokenizer)  # type: ignore[attr-defined]  # declared by samples_itself
+    else:
+        engine = instantiate(cfg.inference)(tokenizer=tokenizer, resources=backend.engine_resources())
     return checked(engine, ENGINE_CHECKS, f"inference engine {plugin_name(engine)}")
+
+
+def connect_environment(
+    environment: RolloutEnvironment, engine: InferenceEngine, tokenizer: Any, model: ModelSpec, parts: ExitStack
+) -> None:
+    """Serve the engine on a loopback OpenAI-compatible endpoint for the environment's episodes, for the whole run."""
+    endpoint = EngineEndpoint(engine)
+    parts.callback(endpoint.close)
+    environment.connect(endpoint.url, tokenizer, model.source()[0])
 
 
 def planning_detection(algorithm: Algorithm, tokenizer: Any) -> PlanningDetection | None:
@@ -181,7 +233,11 @@ def target_class(cfg: DictConfig, group: str) -> type:
 
 # what may differ when a run dir is entered again: how long it runs, what it logs, where it reports
 NOT_IDENTITY = {"resume", "logging", "eval", "scoring", "squeeze"}
-NOT_IDENTITY_TRAINING = {"max_steps", "save_every", "keep_checkpoints"}
+# keys of the other sections that may differ too: how long it runs, and back-pressure's roofline hints (never acted on)
+NOT_IDENTITY_KEYS = {
+    "training": {"max_steps", "save_every", "keep_checkpoints"},
+    "backpressure": {"peak_gflops", "peak_bw_gb_s"},
+}
 
 
 def config_identity(cfg: DictConfig) -> dict[str, Any]:
@@ -200,13 +256,20 @@ def config_identity(cfg: DictConfig) -> dict[str, Any]:
         else:
             flat[prefix] = node
 
-    walk({k: v for k, v in container.items() if k not in NOT_IDENTITY}, "")
-    return {
-        k: v for k, v in flat.items() if not (k.startswith("training.") and k.split(".", 1)[1] in NOT_IDENTITY_TRAINING)
-    }
+    # back-pressure changes the batch sizes, so it is part of a run's identity, but only when it is on
+    skipped = NOT_IDENTITY if OmegaConf.select(cfg, "backpressure.enabled") else NOT_IDENTITY | {"backpressure"}
+    walk({k: v for k, v in container.items() if k not in skipped}, "")
+    return {k: v for k, v in flat.items() if k.partition(".")[2] not in NOT_IDENTITY_KEYS.get(k.partition(".")[0], ())}
 
 
-def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
+def checkpoint_files(backend_cls: type) -> tuple[str, ...]:
+    """The files the backend's `load` reads from a checkpoint (a plugin that names none: the local backend's)."""
+    return tuple(getattr(backend_cls, "checkpoint_files", LOCAL_CHECKPOINT_FILES))
+
+
+def find_resume_checkpoint(
+    cfg: DictConfig, run_dir: Path, required: tuple[str, ...] = LOCAL_CHECKPOINT_FILES
+) -> Path | None:
     """This run dir's own latest checkpoint that reads whole, else `resume.from` (a run dir or a checkpoint dir).
 
     The first is what makes a requeued cluster job continue where it was killed: `resume.from` only seeds
@@ -217,7 +280,7 @@ def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
     source = str(cfg.resume["from"] or "")
     files = RunDir(run_dir)
     try:
-        own = files.resumable_checkpoint(set_aside=True)
+        own = files.resumable_checkpoint(set_aside=True, required=required)
     except CheckpointError as error:
         if not source:
             files.record_failure(f"{type(error).__name__}: {error}")
@@ -229,10 +292,10 @@ def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
     if source:
         path = Path(source).expanduser()
         if Checkpoint(path).is_complete:
-            if (damage := Checkpoint(path).damage()) is not None:
+            if (damage := Checkpoint(path).damage(required)) is not None:
                 raise CheckpointError(f"resume.from={source!r}: checkpoint {path} is damaged ({damage})")
             return path
-        found = RunDir(path).resumable_checkpoint(set_aside=False) if path.is_dir() else None
+        found = RunDir(path).resumable_checkpoint(set_aside=False, required=required) if path.is_dir() else None
         if found is None:
             raise ConfigError(f"resume.from={source!r}: no checkpoint ({STATE_FILE}) found there")
         return found.path

@@ -70,6 +70,8 @@ IDENTITY_FILE = "run_identity.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 OPTIMIZER_STATE = "optimizer.pt"  # the backend's optimizer moments: without them a resume is not exact
+# what the local backend's checkpoint must hold; another backend names its own (`Backend.checkpoint_files`)
+LOCAL_CHECKPOINT_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_STATE)
 # what a restore reads from trainer_state.json (Trainer._restore, run.resolve_seed): a state without one is damaged
 RESTORE_KEYS = frozenset(
     {"completed_steps", "step", "seed", "data", "algorithm", "batching", "total_correct", "total_completions", "rng"}
@@ -223,11 +225,11 @@ class Checkpoint:
         with open(self.state_file) as handle:
             return json.load(handle)
 
-    def damage(self) -> str | None:
+    def damage(self, required: tuple[str, ...] = LOCAL_CHECKPOINT_FILES) -> str | None:
         """What makes this checkpoint unfit to restore, or None when every file in it reads whole.
 
         Reads the files without building a model: the state parses and has every key a restore reads,
-        the PEFT adapter (config and every tensor) and the optimizer state are there, every JSON,
+        the backend's `required` files (the local one's: PEFT adapter and optimizer state) are there, every JSON,
         safetensors and torch file loads, and every file matches its sha256 in checksums.json (damage
         that still loads: a zeroed block of weights). A checkpoint written before checksums has none to check.
         """
@@ -239,9 +241,9 @@ class Checkpoint:
             return f"{STATE_FILE} holds a {type(state).__name__}, not the trainer's state"
         if missing := RESTORE_KEYS - state.keys():
             return f"{STATE_FILE} lacks {', '.join(sorted(missing))}"
-        for required in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_STATE):
-            if not (self.path / required).is_file():
-                return f"{required} is missing"
+        for name in required:
+            if not (self.path / name).is_file():
+                return f"{name} is missing"
         for file in sorted(self.path.iterdir()):
             reader = CHECKPOINT_READERS.get(file.suffix)
             if reader is None:
@@ -422,7 +424,9 @@ class RunDir:
         found = self.checkpoints()
         return found[0] if found else None
 
-    def resumable_checkpoint(self, *, set_aside: bool) -> Checkpoint | None:
+    def resumable_checkpoint(
+        self, *, set_aside: bool, required: tuple[str, ...] = LOCAL_CHECKPOINT_FILES
+    ) -> Checkpoint | None:
         """The most advanced checkpoint that reads whole (`Checkpoint.damage`); None when there is none at all.
 
         Newer damaged ones are skipped with a warning naming them and, with `set_aside` (this run's own
@@ -434,7 +438,7 @@ class RunDir:
             self.tidy_interrupted_saves()
         damaged: list[tuple[Checkpoint, str]] = []
         for checkpoint in self.checkpoints():
-            why = checkpoint.damage()
+            why = checkpoint.damage(required)
             if why is None:
                 for bad, bad_why in damaged:
                     aside = f", set aside as {bad.set_aside().name}" if set_aside else ""

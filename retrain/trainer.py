@@ -10,6 +10,7 @@ engine in the step, and the freshness probe proves the engine serves it before t
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import os
 import random
@@ -27,10 +28,12 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from retrain.algorithm.base import Algorithm
-from retrain.backend.base import Backend, capabilities_of
+from retrain.backend.base import Backend
+from retrain.backend.capabilities import capabilities_of
 from retrain.batching import Batching
 from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
+from retrain.environments.base import RolloutEnvironment, ScoredRollouts
 from retrain.inference.base import InferenceEngine
 from retrain.inference.freshness import Freshness, FreshnessProof, Probe
 from retrain.logging import JsonlLog, WandbSink, console_line
@@ -52,7 +55,7 @@ class StepSample:
 
     examples: list[Example]
     served_version: int  # the engine's weights version when sampling started
-    rollouts: Future[Rollouts]
+    rollouts: Future[Rollouts | ScoredRollouts]  # scored already when the data source is an environment
     data_state: dict[str, Any] | None  # the data source's state before these prompts were drawn
 
 
@@ -201,19 +204,17 @@ class Trainer:
         sample = prefetched if prefetched is not None else self._start_sampling(step)
         examples, served_version = sample.examples, sample.served_version
         B = len(examples)
-        rollouts = sample.rollouts.result()
+        sampled = sample.rollouts.result()
         t_reward = time.perf_counter()
-        row_examples = [example for example in examples for _ in range(G)]
-        scored = self.scorer.score(rollouts.texts, row_examples)
-        excluded = scored.excluded_mask().view(B, G)  # no verdict: neither trained on nor counted
-        rewards = fill_excluded(scored.rewards.view(B, G), excluded)
+        # excluded: no verdict, neither trained on nor counted
+        rollouts, rewards, excluded, reward_counts = self._rewards(sampled, examples, G)
 
         t_advantage = time.perf_counter()
         planning = None
         if self.planning is not None:
-            planning = self.planning(rollouts.completion_ids, rollouts.completion_mask)
+            planning = self.planning(rollouts.completion_ids, rollouts.trained_mask)
         advantage = self.algorithm.compute(
-            rewards, rollouts.logprobs, rollouts.completion_mask, rollouts.entropies, planning
+            rewards, rollouts.logprobs, rollouts.trained_mask, rollouts.entropies, planning
         )
         row_mask = advantage.group_has_signal.repeat_interleave(G) & ~excluded.view(-1)
         batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
@@ -267,9 +268,7 @@ class Trainer:
             "groups_all_wrong": int((uniform & ~all_correct).sum()),
             "grad_norm": result.grad_norm,
             "skipped_nonfinite": result.skipped_nonfinite,
-            "reward/errors": scored.errors,
-            "reward/timeouts": scored.timeouts,
-            "reward/excluded": len(scored.excluded),
+            **reward_counts,
             **advantage.metrics,
             **rollouts.metrics,  # the sampler's, e.g. policy/top_p_mass: every step, trained on or not
             **result.metrics,
@@ -281,23 +280,51 @@ class Trainer:
             "step_time_s": t_end - started,
         }
         self._log_samples(step, examples, rollouts, rewards, correct, planning)
-        self.batching.observe(record)
+        record.update(self.batching.observe(record))  # e.g. train/backpressure/... when the size adapts
         return record
 
     def _start_sampling(self, step: int, sampler: ThreadPoolExecutor | None = None) -> StepSample:
         """Draw step `step`'s prompts and sample them: now, or on `sampler` beside training (split mode)."""
         data_state = self.data.state_dict() if sampler is not None else None
-        examples = self.data.next_batch(self.batching.batch_size())
-        prompt_ids = self.prompts([example.prompt for example in examples])
-        arguments = (prompt_ids, self.training.group_size, self.sampling, step_generator_seed(self.training.seed, step))
+        examples = self.data.next_batch(self.batching.batch_size(step))
+        seed = step_generator_seed(self.training.seed, step)
         served_version = self.engine.weights_version
-        rollouts: Future[Rollouts]
+        rollouts: Future[Rollouts | ScoredRollouts]
         if sampler is None:
             rollouts = Future()
-            rollouts.set_result(self.engine.generate(*arguments))
+            rollouts.set_result(self._sample(examples, self.training.group_size, self.sampling, seed)())
         else:
-            rollouts = sampler.submit(self.engine.generate, *arguments)
+            rollouts = sampler.submit(self._sample(examples, self.training.group_size, self.sampling, seed))
         return StepSample(examples, served_version, rollouts, data_state)
+
+    def _sample(
+        self, examples: list[Example], group_size: int, sampling: SamplingParams, seed: int
+    ) -> Callable[[], Rollouts | ScoredRollouts]:
+        """The sampling work for `examples` (prompts encoded here, on the caller's thread): the environment's
+        scored episodes when the data source runs its own (retrain.environments), else the engine's completions."""
+        if isinstance(self.data, RolloutEnvironment):
+            return functools.partial(self.data.sample, examples, group_size, sampling, seed)
+        prompt_ids = self.prompts([example.prompt for example in examples])
+        return functools.partial(self.engine.generate, prompt_ids, group_size, sampling, seed)
+
+    def _rewards(
+        self, sampled: Rollouts | ScoredRollouts, examples: list[Example], group_size: int
+    ) -> tuple[Rollouts, torch.Tensor, torch.Tensor, dict[str, int]]:
+        """(rollouts, rewards [B, G] with excluded rows filled, excluded [B, G], reward/* counts): the
+        environment's rubric when it scored its own episodes, else the reward scorer's."""
+        if isinstance(sampled, ScoredRollouts):
+            rollouts, raw, excluded = sampled.rollouts, sampled.rewards, sampled.excluded
+            errors, timeouts = sampled.errors, sampled.timeouts
+        else:
+            scored = self.scorer.score(sampled.texts, [example for example in examples for _ in range(group_size)])
+            rollouts, raw, excluded = (
+                sampled,
+                scored.rewards.view(-1, group_size),
+                scored.excluded_mask().view(-1, group_size),
+            )
+            errors, timeouts = scored.errors, scored.timeouts
+        counts = {"reward/errors": errors, "reward/timeouts": timeouts, "reward/excluded": int(excluded.sum())}
+        return rollouts, fill_excluded(raw, excluded), excluded, counts
 
     def _may_prefetch(self, step: int) -> bool:
         """Split mode samples step `step` early unless a checkpoint comes first: a run resumed from
@@ -421,15 +448,10 @@ class Trainer:
         chunk = self.training.batch_size
         for start in range(0, len(examples), chunk):
             part = examples[start : start + chunk]
-            rollouts = self.engine.generate(
-                self.prompts([e.prompt for e in part]),
-                samples,
-                sampling,
-                step_generator_seed(self.training.seed, -1 - start),
-            )
-            scored = self.scorer.score(rollouts.texts, [e for e in part for _ in range(samples)])
-            judged = ~scored.excluded_mask()  # completions the reward gave no verdict for do not count
-            correct += int(((scored.rewards > CORRECT_THRESHOLD) & judged).sum())
+            sampled = self._sample(part, samples, sampling, step_generator_seed(self.training.seed, -1 - start))()
+            _, rewards, excluded, _ = self._rewards(sampled, part, samples)
+            judged = ~excluded  # completions the reward gave no verdict for do not count
+            correct += int(((rewards > CORRECT_THRESHOLD) & judged).sum())
             total += int(judged.sum())
         return correct / max(total, 1)
 

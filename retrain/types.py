@@ -63,6 +63,14 @@ class Rollouts:
     entropies: torch.Tensor | None = None  # [N, T] float32 Shannon entropy of the sampled distribution
     temperature: float = 1.0  # what the log-probs were taken at (training recomputes them at the same T)
     metrics: dict[str, float] = field(default_factory=dict)  # sampler statistics, e.g. policy/top_p_mass
+    # [N, T] bool: the tokens the policy sampled, the only ones trained; None = all of completion_mask. A multi-turn
+    # environment's own turns sit in the completion (attention context) but are not sampled (retrain.environments)
+    sampled_mask: torch.Tensor | None = None
+
+    @property
+    def trained_mask(self) -> torch.Tensor:
+        """[N, T] bool: the tokens that get advantages and loss (sampled by the policy, not padding)."""
+        return self.completion_mask if self.sampled_mask is None else self.sampled_mask & self.completion_mask
 
     @property
     def batch_size(self) -> int:
@@ -91,18 +99,20 @@ class WeightUpdate:
     """The policy's weights after an optimizer step, in a form an inference engine can load.
 
     `version` counts the optimizer steps applied (0 = the initial adapter). The weights travel as
-    an adapter directory (PEFT format, for engines that load files) or as named tensors (named as
+    an adapter directory (PEFT format, for engines that load files), as named tensors (named as
     the training model's trainable parameters; live views, so an engine that keeps its own copy
-    copies them during `sync`, before the next step changes them).
+    copies them during `sync`, before the next step changes them), or as a remote reference (a
+    service that trains and samples itself keeps the weights: e.g. a `tinker://` sampler path).
     """
 
     version: int
     adapter_dir: Path | None = None
     tensors: Mapping[str, torch.Tensor] | None = None
+    remote: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.adapter_dir is None) == (self.tensors is None):
-            raise ValueError("a WeightUpdate carries either an adapter_dir or named tensors, exactly one")
+        if sum(form is not None for form in (self.adapter_dir, self.tensors, self.remote)) != 1:
+            raise ValueError("a WeightUpdate carries an adapter_dir, named tensors or a remote reference, exactly one")
 
 
 @dataclass

@@ -114,3 +114,19 @@ def test_a_users_mistake_reads_as_one_message_with_the_traceback_in_run_log(tmp_
     assert f"traceback in {run_dir / 'run.log'}" in messages[0]
     log = (run_dir / "run.log").read_text()
     assert messages[0] in log and "Traceback (most recent call last)" in log, log
+
+
+def test_a_dotenv_file_in_the_working_directory_is_loaded_and_the_environment_wins(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("RETRAIN_TEST_FROM_DOTENV=from-file\nRETRAIN_TEST_BOTH=from-file\n")
+    result = run_cli(
+        [
+            "experiment=quickstart",
+            "+reward.note=${oc.env:RETRAIN_TEST_FROM_DOTENV}/${oc.env:RETRAIN_TEST_BOTH}",
+            "--cfg",
+            "job",
+            "--resolve",
+        ],
+        cwd=tmp_path,
+        env={"RETRAIN_TEST_BOTH": "from-environment"},
+    )
+    assert "note: from-file/from-environment" in result.stdout

@@ -75,6 +75,12 @@ def skip_reason(command: Command) -> str | None:
         raise AssertionError(f"{command.doc}: no rule for {command.text!r}: run it here or give a reason to skip it")
     if args[:1] in (["status"], ["squeeze"]) or "--help" in args or "--cfg" in args:
         return None  # reads run dirs or prints the config: nothing to fetch
+    if args[:1] in (["backends"],):
+        return None  # describes what is installed: nothing to fetch
+    if "backend=tinker" in args:
+        return "needs the Tinker service (TINKER_API_KEY)"
+    if "backend=prime_rl" in args:
+        return "needs a running PRIME-RL stack"
     if "hydra/launcher=slurm" in args:
         return "needs a SLURM cluster"
     if any("gpu:" in arg for arg in args):
@@ -108,7 +114,7 @@ def as_run_here(args: list[str], cwd: Path) -> list[str]:
             assert len(matches) == 1, f"{arg!r} should name one path made by the commands before it, found {matches}"
             arg = str(matches[0].relative_to(cwd))
         resolved.append(arg)
-    if args[:1] in (["status"], ["squeeze"]) or "--help" in args or "--cfg" in args:
+    if args[:1] in (["status"], ["squeeze"], ["backends"]) or "--help" in args or "--cfg" in args:
         return resolved
     return [*resolved, *SHORTEN, *(NARROW if "--multirun" in args else [])]
 

@@ -40,18 +40,8 @@ class Capabilities:
 
 
 # A plugin backend that declares nothing is assumed to aggregate advantages, so token-varying
-# algorithms fail preflight instead of silently losing their credit assignment.
+# algorithms fail preflight instead of silently losing their credit assignment (retrain.backend.capabilities).
 CONSERVATIVE_CAPABILITIES = Capabilities(preserves_token_advantages=False, reports_sync_loss=False)
-
-
-def capabilities_of(backend_cls: Any) -> Capabilities:
-    """Capabilities declared by a backend class (attribute `capabilities`), else conservative."""
-    declared = getattr(backend_cls, "capabilities", None)
-    if isinstance(declared, Capabilities):
-        return declared
-    if isinstance(declared, dict):
-        return Capabilities(**declared)
-    return CONSERVATIVE_CAPABILITIES
 
 
 @runtime_checkable

@@ -6,9 +6,11 @@ model's schema is `ModelSpec` itself: the dataclass the option instantiates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from retrain.backend.model import ModelSpec
+from retrain.backend.prime_rl.config import PrimeRlBackendConfig
+from retrain.backend.tinker.config import TinkerBackendConfig
 
 
 @dataclass
@@ -17,11 +19,24 @@ class LocalBackendConfig:
     from the composition root at instantiate time."""
 
     _target_: str = "retrain.backend.local.LocalBackend"
-    # "cpu" or "gpu:N" (CPU fallback with a warning when CUDA is absent); split mode "gpu:I,gpu:T":
-    # inference on the first, training on the last, sampling of step s+1 overlapping training of step s
-    devices: str = "gpu:0"
-    micro_batch_size: int = 2  # rows per forward/backward (bounds activation memory); 0 = all rows at once
-    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    devices: str = field(
+        default="gpu:0",
+        metadata={
+            "help": '"cpu" or "gpu:N" (CPU with a warning when CUDA is absent); split mode "gpu:I,gpu:T" samples '
+            "on the first while training on the last"
+        },
+    )
+    micro_batch_size: int = field(
+        default=2, metadata={"help": "rows per forward/backward (bounds activation memory); 0 = all rows at once"}
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute activations in backward: less memory, ~30% slower"}
+    )
 
 
-SCHEMAS: dict[str, type] = {"base_local": LocalBackendConfig, "base_model": ModelSpec}
+SCHEMAS: dict[str, type] = {
+    "base_local": LocalBackendConfig,
+    "base_tinker": TinkerBackendConfig,
+    "base_prime_rl": PrimeRlBackendConfig,
+    "base_model": ModelSpec,
+}

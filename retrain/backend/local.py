@@ -128,7 +128,8 @@ class LocalBackend:
         advantages = batch.advantages.to(self.device)
         row_mask = batch.row_mask.to(self.device)
         # Tokens with advantage exactly 0 carry no gradient: they leave the loss and its normaliser.
-        contributing = rollouts.completion_mask & (advantages != 0) & row_mask.unsqueeze(1)
+        # Only the policy's own tokens train: a multi-turn environment's turns are context (Rollouts.trained_mask).
+        contributing = rollouts.trained_mask & (advantages != 0) & row_mask.unsqueeze(1)
         num_tokens = int(contributing.sum())
         if num_tokens == 0:
             return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0)
@@ -279,6 +280,7 @@ def _on_device(rollouts: Rollouts, device: torch.device) -> Rollouts:
         completion_ids=rollouts.completion_ids.to(device),
         completion_mask=rollouts.completion_mask.to(device),
         logprobs=rollouts.logprobs.to(device),
+        sampled_mask=None if rollouts.sampled_mask is None else rollouts.sampled_mask.to(device),
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from retrain.data.arithmetic import SCHEMAS as ARITHMETIC_SCHEMAS
 from retrain.data.prompts import DEFAULT_PROMPT_TEMPLATE
+from retrain.environments.config import SCHEMAS as ENVIRONMENT_SCHEMAS
 
 MATH_PATH = "EleutherAI/hendrycks_math"
 # The five subjects of the original retrain runs (4,551 problems in MATH's train split).
@@ -69,4 +70,5 @@ SCHEMAS: dict[str, type] = {
     "base_gsm8k": Gsm8kDataConfig,
     "base_jsonl": JsonlDataConfig,
     **ARITHMETIC_SCHEMAS,  # the generated offline task keeps its schema next to its code
+    **ENVIRONMENT_SCHEMAS,  # data=verifiers: an environment that samples and scores its own rollouts
 }

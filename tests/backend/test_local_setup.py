@@ -9,7 +9,8 @@ import pytest
 import torch
 from huggingface_hub import constants
 
-from retrain.backend.base import Backend, capabilities_of
+from retrain.backend.base import Backend
+from retrain.backend.capabilities import capabilities_of
 from retrain.backend.local import LocalBackend
 from retrain.backend.model import ChatPrompts, ModelSpec, resolve_device
 from retrain.errors import ConfigError, HubFetchError

@@ -31,7 +31,7 @@ class ScalarAdvantageBackend:
     It declares so; preflight must then refuse token-varying algorithms before anything loads.
     """
 
-    capabilities: ClassVar[dict[str, bool]] = {
+    RETRAIN_BACKEND_CAPABILITIES: ClassVar[dict[str, bool]] = {
         "reports_sync_loss": False,
         "preserves_token_advantages": False,
         "supports_checkpoint_resume": True,

@@ -1,0 +1,204 @@
+"""backend=prime_rl: each step's rows go to an external PRIME-RL trainer; its broadcasts come back as the new weights.
+
+`train(batch)` packs the kept rows (one scalar advantage each) into PRIME-RL micro-batches, sends
+them as step N through the configured transport, and waits for the trainer's broadcast of step N
+(weights.py); that directory is the step's WeightUpdate, which the engine (engine.py) has the
+PRIME-RL inference server load. The optimizer, its settings and the loss run inside PRIME-RL (its
+trainer config), asynchronously: the loss reported here is a placeholder 0.0
+(`reports_sync_loss=False`, annotated on the console line). Steps are numbered as PRIME-RL numbers
+them: a fresh PRIME-RL trainer reads rollouts/step_1 first, so weights version N is step N.
+A checkpoint records the step and its broadcast (prime_rl_state.json); resuming needs the PRIME-RL
+trainer resumed from its own checkpoint of that step, whose startup broadcast the load waits for.
+
+msgspec and pyzmq (`retrain[prime_rl]`) are imported when the backend is built, so this module
+imports without them (`retrain backends` lists it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from retrain.backend.base import Capabilities
+from retrain.backend.model import ModelSpec
+from retrain.backend.prime_rl.config import TRANSPORTS
+from retrain.backend.prime_rl.config import PrimeRlBackendConfig as Defaults
+from retrain.backend.prime_rl.transport import FilesystemSender, RolloutSender, ZmqSender
+from retrain.backend.prime_rl.weights import BroadcastModel, broadcast_dir, wait_for_broadcast
+from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.errors import ConfigError
+from retrain.inference.base import EngineResources, InferenceEngine
+from retrain.inference.freshness import PROBE_TOLERANCE_HALF, Probe
+from retrain.inference.http import check_url
+from retrain.plugins import built_in
+from retrain.types import TrainBatch, TrainResult, WeightUpdate
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "prime_rl_state.json"
+
+
+@built_in
+class PrimeRlBackend:
+    """Satisfies retrain.backend.base.Backend; see the module docstring."""
+
+    capabilities = Capabilities(
+        reports_sync_loss=False,
+        preserves_token_advantages=False,
+        supports_checkpoint_resume=True,
+        resume_runtime_dependent=False,
+        samples_itself=True,
+    )
+    checkpoint_files = (STATE_FILE,)
+    # the server samples in bf16 as a rule, the probe's reference in model.dtype on the CPU
+    probe_tolerance = PROBE_TOLERANCE_HALF
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        optim: OptimSettings,
+        loss: LossSettings,
+        seed: int,
+        output_dir: str = Defaults.output_dir,
+        inference_url: str = Defaults.inference_url,
+        transport: str = Defaults.transport,
+        zmq_host: str = Defaults.zmq_host,
+        zmq_port: int = Defaults.zmq_port,
+        zmq_hwm: int = Defaults.zmq_hwm,
+        strict_advantages: bool = Defaults.strict_advantages,
+        sync_wait_s: float = Defaults.sync_wait_s,
+        sync_poll_s: float = Defaults.sync_poll_s,
+        seq_len: int = Defaults.seq_len,
+        num_train_workers: int = Defaults.num_train_workers,
+    ) -> None:
+        _check_options(output_dir, transport, zmq_port, zmq_hwm, strict_advantages, sync_wait_s, sync_poll_s)
+        if seq_len <= 0 or num_train_workers < 1:
+            raise ConfigError(
+                f"backend.seq_len (got {seq_len}) and backend.num_train_workers (got {num_train_workers}) must be >= 1"
+            )
+        _require_extra("msgspec", *(["zmq"] if transport == "zmq" else []))
+        self.spec = model
+        self.output_dir = Path(output_dir).expanduser()
+        self.inference_url = check_url(inference_url, "backend.inference_url")
+        self.sync_wait_s = sync_wait_s
+        self.sync_poll_s = sync_poll_s
+        self.seq_len = seq_len
+        self.num_train_workers = num_train_workers
+        log.info(
+            "backend=prime_rl: optimizer, learning rate and loss are the PRIME-RL trainer's own settings; "
+            "training.lr=%s and the training.clip_* values are not sent",
+            optim.lr,
+        )
+        self.sender: RolloutSender = (
+            ZmqSender(zmq_host, zmq_port, zmq_hwm, num_train_workers, sync_wait_s)
+            if transport == "zmq"
+            else FilesystemSender(self.output_dir)
+        )
+        self.step = 0  # the last step PRIME-RL trained and broadcast (= weights version)
+        self.broadcast: Path | None = None  # its broadcast (None: the base weights, before any step)
+        self.reference = BroadcastModel(model)
+
+    def engine_resources(self) -> EngineResources:
+        return EngineResources(spec=self.spec, device=torch.device("cpu"))
+
+    def sampling_engine(self, tokenizer: Any) -> InferenceEngine:
+        from retrain.backend.prime_rl.engine import PrimeRlEngine
+
+        return PrimeRlEngine(tokenizer, self.spec, self.inference_url)
+
+    def train(self, batch: TrainBatch) -> TrainResult:
+        from retrain.backend.prime_rl.messages import encode_rank
+        from retrain.backend.prime_rl.packing import pack, row_samples, trained_tokens
+
+        samples = row_samples(batch)
+        if not samples:
+            return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0)
+        grid = pack(samples, self.seq_len, self.num_train_workers)
+        step = self.step + 1
+        self.sender.send(step, [encode_rank(micro_batches) for micro_batches in grid])
+        directory = wait_for_broadcast(broadcast_dir(self.output_dir, step), self.sync_wait_s, self.sync_poll_s)
+        self.step, self.broadcast = step, directory
+        return TrainResult(
+            loss=0.0,  # placeholder: PRIME-RL computes the loss in its own process
+            grad_norm=0.0,
+            skipped_nonfinite=False,
+            num_tokens=trained_tokens(samples),
+            metrics={"prime_rl/samples": float(len(samples)), "prime_rl/micro_batches": float(len(grid[0]))},
+            update=WeightUpdate(version=step, adapter_dir=directory),
+        )
+
+    def probe_logprobs(self, probe: Probe) -> torch.Tensor:
+        return self.reference.probe_logprobs(probe, self.broadcast)
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {
+            "step": self.step,
+            "broadcast_dir": None if self.broadcast is None else str(self.broadcast),
+            "output_dir": str(self.output_dir),
+        }
+        partial = path / f"{STATE_FILE}.tmp"
+        partial.write_text(json.dumps(state, indent=2))
+        os.replace(partial, path / STATE_FILE)
+
+    def load(self, path: Path) -> WeightUpdate:
+        state = json.loads((Path(path) / STATE_FILE).read_text())
+        if Path(state["output_dir"]) != self.output_dir:
+            raise ConfigError(
+                f"backend.output_dir={str(self.output_dir)!r}, but the checkpoint in {path} was trained through "
+                f"{state['output_dir']!r}; resume with the same PRIME-RL output_dir"
+            )
+        step = int(state["step"])
+        # a (resumed) PRIME-RL trainer broadcasts its incoming weights as that step at start: wait for them
+        directory = wait_for_broadcast(broadcast_dir(self.output_dir, step), self.sync_wait_s, self.sync_poll_s)
+        self.step, self.broadcast = step, directory
+        return WeightUpdate(version=step, adapter_dir=directory)
+
+    def close(self) -> None:
+        self.sender.close()
+
+
+def _check_options(
+    output_dir: str,
+    transport: str,
+    zmq_port: int,
+    zmq_hwm: int,
+    strict_advantages: bool,
+    sync_wait_s: float,
+    sync_poll_s: float,
+) -> None:
+    if not output_dir:
+        raise ConfigError(
+            "backend.output_dir is empty: give the PRIME-RL trainer's output_dir "
+            "(where it reads rollouts/ and writes broadcasts/), e.g. backend.output_dir=/runs/prime-rl"
+        )
+    if not strict_advantages:
+        raise ConfigError(
+            "backend.strict_advantages=false is not allowed: PRIME-RL trains on one scalar advantage per "
+            "sample, so token-level advantages would be averaged away silently; keep it true and use an "
+            "algorithm without token-level credit (e.g. algorithm=maxrl_none)"
+        )
+    if transport not in TRANSPORTS:
+        raise ConfigError(f"backend.transport={transport!r} is not one of: {', '.join(TRANSPORTS)}")
+    if not 0 < zmq_port < 65535:
+        raise ConfigError(f"backend.zmq_port={zmq_port} must be in 1..65534 (zmq_port + 1 is used too)")
+    if zmq_hwm < 1:
+        raise ConfigError(f"backend.zmq_hwm must be >= 1, got {zmq_hwm}")
+    if not sync_wait_s > 0 or not sync_poll_s > 0:
+        raise ConfigError(
+            f"backend.sync_wait_s (got {sync_wait_s}) and backend.sync_poll_s (got {sync_poll_s}) must be > 0"
+        )
+
+
+def _require_extra(*modules: str) -> None:
+    import importlib.util
+
+    missing = [module for module in modules if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ConfigError(f"backend=prime_rl needs {', '.join(missing)}: pip install 'retrain[prime_rl]'")

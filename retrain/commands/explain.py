@@ -1,0 +1,387 @@
+"""`retrain explain [overrides…] [-m] [--json] [--pilot RUN_DIR]`: what a run or a sweep would do, loading no model.
+
+    retrain explain                                              # the default run
+    retrain explain backend=tinker algorithm=grpo_none           # any overrides `python -m retrain` takes
+    retrain explain -m algorithm=grpo_none,maxrl_gtpo_sepa training.seed=1,2
+    retrain explain -m +campaign=ablation --pilot outputs/runs/2025-01-01/12-00-00_maxrl_gtpo_sepa
+
+For each condition: the composed parts and their `_target_`s, the condition label, the backend's
+capabilities and where they come from, the algorithm's preflight on a synthetic step (exit 1 with its
+message when it fails), whether planning detection and SEPA are used. For the run or every run of the
+sweep (Hydra's job order, retrain.campaign.plan): its run dir and wandb group, and the estimate of
+wall time and GPU hours (retrain/capacity.py, docs/capacity-planning.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from retrain.capacity import REFERENCE_GPU, REFERENCE_STEP_S, Pilot, Workload, read_pilot, run_estimate, step_time
+from retrain.capacity import wall_hours as campaign_wall_hours
+from retrain.errors import ConfigError, UserError
+
+PART_GROUPS = ("backend", "model", "algorithm", "inference", "reward", "data")
+SEQUENTIAL_LAUNCHERS = ("BasicLauncher",)  # Hydra's default runs the jobs one after another
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="retrain explain",
+        description="A dry run: what `python -m retrain <overrides>` would do, and how long it would take. "
+        "Loads no model.",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as `python -m retrain` takes them")
+    parser.add_argument("-m", "--multirun", action="store_true", help="explain the sweep `--multirun` would launch")
+    parser.add_argument("--json", action="store_true", help="print the machine-readable report")
+    parser.add_argument("--pilot", type=Path, help="a run dir whose median step time replaces the reference")
+    parser.add_argument(
+        "--gpu",
+        choices=sorted(REFERENCE_STEP_S),
+        help="the reference GPU row of the estimate (default: this machine's GPU if the table has it, else h100)",
+    )
+    parser.add_argument("--config-dir", type=Path, help="a config dir of your own, searched too (as for retrain)")
+    args = parser.parse_args(argv)
+    try:
+        report = explain(args.overrides, args.multirun, args.config_dir, args.pilot, args.gpu)
+    except (UserError, ValueError) as error:  # a ConfigError, or Hydra/OmegaConf refusing an override
+        print(f"retrain explain: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        if type(error).__module__.split(".")[0] not in ("hydra", "omegaconf"):
+            raise
+        print(f"retrain explain: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2, default=str) if args.json else render(report))
+    failures = [c["preflight"]["error"] for c in report["conditions"] if not c["preflight"]["ok"]]
+    for failure in dict.fromkeys(failures):
+        print(f"retrain explain: preflight failed: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+# ---- composing -------------------------------------------------------------------------------------
+
+
+def search_path_overrides(config_dir: Path | None) -> list[str]:
+    """A user's config dir as an override (what `--config-dir` does for `python -m retrain`)."""
+    if config_dir is None:
+        return []
+    if not config_dir.is_dir():
+        raise ConfigError(f"--config-dir {config_dir}: no such directory")
+    return [f"hydra.searchpath=[file://{config_dir.resolve()}]"]
+
+
+def composed(overrides: list[str], config_dir: Path | None = None) -> DictConfig:
+    """The config `python -m retrain [--config-dir DIR] <overrides>` would run, `hydra` node included."""
+    from retrain.config import compose
+
+    return compose(search_path_overrides(config_dir) + overrides, return_hydra_config=True)
+
+
+def checked_config(cfg: DictConfig) -> None:
+    """The checks a run makes before it builds anything (retrain.run.run)."""
+    from retrain.config import check_known_keys
+    from retrain.secrets import check_env_names
+    from retrain.validation import check_config
+
+    run_config = without_hydra(cfg)
+    check_known_keys(run_config)
+    check_config(run_config)
+    check_env_names(run_config)
+
+
+def without_hydra(cfg: DictConfig) -> DictConfig:
+    """The run's own config: what `python -m retrain` hands the run (the `hydra` node left out)."""
+    return OmegaConf.masked_copy(cfg, [str(key) for key in cfg if key != "hydra"])
+
+
+def plain(cfg: DictConfig) -> dict[str, Any]:
+    """The run's config resolved, as plain containers."""
+    container = OmegaConf.to_container(without_hydra(cfg), resolve=True)
+    assert isinstance(container, dict)
+    return {str(key): value for key, value in container.items()}
+
+
+def split_sweeps(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(overrides that sweep, the others), parsed the way Hydra parses them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    sweeps = [str(o.input_line) for o in parsed if o.is_sweep_override()]
+    return sweeps, [str(o.input_line) for o in parsed if not o.is_sweep_override()]
+
+
+@dataclass
+class Job:
+    num: int
+    overrides: list[str]
+    config: DictConfig
+
+
+def planned_jobs(overrides: list[str], multirun: bool, config_dir: Path | None) -> tuple[list[Job], DictConfig]:
+    """Every job in Hydra's order with its composed config, and the config of the launch itself."""
+    from retrain.campaign.plan import expand
+    from retrain.secrets import masked_override
+
+    sweeps, fixed = split_sweeps(overrides)
+    if sweeps and not multirun:
+        raise ConfigError(f"{' '.join(sweeps)} sweeps: add -m (--multirun), as `python -m retrain` needs")
+    launch = composed(fixed, config_dir)
+    if not multirun:
+        return [Job(0, overrides, launch)], launch
+    sweeper = str(launch.hydra.sweeper.get("_target_", ""))
+    if not sweeper.endswith("BasicSweeper"):
+        raise ConfigError(
+            f"hydra/sweeper={sweeper}: its jobs are known only as it runs; explain plans the basic sweeper"
+        )
+    params = launch.hydra.sweeper.get("params") or {}
+    arguments = [f"{key}={value}" for key, value in params.items()] + [masked_override(o) for o in overrides]
+    return [Job(job.num, job.overrides, composed(job.overrides, config_dir)) for job in expand(arguments)], launch
+
+
+# ---- one condition: parts, backend, preflight ----------------------------------------------------
+
+
+def targets(node: Any, prefix: str) -> dict[str, str]:
+    """Every `_target_` under a config node, by the dotted key of the node that names it."""
+    found: dict[str, str] = {}
+    if isinstance(node, dict):
+        if isinstance(node.get("_target_"), str):
+            found[prefix] = node["_target_"]
+        for key, value in node.items():
+            found.update(targets(value, f"{prefix}.{key}"))
+    return found
+
+
+def describe_condition(cfg: DictConfig) -> dict[str, Any]:
+    """What one composed config is made of, and whether its algorithm can run on its backend and engine."""
+    from retrain.run import plan_parts
+
+    container = plain(cfg)
+    choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+    assert isinstance(choices, dict)
+    parts = {
+        group: {
+            "option": choices.get(group),
+            "_target_": container[group].get("_target_"),
+            "targets": targets(container[group], group),
+        }
+        for group in PART_GROUPS
+    }
+    plan = plan_parts(cfg)
+    algorithm, backend, engine_cls = plan.algorithm, plan.backend, plan.engine_cls
+    capabilities = backend.capabilities
+    described = algorithm.describe() if hasattr(algorithm, "describe") else {}
+    try:
+        probe = plan.preflight()
+        checked: dict[str, Any] = {"ok": True, "error": None, **asdict(probe)}
+    except ConfigError as error:
+        checked = {"ok": False, "error": str(error)}
+    return {
+        "name": algorithm.name,
+        "label": algorithm.label,
+        "parts": parts,
+        "algorithm": described,
+        "backend": backend.as_dict(),
+        "engine": {
+            "target": f"{engine_cls.__module__}.{engine_cls.__qualname__}",
+            "used": not capabilities.samples_itself,  # a backend that samples itself ignores `inference=`
+            "returns_entropies": bool(getattr(engine_cls, "returns_entropies", False)),
+        },
+        "preflight": checked,
+        "planning_detection": bool(algorithm.needs_planning),
+        "sepa": bool(described.get("uses_sepa", False)),
+    }
+
+
+# ---- the run matrix and the estimate ---------------------------------------------------------------
+
+
+def resolved(cfg: DictConfig, key: str) -> str:
+    """A `hydra.*` path as this launch resolves it; as written when it needs what only a launcher sets."""
+    try:
+        return str(OmegaConf.select(cfg, key, throw_on_resolution_failure=True))
+    except OmegaConfBaseException:  # e.g. `${hydra.job.num}` in a subdir: set per job by the launcher
+        from retrain.config import container_dict
+
+        parent, _, leaf = key.rpartition(".")
+        return str(container_dict(OmegaConf.select(cfg, parent), parent, resolve=False)[leaf])
+
+
+def run_dir(job: Job, launch: DictConfig, multirun: bool) -> str:
+    if not multirun:
+        return resolved(job.config, "hydra.run.dir")
+    return str(Path(resolved(launch, "hydra.sweep.dir")) / resolved(job.config, "hydra.sweep.subdir"))
+
+
+def wandb_of(cfg: DictConfig) -> dict[str, Any]:
+    logging = cfg.logging
+    return {
+        "enabled": bool(logging.wandb_project),
+        "project": logging.wandb_project or None,
+        "entity": logging.wandb_entity or None,
+        "group": logging.wandb_group or None,
+        "name": logging.wandb_run_name or None,
+        "tags": list(logging.wandb_tags),
+    }
+
+
+def detected_gpu() -> str | None:
+    """This machine's GPU as a reference row, if torch sees one the table has."""
+    from retrain.capacity import gpu_kind
+
+    try:
+        import torch
+
+        return gpu_kind(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+    except (ImportError, RuntimeError):
+        return None
+
+
+def launcher_parallelism(launch: DictConfig, jobs: int) -> tuple[str, int]:
+    """(launcher, how many runs it runs at once): one for Hydra's basic launcher, else its array_parallelism."""
+    target = str(launch.hydra.launcher.get("_target_", ""))
+    name = target.rsplit(".", 1)[-1]
+    if name in SEQUENTIAL_LAUNCHERS:
+        return name, 1
+    return name, min(jobs, int(launch.hydra.launcher.get("array_parallelism") or jobs))
+
+
+def explain(
+    overrides: list[str],
+    multirun: bool = False,
+    config_dir: Path | None = None,
+    pilot_dir: Path | None = None,
+    gpu: str | None = None,
+) -> dict[str, Any]:
+    """The whole report (what `--json` prints)."""
+    jobs, launch = planned_jobs(overrides, multirun, config_dir)
+    pilot: Pilot | None = read_pilot(pilot_dir) if pilot_dir is not None else None
+    gpu = gpu or detected_gpu() or REFERENCE_GPU
+    conditions: dict[str, dict[str, Any]] = {}
+    runs = []
+    notes: list[str] = []
+    for job in jobs:
+        checked_config(job.config)
+        container = plain(job.config)
+        shape = json.dumps([container[group] for group in ("algorithm", "backend", "inference")], sort_keys=True)
+        if shape not in conditions:
+            conditions[shape] = {**describe_condition(job.config), "runs": 0}
+        conditions[shape]["runs"] += 1
+        workload = Workload.of(container)
+        timing = step_time(workload, gpu, pilot)
+        notes += [note for note in timing.notes if note not in notes]
+        runs.append(
+            {
+                "num": job.num,
+                "overrides": job.overrides,
+                "condition": conditions[shape]["name"],
+                "seed": container["training"]["seed"],
+                "run_dir": run_dir(job, launch, multirun),
+                "wandb": wandb_of(job.config),
+                "max_steps": container["training"]["max_steps"],
+                "workload": asdict(workload),
+                "estimate": {
+                    **run_estimate(timing.seconds, job.config.training.max_steps, workload).as_dict(),
+                    "source": timing.source,
+                },
+            }
+        )
+    launcher, parallel = launcher_parallelism(launch, len(runs)) if multirun else ("single run", 1)
+    hours = [run["estimate"]["hours"] for run in runs]
+    gpu_hours = [run["estimate"]["gpu_hours"] for run in runs]
+    known = all(h is not None for h in hours)
+    return {
+        "overrides": overrides,
+        "multirun": multirun,
+        "sweep_dir": resolved(launch, "hydra.sweep.dir") if multirun else None,
+        "conditions": list(conditions.values()),
+        "runs": runs,
+        "estimate": {
+            "reference_gpu": gpu,
+            "pilot": None
+            if pilot is None
+            else {**asdict(pilot), "workload": pilot.workload and asdict(pilot.workload)},
+            "launcher": launcher,
+            "parallel_runs": parallel,
+            "runs": len(runs),
+            "total_run_hours": sum(hours) if known else None,
+            "wall_hours": campaign_wall_hours(hours, parallel) if known else None,
+            "gpu_hours": sum(gpu_hours) if all(g is not None for g in gpu_hours) else None,
+            "notes": notes,
+        },
+    }
+
+
+# ---- the text report ------------------------------------------------------------------------------
+
+
+def _hours(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    return f"{value * 60:.1f} min" if value < 1 else f"{value:.1f} h"
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = []
+    for condition in report["conditions"]:
+        backend, caps = condition["backend"], condition["backend"]["capabilities"]
+        lines.append(f"Condition {condition['name']} [{condition['label']}] ({condition['runs']} run(s))")
+        for group, part in condition["parts"].items():
+            option = f"{group}={part['option']}" if part["option"] else group
+            lines.append(f"  {option:<28} {part['_target_']}")
+            lines += [f"    {key:<26} {target}" for key, target in part["targets"].items() if key != group]
+        flags = " ".join(f"{key}={value}" for key, value in caps.items())
+        lines.append(f"  backend {backend['name']} (source={backend['source']}): {flags}")
+        engine = condition["engine"]
+        lines.append(f"  engine {engine['target']}" + ("" if engine["used"] else " (not used: the backend samples)"))
+        lines.append(
+            f"  planning detection: {'yes' if condition['planning_detection'] else 'no'}; "
+            f"SEPA: {'yes' if condition['sepa'] else 'no'}"
+        )
+        preflight = condition["preflight"]
+        if preflight["ok"]:
+            lines.append(f"  preflight: ok (token-varying advantages: {'yes' if preflight['token_varying'] else 'no'})")
+        else:
+            lines.append(f"  preflight: FAILED: {preflight['error']}")
+    estimate = report["estimate"]
+    lines.append("")
+    if report["multirun"]:
+        lines.append(
+            f"Sweep: {len(report['runs'])} run(s) in {report['sweep_dir']} ({estimate['launcher']}, "
+            f"{estimate['parallel_runs']} at a time)"
+        )
+    for run in report["runs"]:
+        wandb = run["wandb"]
+        where = (
+            f"wandb {wandb['project']}/{wandb['group'] or '-'}/{wandb['name'] or '-'}"
+            if wandb["enabled"]
+            else (f"wandb off (group would be {wandb['group']})" if wandb["group"] else "wandb off")
+        )
+        step = run["estimate"]["step_time_s"]
+        timing = "step ? s" if step is None else f"step {step:.1f} s"
+        seed = "drawn at start" if run["seed"] == -1 else run["seed"]
+        lines.append(
+            f"  #{run['num']} {run['condition']} seed={seed} {run['max_steps']} steps, {timing}, "
+            f"{_hours(run['estimate']['hours'])}  {run['run_dir']}  {where}"
+        )
+    pilot = estimate["pilot"]
+    source = (
+        f"pilot {pilot['run_dir']}: median step {pilot['median_step_time_s']:.2f} s over {pilot['steps']} steps"
+        if pilot
+        else f"reference: one {estimate['reference_gpu']}"
+    )
+    gpu_hours = "unknown" if estimate["gpu_hours"] is None else f"{estimate['gpu_hours']:.1f}"
+    lines.append(
+        f"Estimate ({source}): wall time {_hours(estimate['wall_hours'])}, GPU hours {gpu_hours} "
+        "(docs/capacity-planning.md)"
+    )
+    lines += [f"  note: {note}" for note in estimate["notes"]]
+    return "\n".join(lines)

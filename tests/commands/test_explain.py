@@ -1,0 +1,183 @@
+"""`retrain explain`: the real command in a subprocess (loading no model), and the estimate's formulas."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from retrain.capacity import (
+    REFERENCE_STEP_S,
+    Workload,
+    model_params,
+    params_from_config,
+    read_pilot,
+    step_time,
+    wall_hours,
+)
+from retrain.commands.explain import launcher_parallelism
+from retrain.commands.explain import main as explain_main
+from retrain.config import compose
+from retrain.errors import ConfigError
+from tests.conftest import REPO, run_cli
+
+# Qwen3-4B's config.json (the architecture fields the parameter count reads)
+QWEN3_4B = {
+    "hidden_size": 2560,
+    "num_hidden_layers": 36,
+    "intermediate_size": 9728,
+    "vocab_size": 151936,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "tie_word_embeddings": True,
+}
+
+
+def explain(tmp_path: Path, *args: str, check: bool = True) -> dict:
+    # offline with an empty Hugging Face cache: reading the model or its tokenizer would fail the command
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = run_cli(["explain", "--json", *args], cwd=tmp_path, env=env, check=check, timeout=300)
+    return {"returncode": result.returncode, "stderr": result.stderr, **json.loads(result.stdout)}
+
+
+def test_the_default_run_explained_without_loading_a_model(tmp_path: Path) -> None:
+    report = explain(tmp_path, "--gpu", "h100")
+    [condition] = report["conditions"]
+    assert (condition["name"], condition["label"], condition["runs"]) == ("maxrl_gtpo_sepa", "maxrl+gtpo_sepa", 1)
+    parts = condition["parts"]
+    assert parts["backend"] == {
+        "option": "local",
+        "_target_": "retrain.backend.local.LocalBackend",
+        "targets": {"backend": "retrain.backend.local.LocalBackend"},
+    }
+    assert parts["algorithm"]["targets"]["algorithm.transforms.sepa"] == "retrain.algorithm.transforms.SEPAPooling"
+    assert parts["data"]["_target_"] == "retrain.data.math.MathData"
+    backend = condition["backend"]
+    assert backend["source"] == "builtin" and backend["capabilities"]["preserves_token_advantages"] is True
+    assert condition["preflight"]["ok"] and condition["preflight"]["token_varying"]
+    assert condition["planning_detection"] and condition["sepa"]
+    [run] = report["runs"]
+    assert run["run_dir"].startswith("outputs/runs/") and run["run_dir"].endswith("_maxrl_gtpo_sepa")
+    assert run["wandb"]["enabled"] is False
+    # the reference: 15 s for 4 × 8 completions of 10,240 tokens of a 4B model; the default is 8 × 16 of those
+    assert run["workload"]["params_source"] == "name" and run["workload"]["gpus"] == 1
+    assert run["estimate"]["step_time_s"] == pytest.approx(15.0 * 4)
+    assert report["estimate"]["wall_hours"] == pytest.approx(60.0 * 500 / 3600)
+    assert report["estimate"]["gpu_hours"] == pytest.approx(60.0 * 500 / 3600)
+    assert not (tmp_path / "outputs").exists()  # a dry run writes nothing
+
+
+def test_a_campaign_is_planned_in_hydras_order_with_its_run_dirs_groups_and_wall_time(tmp_path: Path) -> None:
+    # the command line's sweep of `algorithm` replaces the preset's five conditions (docs/campaigns.md)
+    report = explain(
+        tmp_path,
+        "-m",
+        "+campaign=ablation",
+        "algorithm=grpo_none,maxrl_gtpo_sepa",
+        "training.seed=1,2,3",
+        "hydra/launcher=slurm",
+        "--gpu",
+        "a100",
+    )
+    runs = report["runs"]
+    assert [(r["num"], r["condition"], r["seed"]) for r in runs] == [
+        (num, condition, seed)
+        for num, (condition, seed) in enumerate((c, s) for c in ("grpo_none", "maxrl_gtpo_sepa") for s in (1, 2, 3))
+    ]
+    sweep_dir = Path(report["sweep_dir"])
+    for run in runs:
+        assert Path(run["run_dir"]) == sweep_dir / f"{run['condition']}_s{run['seed']}"
+        assert run["wandb"]["group"] == run["condition"]
+        assert run["wandb"]["name"] == f"{run['condition']}_s{run['seed']}"
+    grpo, sepa = report["conditions"]
+    assert (grpo["name"], grpo["runs"], grpo["sepa"], grpo["planning_detection"]) == ("grpo_none", 3, False, False)
+    assert grpo["preflight"]["token_varying"] is False
+    assert (sepa["name"], sepa["sepa"], sepa["planning_detection"]) == ("maxrl_gtpo_sepa", True, True)
+    # 6 runs of 500 steps at 4 × 25 s; the SLURM launcher runs up to array_parallelism=8 at once: one wave
+    run_hours = REFERENCE_STEP_S["a100"] * 4 * 500 / 3600
+    estimate = report["estimate"]
+    assert (estimate["launcher"], estimate["parallel_runs"]) == ("SlurmLauncher", 6)
+    assert estimate["wall_hours"] == pytest.approx(run_hours)
+    assert estimate["gpu_hours"] == pytest.approx(6 * run_hours)
+
+
+def test_the_basic_launcher_runs_one_job_at_a_time() -> None:
+    assert launcher_parallelism(compose([], return_hydra_config=True), 40) == ("BasicLauncher", 1)
+    slurm = compose(["hydra/launcher=slurm"], return_hydra_config=True)
+    assert launcher_parallelism(slurm, 40) == ("SlurmLauncher", 8)
+
+
+def test_a_pilot_run_replaces_the_reference(tmp_path: Path) -> None:
+    pilot = tmp_path / "pilot"
+    (pilot / ".hydra").mkdir(parents=True)
+    (pilot / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(compose(["experiment=quickstart"])))
+    (pilot / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": i, "step_time_s": t}) + "\n" for i, t in enumerate([3.0, 1.0, 2.0, 10.0]))
+    )
+    report = explain(tmp_path, "experiment=quickstart", "training.batch_size=16", "--pilot", str(pilot))
+    # median 2.5 s, doubled: the planned run samples twice the pilot's completions per step
+    assert report["estimate"]["pilot"]["median_step_time_s"] == 2.5
+    assert report["runs"][0]["estimate"]["step_time_s"] == pytest.approx(5.0)
+    assert report["runs"][0]["estimate"]["source"] == f"pilot:{pilot}"
+    assert report["estimate"]["wall_hours"] == pytest.approx(5.0 * 150 / 3600)
+    assert report["estimate"]["gpu_hours"] == 0  # on the CPU
+
+
+@pytest.mark.skipif(not (REPO / "conf" / "backend" / "prime_rl.yaml").is_file(), reason="no prime_rl backend yet")
+def test_a_failing_preflight_exits_1_with_its_message(tmp_path: Path) -> None:
+    result = run_cli(
+        ["explain", "backend=prime_rl", "algorithm=maxrl_gtpo_sepa"], cwd=tmp_path, check=False, timeout=300
+    )
+    assert result.returncode == 1
+    assert "preflight: FAILED" in result.stdout and "backend prime_rl (source=builtin)" in result.stdout
+    assert "preflight failed: algorithm 'maxrl_gtpo_sepa' cannot run on backend 'prime_rl'" in result.stderr
+    assert "preserves_token_advantages=false" in result.stderr
+
+
+def test_bad_overrides_fail_naming_the_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert explain_main(["+training.lrr=1"]) == 1
+    assert "unknown config key 'training.lrr'" in capsys.readouterr().err
+    assert explain_main(["algorithm=grpo_none,maxrl_none"]) == 1
+    assert "add -m (--multirun)" in capsys.readouterr().err
+    assert explain_main(["-m", "training.lr=interval(0.1,1)"]) == 1
+    assert "the basic sweeper sweeps only" in capsys.readouterr().err
+
+
+# ---- the estimate's formulas (docs/capacity-planning.md) ----------------------------------------------
+
+
+def test_parameter_count_without_loading_the_model() -> None:
+    assert params_from_config(QWEN3_4B) == pytest.approx(4.02e9, rel=1e-3)
+    assert params_from_config({"hidden_size": 8}) is None
+    assert model_params("meta-llama/Llama-3.1-8B") == (8e9, "name")
+    assert model_params("Qwen/Qwen3-0.6B") == (0.6e9, "name")
+    assert model_params("HuggingFaceTB/SmolLM-135M") == (135e6, "name")
+    params, source = model_params("retrain:tiny_qwen3")  # the bundled model's own config.json
+    assert source == "config.json" and params is not None and 1e5 < params < 1e7
+
+
+def test_reference_step_time_scales_with_the_workload() -> None:  # the CPU row: none, a pilot is needed
+    reference = Workload(completions=32, max_tokens=10240, params=4e9, params_source="name", gpus=1, remote=False)
+    assert step_time(reference, "rtx4090").seconds == 45.0
+    bigger = Workload(completions=64, max_tokens=5120, params=8e9, params_source="name", gpus=2, remote=False)
+    assert step_time(bigger, "h100").seconds == pytest.approx(15.0 * 2 * 0.5 * 2)
+    remote = Workload(completions=32, max_tokens=10240, params=4e9, params_source="name", gpus=0, remote=True)
+    assert step_time(remote, "h100").seconds == pytest.approx(17.0)
+    cpu = Workload(completions=32, max_tokens=10240, params=4e9, params_source="name", gpus=0, remote=False)
+    assert step_time(cpu, "h100").seconds is None
+
+
+def test_wall_time_fills_parallel_slots_in_order() -> None:
+    assert wall_hours([1.0] * 5, 1) == 5.0
+    assert wall_hours([1.0] * 5, 2) == 3.0
+    assert wall_hours([3.0, 1.0, 1.0, 1.0], 2) == 3.0
+    assert math.isclose(wall_hours([1.0] * 40, 8), 5.0)
+
+
+def test_a_pilot_without_steps_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--pilot .*: no step with step_time_s"):
+        read_pilot(tmp_path)
