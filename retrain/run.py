@@ -82,7 +82,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     algorithm, backend_cls, capabilities = plan.algorithm, plan.backend_cls, plan.backend.capabilities
     flags = ", ".join(f"{key}={value}" for key, value in capabilities.as_dict().items())
     log.info("backend %s: %s (source=%s)", plan.backend.name, flags, plan.backend.source)
-    plan.preflight()
+    plan.preflight()  # first: what an algorithm cannot do on this backend, before what the backend still lacks
+    plan.check_options()
     warn_if_untrainable(algorithm, training)
 
     resume = find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls))
@@ -155,6 +156,7 @@ class PartsPlan:
     algorithm: Algorithm
     backend_cls: type
     backend: BackendInfo
+    backend_settings: dict[str, Any]  # the `backend.*` keys as composed
     engine_cls: type
 
     def preflight(self) -> ProbeReport:
@@ -166,15 +168,18 @@ class PartsPlan:
             engine_returns_entropies=bool(getattr(self.engine_cls, "returns_entropies", False)),
         )
 
+    def check_options(self) -> None:
+        """The `backend.*` values against the backend's option schema (ConfigError naming the key)."""
+        self.backend.check_options(self.backend_settings)
+
 
 def plan_parts(cfg: DictConfig) -> PartsPlan:
     """The run's algorithm, backend description and engine class, without building a backend or an engine."""
     algorithm = checked_algorithm(instantiate(cfg.algorithm))
     backend_cls = target_class(cfg, "backend")
     backend = describe_backend(backend_cls)
-    backend.check_options(container_dict(cfg.backend, "backend"))
     engine_cls = backend_cls if backend.capabilities.samples_itself else target_class(cfg, "inference")
-    return PartsPlan(algorithm, backend_cls, backend, engine_cls)
+    return PartsPlan(algorithm, backend_cls, backend, container_dict(cfg.backend, "backend"), engine_cls)
 
 
 def build_engine(cfg: DictConfig, backend: Backend, capabilities: Capabilities, tokenizer: Any) -> InferenceEngine:

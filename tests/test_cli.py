@@ -130,3 +130,29 @@ def test_a_dotenv_file_in_the_working_directory_is_loaded_and_the_environment_wi
         env={"RETRAIN_TEST_BOTH": "from-environment"},
     )
     assert "note: from-file/from-environment" in result.stdout
+
+
+def test_prime_rl_refuses_token_credit_at_preflight_and_passes_a_scalar_algorithm(tmp_path: Path) -> None:
+    """Before any model loads (offline, with nothing cached: loading one would fail otherwise): the token-varying
+    algorithm is refused naming itself, the backend and the capability; maxrl_none passes preflight and then
+    stops at the first thing the run lacks, the PRIME-RL output_dir."""
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    refused = run_cli(
+        ["backend=prime_rl", "algorithm=maxrl_gtpo_sepa", f"hydra.run.dir={tmp_path / 'a'}"],
+        cwd=tmp_path,
+        env=offline,
+        check=False,
+    )
+    message = refused.stdout + refused.stderr
+    assert refused.returncode == 1
+    assert "algorithm 'maxrl_gtpo_sepa' cannot run on backend 'prime_rl'" in message
+    assert "preserves_token_advantages=false" in message and "Traceback" not in message
+    passed = run_cli(
+        ["backend=prime_rl", "algorithm=maxrl_none", f"hydra.run.dir={tmp_path / 'b'}"],
+        cwd=tmp_path,
+        env=offline,
+        check=False,
+    )
+    message = passed.stdout + passed.stderr
+    assert passed.returncode == 1 and "cannot run on backend" not in message
+    assert "backend.output_dir is required" in message

@@ -38,9 +38,12 @@ class OptionSpec:
     choices: tuple[Any, ...] | None = None
     help: str = ""
     validator: Callable[[Any], Any] | None = field(default=None, compare=False)
+    required: bool = False  # an empty value ("" or None) is refused
 
     def check(self, value: Any) -> None:
         """ConfigError naming `backend.<name>` when `value` is not allowed."""
+        if self.required and value in ("", None):
+            raise ConfigError(f"backend.{self.name} is required: {self.help or 'give it a value'}")
         if self.choices is not None and value not in self.choices:
             allowed = ", ".join(map(str, self.choices))
             raise ConfigError(f"backend.{self.name}={value!r} is not one of: {allowed}")
@@ -59,6 +62,7 @@ class OptionSpec:
             "type": self.type,
             "default": self.default,
             "choices": self.choices,
+            "required": self.required,
             "help": self.help,
         }
 
@@ -116,7 +120,11 @@ class BackendInfo:
         }
 
     def check_options(self, settings: Mapping[str, Any]) -> None:
-        """ConfigError for a `backend.*` value its schema refuses, or a key a declared schema lacks."""
+        """ConfigError for a `backend.*` value its schema refuses, a required one left empty, or a key a
+        declared schema lacks."""
+        for name, required in self.options.items():
+            if required.required and name not in settings:
+                required.check(None)
         for key, value in settings.items():
             if key == "_target_":
                 continue
@@ -195,6 +203,8 @@ def schema_options(schema: type) -> dict[str, OptionSpec]:
             default=default,
             choices=None if choices is None else tuple(choices),
             help=spec.metadata.get("help", ""),
+            validator=spec.metadata.get("validator"),
+            required=bool(spec.metadata.get("required", False)),
         )
     return options
 
@@ -246,6 +256,7 @@ def _as_option_schema(declared: Any, target: str) -> dict[str, OptionSpec]:
                 choices=None if choices is None else tuple(choices),
                 help=str(spec.get("help", "")),
                 validator=spec.get("validator"),
+                required=bool(spec.get("required", False)),
             )
         else:
             raise ConfigError(

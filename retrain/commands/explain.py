@@ -60,9 +60,14 @@ def main(argv: list[str]) -> int:
         print(f"retrain explain: {error}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=2, default=str) if args.json else render(report))
-    failures = [c["preflight"]["error"] for c in report["conditions"] if not c["preflight"]["ok"]]
+    failures = [
+        f"{check.replace('_', ' ')} failed: {c[check]['error']}"
+        for c in report["conditions"]
+        for check in ("preflight", "backend_options")
+        if not c[check]["ok"]
+    ]
     for failure in dict.fromkeys(failures):
-        print(f"retrain explain: preflight failed: {failure}", file=sys.stderr)
+        print(f"retrain explain: {failure}", file=sys.stderr)
     return 1 if failures else 0
 
 
@@ -184,6 +189,11 @@ def describe_condition(cfg: DictConfig) -> dict[str, Any]:
         checked: dict[str, Any] = {"ok": True, "error": None, **asdict(probe)}
     except ConfigError as error:
         checked = {"ok": False, "error": str(error)}
+    try:
+        plan.check_options()
+        options: dict[str, Any] = {"ok": True, "error": None}
+    except ConfigError as error:
+        options = {"ok": False, "error": str(error)}
     return {
         "name": algorithm.name,
         "label": algorithm.label,
@@ -196,6 +206,7 @@ def describe_condition(cfg: DictConfig) -> dict[str, Any]:
             "returns_entropies": bool(getattr(engine_cls, "returns_entropies", False)),
         },
         "preflight": checked,
+        "backend_options": options,
         "planning_detection": bool(algorithm.needs_planning),
         "sepa": bool(described.get("uses_sepa", False)),
     }
@@ -351,6 +362,8 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"  preflight: ok (token-varying advantages: {'yes' if preflight['token_varying'] else 'no'})")
         else:
             lines.append(f"  preflight: FAILED: {preflight['error']}")
+        if not condition["backend_options"]["ok"]:
+            lines.append(f"  backend options: FAILED: {condition['backend_options']['error']}")
     estimate = report["estimate"]
     lines.append("")
     if report["multirun"]:

@@ -125,7 +125,17 @@ def test_backends_command_prints_the_table_and_json(tmp_path):
         "type": "int",
         "default": 2,
         "choices": None,
+        "required": False,
         "help": "rows per forward/backward (bounds activation memory); 0 = all rows at once",
     }
     assert by_name[f"{HOOKS}.ModuleHookedBackend"]["source"] == "plugin/hook"
     assert payload["plugin_hooks"] == list(HOOK_NAMES)
+
+
+def test_a_required_option_left_empty_is_named_before_anything_is_built():
+    prime_rl = describe_backend("retrain.backend.prime_rl.backend.PrimeRlBackend")
+    assert prime_rl.options["output_dir"].required
+    for settings in ({}, {"output_dir": ""}):
+        with pytest.raises(ConfigError, match=r"backend.output_dir is required: the PRIME-RL trainer's output_dir"):
+            prime_rl.check_options(settings)
+    prime_rl.check_options({"output_dir": "/runs/prime", "transport": "zmq"})

@@ -17,7 +17,10 @@ class PrimeRlBackendConfig:
     _target_: str = "retrain.backend.prime_rl.backend.PrimeRlBackend"
     output_dir: str = field(
         default="",
-        metadata={"help": "the PRIME-RL trainer's output_dir (required): rollouts/ and broadcasts/ live there"},
+        metadata={
+            "help": "the PRIME-RL trainer's output_dir: rollouts/ and broadcasts/ live there",
+            "required": True,
+        },
     )
     inference_url: str = field(
         default="http://localhost:8000", metadata={"help": "the PRIME-RL inference server (vLLM, OpenAI-compatible)"}
