@@ -33,6 +33,7 @@ def assert_sizes_follow_the_controller(records: list[dict]) -> None:
         assert after["batch_size"] == before["train/backpressure/next_batch_size"], (before, after)
 
 
+@pytest.mark.slow
 def test_quickstart_batch_size_follows_the_controller(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     records = run(run_dir, steps=5)

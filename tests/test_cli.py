@@ -132,6 +132,7 @@ def test_a_dotenv_file_in_the_working_directory_is_loaded_and_the_environment_wi
     assert "note: from-file/from-environment" in result.stdout
 
 
+@pytest.mark.slow
 def test_prime_rl_refuses_token_credit_at_preflight_and_passes_a_scalar_algorithm(tmp_path: Path) -> None:
     """Before any model loads (offline, with nothing cached: loading one would fail otherwise): the token-varying
     algorithm is refused naming itself, the backend and the capability; maxrl_none passes preflight and then

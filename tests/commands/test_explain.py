@@ -71,6 +71,7 @@ def test_the_default_run_explained_without_loading_a_model(tmp_path: Path) -> No
     assert not (tmp_path / "outputs").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_a_campaign_is_planned_in_hydras_order_with_its_run_dirs_groups_and_wall_time(tmp_path: Path) -> None:
     # the command line's sweep of `algorithm` replaces the preset's five conditions (docs/campaigns.md)
     report = explain(
@@ -111,6 +112,7 @@ def test_the_basic_launcher_runs_one_job_at_a_time() -> None:
     assert launcher_parallelism(slurm, 40) == ("SlurmLauncher", 8)
 
 
+@pytest.mark.slow
 def test_a_pilot_run_replaces_the_reference(tmp_path: Path) -> None:
     pilot = tmp_path / "pilot"
     (pilot / ".hydra").mkdir(parents=True)
