@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from datasets import Dataset
 from hydra.utils import instantiate
 from peft import LoraConfig
@@ -29,6 +31,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from retrain.backend.model import resolve_device
 from retrain.config import compose
+from retrain.inference.vllm import CPU_ENV, IN_PROCESS_ENV
 
 
 class StepTimer(TrainerCallback):
@@ -51,12 +54,12 @@ class StepTimer(TrainerCallback):
             self.completion_tokens.append(logs["completions/mean_length"])
 
 
-def retrain_reward(reward: Any) -> Callable[..., list[float]]:
+def retrain_reward(reward: Any) -> Callable[..., list[float | None]]:
     """retrain's reward(response, reference, **extra) as a TRL reward function over a batch."""
 
     def reward_fn(
         prompts: list[Any], completions: list[Any], reference: list[str], extra: list[str], **kwargs: Any
-    ) -> list[float]:
+    ) -> list[float | None]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [float(reward(text, ref, **json.loads(x))) for text, ref, x in zip(texts, reference, extra)]
 
@@ -64,9 +67,18 @@ def retrain_reward(reward: Any) -> Callable[..., list[float]]:
     return reward_fn
 
 
+def vllm_settings(device: torch.device) -> dict[str, Any]:
+    """TRL's colocated vLLM, with the environment retrain's `inference=vllm` sets (engine core in this process;
+    on CPU no torch.compile and a 1 GiB KV cache)."""
+    for key, value in {**IN_PROCESS_ENV, **(CPU_ENV if device.type == "cpu" else {})}.items():
+        os.environ.setdefault(key, value)
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--vllm", action="store_true", help="sample with TRL's colocated vLLM (vllm_mode='colocate')")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
@@ -126,7 +138,7 @@ def main() -> None:
             beta=0.0,
             num_iterations=1,
             scale_rewards="none",
-            activation_checkpointing=cfg.backend.gradient_checkpointing,
+            gradient_checkpointing=cfg.backend.gradient_checkpointing,
             bf16=False,
             fp16=False,
             model_init_kwargs={"dtype": spec.torch_dtype(device)},
@@ -134,6 +146,7 @@ def main() -> None:
             report_to="none",
             save_strategy="no",
             disable_tqdm=True,
+            **(vllm_settings(device) if args.vllm else {}),
         )
         trainer = GRPOTrainer(
             model=spec.source()[0],

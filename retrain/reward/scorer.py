@@ -13,6 +13,12 @@ forking a process that holds CUDA contexts and thread pools can deadlock the chi
 reward is pickled once per worker, so it must be importable by name (a module-level function, a
 `functools.partial` of one, or an instance of a module-level class); that is checked when the
 scorer starts, before any model loads.
+
+The one exception: built-in rewards known to be pure and fast (IN_PROCESS_REWARDS: `reward=match`, a
+linear scan of the completion with no I/O and no native code) cannot hang or take the interpreter down,
+so they run in the trainer's own process, row by row with the same verdicts, and no worker starts. A
+worker round trip costs more than such a reward: on the quickstart step, ~9 ms of ~130 against ~0.4.
+Every other reward, plugins and `reward=math` (math-verify can hang) included, runs in the workers.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from retrain.errors import ConfigError, RewardFailureError, RewardOutputError, R
 from retrain.plugins import plugin_name
 from retrain.reward import worker as worker_module
 from retrain.reward.checks import bounded
+from retrain.reward.match import match_reward
 from retrain.types import Example
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,8 @@ STARTUP_TIMEOUT_S = 120.0  # loading a reward imports its module (sympy alone ta
 ASYNC_GRACE_S = 2.0  # async rows time themselves; the parent kills a worker this much later
 CHUNKS_PER_WORKER = 4  # sync rewards: small chunks balance slow rows across workers
 MAX_AUTO_WORKERS = 8
+# Built-in rewards scored in the trainer's process (see the module docstring): pure, synchronous, linear time.
+IN_PROCESS_REWARDS: tuple[Callable[..., Any], ...] = (match_reward,)
 
 
 @dataclass
@@ -99,6 +108,23 @@ def is_async_reward(reward_fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(type(target).__call__)
 
 
+def in_process_form(reward_fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """`reward_fn` as a plain call when its function is in IN_PROCESS_REWARDS, else None (it runs in the workers).
+
+    Partials are unwrapped, Hydra's `_partial_: true` wrapper included: it re-authorizes its target on every
+    call (~0.1 ms, 50x the match itself), and the target is known to be one of ours here.
+    """
+    target: Any = reward_fn
+    args: tuple[Any, ...] = ()
+    keywords: dict[str, Any] = {}
+    while isinstance(target, functools.partial):
+        args, keywords = (*target.args, *args), {**target.keywords, **keywords}
+        target = target.func
+    if not any(target is known for known in IN_PROCESS_REWARDS):  # by identity: a plugin may be unhashable
+        return None
+    return functools.partial(target, *args, **keywords)
+
+
 def default_workers() -> int:
     """One worker per available core, at least 2 (a hung row must not stall the rest), at most 8."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -135,7 +161,8 @@ def _stop_workers(workers: list[_Worker]) -> None:
 
 
 class RewardScorer:
-    """Runs `reward_fn(response, reference, **example.extra)` for every row of a step, in parallel.
+    """Runs `reward_fn(response, reference, **example.extra)` for every row of a step, in parallel
+    (in this process for the built-ins in IN_PROCESS_REWARDS; `workers` then start none).
 
     A row whose reward raises, runs past `timeout_s`, or kills its worker scores 0.0 and is counted
     in `errors` (and `timeouts`); a row whose reward raises NoVerdict is `excluded`. A reward that
@@ -169,6 +196,7 @@ class RewardScorer:
         self.max_worker_rss_mb = max_worker_rss_mb
         self.failing_steps = 0  # calls in a row in which no row got a score
         self.concurrent = is_async_reward(reward_fn)
+        self._local_call = in_process_form(reward_fn)  # None: the workers score
         try:
             self._reward_blob = pickle.dumps(reward_fn)
         except Exception as exc:
@@ -176,7 +204,8 @@ class RewardScorer:
                 f"reward {self.name} cannot be sent to the scoring worker processes ({exc}); define "
                 f"it at module level (not a lambda or a nested function) so it can be imported by name"
             ) from exc
-        self._workers: list[_Worker] = [self._start_worker() for _ in range(workers or default_workers())]
+        count = 0 if self._local_call is not None else workers or default_workers()
+        self._workers: list[_Worker] = [self._start_worker() for _ in range(count)]
         self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
         try:
             self._wait_until_ready()
@@ -266,6 +295,10 @@ class RewardScorer:
 
     # ---- the dispatch loop -----------------------------------------------------------------
     def _run(self, rows: list[worker_module.Row], outcome: _Outcome) -> None:
+        if self._local_call is not None:
+            for row in rows:
+                self._record(*worker_module.score_row(self._local_call, self.name, row), rows, outcome)
+            return
         size = max(1, math.ceil(len(rows) / len(self._workers)))
         if not self.concurrent:
             size = math.ceil(size / CHUNKS_PER_WORKER)
@@ -319,11 +352,16 @@ class RewardScorer:
         if kind == "init_error":
             cause = payload.strip().splitlines()[-1] if payload.strip() else "no traceback"
             raise RewardWorkerError(f"a scoring worker could not load reward {self.name} ({cause})", details=payload)
-        if kind == "bad_output":
-            raise RewardOutputError(f"{payload} (row {index}, completion {rows[index][1][:200]!r})")
         worker.rows.remove(index)
         if not self.concurrent:  # the worker starts its next row now
             worker.deadline = time.monotonic() + self.timeout_s
+        self._record(kind, index, payload, rows, outcome)
+
+    @staticmethod
+    def _record(kind: str, index: int, payload: Any, rows: list[worker_module.Row], outcome: _Outcome) -> None:
+        """A row's verdict, however it was scored."""
+        if kind == "bad_output":
+            raise RewardOutputError(f"{payload} (row {index}, completion {rows[index][1][:200]!r})")
         if kind == "ok":
             outcome.rewards[index] = payload
         elif kind == "excluded":

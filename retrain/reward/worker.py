@@ -87,16 +87,22 @@ def serve(conn: Connection, output: BoundedOutput | None = None) -> None:
                 loop.run_until_complete(_score_concurrently(reward, reward_name, chunk, conn, timeout_s))
             else:
                 for row in chunk:
-                    conn.send(_score_one(reward, reward_name, row, loop))
+                    conn.send(score_row(reward, reward_name, row, loop))
     finally:
         loop.close()
 
 
-def _score_one(reward: Callable[..., Any], reward_name: str, row: Row, loop: asyncio.AbstractEventLoop) -> Message:
+def score_row(
+    reward: Callable[..., Any], reward_name: str, row: Row, loop: asyncio.AbstractEventLoop | None = None
+) -> Message:
+    """One row's verdict message (`loop` runs a coroutine a sync reward hands back; the scorer, scoring in its own
+    process, passes none)."""
     index, response, reference, extra = row
     try:
         value = reward(response, reference, **extra)
         if inspect.isawaitable(value):  # a sync callable that hands back a coroutine
+            if loop is None:  # the scorer's own process runs only synchronous built-ins (scorer.IN_PROCESS_REWARDS)
+                raise TypeError("a reward scored in the trainer's process returned an awaitable")
             value = loop.run_until_complete(value)
     except NoVerdict as exc:
         return ("excluded", index, describe_exception(exc))

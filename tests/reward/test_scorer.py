@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import os
 import statistics
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,9 +19,10 @@ from hydra.utils import instantiate
 from retrain.config import compose
 from retrain.errors import ConfigError, RewardFailureError, RewardOutputError, RewardWorkerError
 from retrain.plugins import plugin_name
+from retrain.reward import scorer as scorer_module
 from retrain.reward.checks import MESSAGE_LIMIT
 from retrain.reward.match import match_reward
-from retrain.reward.scorer import RewardScorer, fill_excluded, is_async_reward
+from retrain.reward.scorer import RewardScorer, fill_excluded, in_process_form, is_async_reward
 from retrain.types import Example
 from tests.plugins import reward_plugins as plugins
 
@@ -26,16 +31,74 @@ def examples(references: list[str], **extra: object) -> list[Example]:
     return [Example(prompt=f"q{n}", reference=ref, id=str(n), extra=dict(extra)) for n, ref in enumerate(references)]
 
 
+def child_processes() -> set[int]:
+    """This process's children, from /proc (Linux): a scorer's workers show up here."""
+    children = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # a process that ended while we looked
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if parent == os.getpid():
+                children.add(int(stat.parent.name))
+    return children
+
+
 def test_rows_come_back_aligned_and_match_in_process_scores() -> None:
     references = [str(n % 7) for n in range(64)]
     responses = [f"so \\boxed{{{n % 5}}}" if n % 3 else "no box" for n in range(64)]
-    with RewardScorer(match_reward, timeout_s=5, workers=2) as scorer:
-        result = scorer.score(responses, examples(references))
     expected = [match_reward(r, ref) for r, ref in zip(responses, references)]
-    assert result.rewards.dtype == torch.float32 and result.rewards.shape == (64,)
-    assert result.rewards.tolist() == expected
+    # a plugin (the workers score it) and the built-in match (scored in this process) agree row by row
+    for reward in (plugins.ScaledMatchReward(), match_reward):
+        with RewardScorer(reward, timeout_s=5, workers=2) as scorer:
+            result = scorer.score(responses, examples(references))
+        assert result.rewards.dtype == torch.float32 and result.rewards.shape == (64,)
+        assert result.rewards.tolist() == expected
+        assert (result.errors, result.timeouts, result.failures) == (0, 0, {})
     assert 0 < sum(expected) < 64
-    assert (result.errors, result.timeouts, result.failures) == (0, 0, {})
+
+
+@dataclasses.dataclass
+class UnhashableReward:
+    """A dataclass reward: `eq=True` makes its instances unhashable."""
+
+    scale: float = 1.0
+
+    def __call__(self, response: str, reference: str, **extra: object) -> float:
+        return self.scale
+
+
+def test_only_known_pure_built_ins_score_in_process() -> None:
+    configured = instantiate(compose(["reward=match"]).reward)  # Hydra's partial, which re-authorizes every call
+    for reward in (match_reward, functools.partial(match_reward), configured):
+        local = in_process_form(reward)
+        assert type(local) is functools.partial and local.func is match_reward
+    assert in_process_form(functools.partial(functools.partial(match_reward, "\\boxed{1}"), "1"))() == 1.0
+    math = instantiate(compose(["reward=math"]).reward)
+    for reward in (plugins.my_reward, plugins.ScaledMatchReward(), math, UnhashableReward()):
+        assert in_process_form(reward) is None
+    before = child_processes()
+    with RewardScorer(configured, name="retrain.reward.match.match_reward", workers=2) as scorer:
+        assert child_processes() == before
+        assert scorer.score(["\\boxed{7}", "7"], examples(["7", "7"])).rewards.tolist() == [1.0, 0.0]
+    with RewardScorer(plugins.my_reward, workers=2):
+        assert len(child_processes() - before) == 2
+
+
+def test_in_process_rewards_get_the_verdicts_workers_give(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scored in this process, a reward's failures still count per row instead of ending the step."""
+    monkeypatch.setattr(scorer_module, "IN_PROCESS_REWARDS", (plugins.flaky_reward, plugins.undecided_reward))
+    before = child_processes()
+    with RewardScorer(plugins.flaky_reward, workers=2) as scorer:
+        assert child_processes() == before
+        result = scorer.score(["fine", "boom", "fine", "stall"], examples(["x"] * 4))
+    assert result.rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert result.failures == {1: "RuntimeError: boom", 3: "LibraryTimeout: gave up"}
+    with RewardScorer(plugins.undecided_reward, workers=1, max_failing_steps=2) as scorer:
+        assert scorer.score(["undecided", "x"], examples(["x"] * 2)).excluded == {
+            0: "NoVerdict: the verifier is unavailable"
+        }
+    monkeypatch.setattr(scorer_module, "IN_PROCESS_REWARDS", (plugins.nan_reward,))
+    with RewardScorer(plugins.nan_reward, workers=1) as scorer, pytest.raises(RewardOutputError, match="row 1"):
+        scorer.score(["fine", "nan"], examples(["x"] * 2))
 
 
 def test_raising_rows_score_zero_and_are_counted() -> None:
@@ -260,15 +323,22 @@ def test_rewards_are_named_by_the_one_plugin_naming_helper() -> None:
         assert scorer.name == "tests.plugins.reward_plugins.ScaledMatchReward"
 
 
-def test_overhead_for_a_cheap_reward_stays_small() -> None:
-    """256 completions of a cheap reward: a few ms of IPC, small next to a ~0.1 s demo step."""
+@pytest.mark.parametrize(
+    ("reward", "bound_s"),
+    [
+        (plugins.ScaledMatchReward(), 0.1),  # a few ms of IPC, small next to a ~0.1 s demo step (~5 ms measured)
+        (match_reward, 0.02),  # in this process: ~1 ms
+    ],
+)
+def test_overhead_for_a_cheap_reward_stays_small(reward: object, bound_s: float) -> None:
+    """256 completions of a cheap reward, in the workers or (the built-in match) in this process."""
     references = [str(n) for n in range(256)]
     responses = [f"\\boxed{{{n}}}" for n in range(256)]
-    with RewardScorer(match_reward, timeout_s=5, workers=2) as scorer:
+    with RewardScorer(reward, timeout_s=5, workers=2) as scorer:
         timings = []
         for _ in range(5):
             started = time.perf_counter()
             result = scorer.score(responses, examples(references))
             timings.append(time.perf_counter() - started)
     assert result.rewards.sum().item() == 256
-    assert statistics.median(timings) < 0.1  # measured ~5 ms on 2 shared cores
+    assert statistics.median(timings) < bound_s
