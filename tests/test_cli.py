@@ -56,6 +56,12 @@ def test_preflight_refuses_token_credit_on_a_backend_that_aggregates_it(tmp_path
     message = result.stdout + result.stderr
     assert result.returncode != 0
     assert "maxrl_gtpo_sepa" in message and "ScalarAdvantageBackend" in message
+    # the startup line: the capabilities the plugin declared through its hook, and where they came from
+    assert (
+        "backend tests.plugins.training_plugins.ScalarAdvantageBackend: reports_sync_loss=False, "
+        "preserves_token_advantages=False, supports_checkpoint_resume=True"
+    ) in message
+    assert "(source=plugin/hook)" in message
     assert "preflight should have stopped" not in message
 
 

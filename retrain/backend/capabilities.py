@@ -72,22 +72,22 @@ class BuiltinBackend:
     """A backend retrain ships: where it lives, the extra it needs and the modules that extra provides."""
 
     target: str
-    schema: str  # "module:Class" of its config dataclass
+    schema: str  # dotted path of its config dataclass
     extra: str | None = None
     modules: tuple[str, ...] = ()
 
 
 BUILTIN_BACKENDS: dict[str, BuiltinBackend] = {
-    "local": BuiltinBackend("retrain.backend.local.LocalBackend", "retrain.backend.config:LocalBackendConfig"),
+    "local": BuiltinBackend("retrain.backend.local.LocalBackend", "retrain.backend.config.LocalBackendConfig"),
     "tinker": BuiltinBackend(
         "retrain.backend.tinker.backend.TinkerBackend",
-        "retrain.backend.tinker.config:TinkerBackendConfig",
+        "retrain.backend.tinker.config.TinkerBackendConfig",
         extra="tinker",
         modules=("tinker",),
     ),
     "prime_rl": BuiltinBackend(
         "retrain.backend.prime_rl.backend.PrimeRlBackend",
-        "retrain.backend.prime_rl.config:PrimeRlBackendConfig",
+        "retrain.backend.prime_rl.config.PrimeRlBackendConfig",
         extra="prime_rl",
         modules=("msgspec", "zmq"),
     ),
@@ -154,7 +154,7 @@ def describe_backend(backend: str | type | object) -> BackendInfo:
             target=target,
             capabilities=capabilities_of(cls),
             source="builtin",
-            options=schema_options(_import_attribute(builtin.schema.replace(":", "."))),
+            options=schema_options(_import_attribute(builtin.schema)),
             extra=builtin.extra,
             extra_installed=all(importlib.util.find_spec(module) is not None for module in builtin.modules),
         )

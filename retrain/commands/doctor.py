@@ -239,13 +239,10 @@ def env_file_report(path: Path) -> dict[str, Any]:
     """A `.env` here and the names it sets (never their values); every retrain command loads it at start
     (retrain/cli.py), a variable already in the environment winning."""
     if not path.is_file():
-        return {"path": None, "variables": [], "exported": []}
-    names = []
-    for line in path.read_text(errors="replace").splitlines():
-        name, equals, _ = line.strip().removeprefix("export ").partition("=")
-        if equals and name and not name.startswith("#"):
-            names.append(name.strip())
-    return {"path": str(path), "variables": names, "exported": [name for name in names if name in os.environ]}
+        return {"path": None, "variables": []}
+    from dotenv import dotenv_values  # the parser retrain/cli.py loads it with
+
+    return {"path": str(path), "variables": list(dotenv_values(path))}
 
 
 # ---- the run the overrides compose ---------------------------------------------------------------
