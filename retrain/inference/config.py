@@ -21,10 +21,11 @@ class EngineConfig:
 
 @dataclass
 class PytorchEngineConfig(EngineConfig):
-    """In-process engine on the training model itself (no second copy of the weights)."""
+    """In-process engine on the training model itself (no second copy of the base model)."""
 
     _target_: str = "retrain.inference.pytorch.PytorchEngine"
     prefix_caching: bool = True  # prefill each prompt once and repeat its KV cache G times
+    merge_lora: bool = True  # fp32 models: sample through W + s·B·A, a copy of the adapted weights (faster)
 
 
 @dataclass

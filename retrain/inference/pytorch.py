@@ -1,4 +1,4 @@
-"""In-process sampling on the very model object the backend trains (no second copy of the weights).
+"""In-process sampling on the very model object the backend trains (no second copy of the model).
 
 Built from the run's tokenizer and the backend's EngineResources, whose `model` it samples with
 (in split mode, `resources.overlap`, a copy of it on the inference device, kept current by `sync`).
@@ -12,7 +12,8 @@ temperature-scaled distribution, before top-p truncation — the quantity the tr
 the first-update importance ratio is 1. The token itself is drawn from the top-p nucleus of that
 distribution; the mean probability mass the nucleus kept is reported as `policy/top_p_mass`.
 Temperature 0 is greedy (argmax); its log-probs and entropies are those of the T = 1 distribution.
-Rollouts come back as CPU tensors whatever the device.
+Rollouts come back as CPU tensors whatever the device. An fp32 model's LoRA layers sample through
+merged weights W + s·B·A (`merge_lora`, retrain/inference/merged_lora.py): one matmul instead of three.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -36,6 +37,7 @@ from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.freshness import Probe
 from retrain.inference.logprobs import left_pad, positions_from_mask, scaled_log_softmax
+from retrain.inference.merged_lora import merged_lora
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
@@ -104,6 +106,7 @@ class PytorchEngine:
         resources: EngineResources,
         prefix_caching: bool = PytorchEngineConfig.prefix_caching,
         fault_skip_weight_sync: bool = PytorchEngineConfig.fault_skip_weight_sync,
+        merge_lora: bool = PytorchEngineConfig.merge_lora,
     ) -> None:
         if resources.model is None:
             raise ConfigError(
@@ -126,6 +129,9 @@ class PytorchEngine:
         # The fault hook (a test of the freshness proof): keep serving the initial adapter, as an
         # engine that never received a push would, by swapping it in around every forward.
         self._frozen = _trainable_copy(self.model) if fault_skip_weight_sync else None
+        self._merged = merged_lora(self.model) if merge_lora else None
+        if self._merged is not None:
+            log.info("inference=pytorch samples through merged LoRA weights (%d fp32 layers)", len(self._merged.layers))
 
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
@@ -293,16 +299,18 @@ class PytorchEngine:
 
     @contextmanager
     def _serving(self) -> Iterator[None]:
-        """The weights to sample with: the model's own, or (fault hook) the frozen initial adapter."""
-        if self._frozen is None:
-            yield
-            return
-        live = _trainable_copy(self.model)
-        _load_trainable(self.model, self._frozen)
-        try:
-            yield
-        finally:
-            _load_trainable(self.model, live)
+        """The weights to sample with: the model's own, or (fault hook) the frozen initial adapter;
+        through merged LoRA weights where `merge_lora` applies."""
+        with self._merged.serving() if self._merged is not None else nullcontext():
+            if self._frozen is None:
+                yield
+                return
+            live = _trainable_copy(self.model)
+            _load_trainable(self.model, self._frozen)
+            try:
+                yield
+            finally:
+                _load_trainable(self.model, live)
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the backend."""

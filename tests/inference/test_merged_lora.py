@@ -1,0 +1,71 @@
+"""Sampling through merged LoRA weights (retrain/inference/merged_lora.py) on the real tiny model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from retrain.inference.merged_lora import merged_lora
+from retrain.types import SamplingParams, TrainBatch
+from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine
+
+SAMPLING = SamplingParams(max_tokens=6, temperature=1.0, top_p=1.0)
+
+
+def sample_both(backend, prompt_ids, seed: int):
+    merged = make_engine(backend).generate(prompt_ids, 4, SAMPLING, generator_seed=seed)
+    plain = make_engine(backend, merge_lora=False).generate(prompt_ids, 4, SAMPLING, generator_seed=seed)
+    return merged, plain
+
+
+def a_training_step(backend, rollouts) -> None:
+    advantages = torch.linspace(-1, 1, rollouts.completion_ids.shape[0]).unsqueeze(1) * rollouts.completion_mask
+    batch = TrainBatch(rollouts=rollouts, advantages=advantages, row_mask=torch.ones(len(advantages), dtype=torch.bool))
+    assert backend.train(batch).update is not None
+
+
+def test_merged_and_plain_layers_sample_the_same_policy_before_and_after_updates(tiny_spec):
+    backend = make_backend(tiny_spec, lr=5e-2)
+    prompt_ids = encode(backend, PROMPTS)
+    for step in range(3):  # step 0: B = 0, so W + s·B·A = W; then two real updates move the adapter
+        merged, plain = sample_both(backend, prompt_ids, seed=step)
+        assert torch.equal(merged.completion_ids, plain.completion_ids), step
+        torch.testing.assert_close(merged.logprobs, plain.logprobs, atol=1e-5, rtol=0)
+        a_training_step(backend, plain)
+    assert any(float(p.detach().abs().max()) > 0 for name, p in backend.adapter.items() if "lora_B" in name)
+
+
+def test_the_merged_weight_follows_every_change_of_the_adapter(tiny_spec):
+    backend = make_backend(tiny_spec)
+    merged = merged_lora(backend.model)
+    assert merged is not None and len(merged.layers) == 4 * len(tiny_spec.target_modules)
+    layer = merged.layers[0]
+    first = merged._weight(layer)
+    assert merged._weight(layer) is first  # no rebuild while nothing changed
+    with torch.no_grad():
+        layer.lora_B["default"].weight.add_(0.5)
+    rebuilt = merged._weight(layer)
+    expected = (
+        layer.base_layer.weight
+        + layer.scaling["default"] * layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+    )
+    torch.testing.assert_close(rebuilt, expected)
+    assert not torch.equal(rebuilt, first)
+
+
+def test_serving_routes_the_layers_only_inside_the_block(tiny_spec):
+    backend = make_backend(tiny_spec)
+    merged = merged_lora(backend.model)
+    assert merged is not None
+    with merged.serving():
+        assert all("forward" in layer.__dict__ for layer in merged.layers)
+    assert not any("forward" in layer.__dict__ for layer in merged.layers)  # training uses PEFT's own forward
+
+
+def test_half_precision_layers_are_never_merged(tiny_spec):
+    """Rounding W + s·B·A to bf16 would drop most of a small update: such layers sample unmerged."""
+    backend = make_backend(dataclasses.replace(tiny_spec, dtype="bf16"))
+    assert backend.model.dtype == torch.bfloat16
+    assert merged_lora(backend.model) is None
+    assert make_engine(backend)._merged is None
