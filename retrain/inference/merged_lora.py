@@ -30,7 +30,7 @@ class MergedLora:
     """The model's mergeable LoRA linears and their merged weights; `serving()` routes them through those."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.layers = [module for module in model.modules() if _mergeable(module)]
+        self.layers: list[Any] = [module for module in model.modules() if _mergeable(module)]  # PEFT's LoraLinear
         self._merged: dict[int, tuple[WeightKey, torch.Tensor]] = {}
 
     @contextmanager
@@ -44,12 +44,12 @@ class MergedLora:
             for layer in self.layers:
                 del layer.forward
 
-    def _forward(self, layer: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def _forward(self, layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if args or kwargs or layer.disable_adapters or layer.merged or layer.active_adapters != ["default"]:
             return LoraLinear.forward(layer, x, *args, **kwargs)
         return F.linear(x, self._weight(layer), layer.base_layer.bias)
 
-    def _weight(self, layer: LoraLinear) -> torch.Tensor:
+    def _weight(self, layer: Any) -> torch.Tensor:
         """W + s·B·A for the layer's current tensors, rebuilt when any of them changed."""
         base, lora_a, lora_b = layer.base_layer.weight, layer.lora_A["default"].weight, layer.lora_B["default"].weight
         key = tuple(value for t in (base, lora_a, lora_b) for value in (t.data_ptr(), t._version))
