@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,11 +116,11 @@ def _logits_with_shared_prompts(
         use_cache=True,
         logits_to_keep=1,
     )
-    first = prefill.logits[:, -1:].index_select(0, prompt_index)  # predicts completion token 0
+    first = prefill.logits[prompt_index, -1:]  # predicts completion token 0
     width = completion_ids.shape[1]
     if width == 1:
         return first
-    _repeat_rows(cache, prompt_index)
+    cache.batch_select_indices(prompt_index)
     row_prompt_mask = prompt_mask[prompt_index]
     attention_mask = torch.cat([row_prompt_mask, completion_mask[:, :-1]], dim=1)
     positions = row_prompt_mask.sum(dim=1, keepdim=True) + torch.arange(width - 1, device=completion_ids.device)
@@ -133,14 +132,3 @@ def _logits_with_shared_prompts(
         use_cache=True,
     )
     return torch.cat([first, rest.logits], dim=1)
-
-
-def _repeat_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
-    """Each layer's keys and values for `rows` (prompt indices, repeated). index_select, not the cache's
-    own advanced indexing: its backward is a serial index_add_ instead of index_put_'s accumulation,
-    which costs more and (multi-threaded) adds atomically in a varying order (docs/reproducibility.md)."""
-    for layer in cache.layers:
-        if isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None:
-            layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
-        else:
-            layer.batch_select_indices(rows)  # type: ignore[union-attr]  # what the cache itself would do
