@@ -1,7 +1,7 @@
 """Sampling through each LoRA linear layer as one matmul with W + s·B·A, kept beside the untouched W.
 
 PEFT's LoRA layer computes x·Wᵀ + s·(x·Aᵀ)·Bᵀ: besides the base matmul, two thin matmuls, a scale and
-an add per layer and token, which cost ~20–30% of CPU sampling (docs/benchmarks.md). While the engine
+an add per layer and token, which cost ~15–30% of CPU sampling (docs/benchmarks.md). While the engine
 samples, each such layer instead multiplies by a merged weight built once per weight version (the
 tensors' version counters move with every optimizer step, copy or load). PEFT's own merge_adapter
 is not used: it adds into W and subtracts again, so W would drift by a rounding error at every step.
