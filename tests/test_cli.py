@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -144,22 +145,22 @@ def test_prime_rl_refuses_token_credit_at_preflight_and_passes_a_scalar_algorith
     algorithm is refused naming itself, the backend and the capability; maxrl_none passes preflight and then
     stops at the first thing the run lacks, the PRIME-RL output_dir."""
     offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    refused = run_cli(
-        ["backend=prime_rl", "algorithm=maxrl_gtpo_sepa", f"hydra.run.dir={tmp_path / 'a'}"],
-        cwd=tmp_path,
-        env=offline,
-        check=False,
-    )
+
+    def prime_rl_run(algorithm: str) -> subprocess.CompletedProcess[str]:
+        run_dir = tmp_path / algorithm
+        return run_cli(
+            ["backend=prime_rl", f"algorithm={algorithm}", f"hydra.run.dir={run_dir}"],
+            cwd=tmp_path,
+            env=offline,
+            check=False,
+        )
+
+    refused = prime_rl_run("maxrl_gtpo_sepa")
     message = refused.stdout + refused.stderr
     assert refused.returncode == 1
     assert "algorithm 'maxrl_gtpo_sepa' cannot run on backend 'prime_rl'" in message
     assert "preserves_token_advantages=false" in message and "Traceback" not in message
-    passed = run_cli(
-        ["backend=prime_rl", "algorithm=maxrl_none", f"hydra.run.dir={tmp_path / 'b'}"],
-        cwd=tmp_path,
-        env=offline,
-        check=False,
-    )
+    passed = prime_rl_run("maxrl_none")
     message = passed.stdout + passed.stderr
     assert passed.returncode == 1 and "cannot run on backend" not in message
     assert "backend.output_dir is required" in message

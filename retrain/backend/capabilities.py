@@ -122,9 +122,9 @@ class BackendInfo:
     def check_options(self, settings: Mapping[str, Any]) -> None:
         """ConfigError for a `backend.*` value its schema refuses, a required one left empty, or a key a
         declared schema lacks."""
-        for name, required in self.options.items():
-            if required.required and name not in settings:
-                required.check(None)
+        for name, option in self.options.items():
+            if option.required and name not in settings:
+                option.check(None)
         for key, value in settings.items():
             if key == "_target_":
                 continue
