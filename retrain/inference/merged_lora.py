@@ -35,19 +35,16 @@ class MergedLora:
 
     @contextmanager
     def serving(self) -> Iterator[None]:
-        """Within the block (inference only: no autograd through the merged weight), the layers use it."""
-        for layer in self.layers:
-            layer.forward = partial(self._forward, layer)  # an instance attribute shadows the class's forward
+        """Within the block (inference only: no autograd through the merged weight, no weight changes),
+        the layers that serve their single adapter use its merged weight, looked up once on entry."""
+        routed = [layer for layer in self.layers if _serves_default_adapter(layer)]
+        for layer in routed:  # an instance attribute shadows the class's forward
+            layer.forward = partial(_merged_forward, layer, self._weight(layer))
         try:
             yield
         finally:
-            for layer in self.layers:
+            for layer in routed:
                 del layer.forward
-
-    def _forward(self, layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if args or kwargs or layer.disable_adapters or layer.merged or layer.active_adapters != ["default"]:
-            return LoraLinear.forward(layer, x, *args, **kwargs)
-        return F.linear(x, self._weight(layer), layer.base_layer.bias)
 
     def _weight(self, layer: Any) -> torch.Tensor:
         """W + s·B·A for the layer's current tensors, rebuilt when any of them changed."""
@@ -59,6 +56,17 @@ class MergedLora:
                 merged = torch.addmm(base, lora_b, lora_a, alpha=layer.scaling["default"])
             cached = self._merged[id(layer)] = (key, merged)
         return cached[1]
+
+
+def _merged_forward(layer: Any, weight: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    if args or kwargs:  # PEFT's per-call options (e.g. adapter_names): its own path
+        return LoraLinear.forward(layer, x, *args, **kwargs)
+    return F.linear(x, weight, layer.base_layer.bias)
+
+
+def _serves_default_adapter(layer: Any) -> bool:
+    """PEFT would apply exactly the "default" adapter, unmerged (not disabled, merged or switched)."""
+    return not layer.disable_adapters and not layer.merged and layer.active_adapters == ["default"]
 
 
 def merged_lora(model: torch.nn.Module) -> MergedLora | None:

@@ -126,6 +126,7 @@ class PytorchEngine:
         if self.pad_id is None or not len(self.eos_ids):
             raise ValueError("the tokenizer defines no EOS/pad token: completions could never stop")
         self.weights_version = 0
+        self._parameters = dict(self.model.named_parameters())  # walking the modules per sync costs ~1 ms
         # The fault hook (a test of the freshness proof): keep serving the initial adapter, as an
         # engine that never received a push would, by swapping it in around every forward.
         self._frozen = _trainable_copy(self.model) if fault_skip_weight_sync else None
@@ -257,7 +258,7 @@ class PytorchEngine:
             set_peft_model_state_dict(self.model, load_peft_weights(str(update.adapter_dir), device=str(self.device)))
         else:
             assert update.tensors is not None
-            parameters = dict(self.model.named_parameters())
+            parameters = self._parameters
             unknown = sorted(set(update.tensors) - set(parameters))
             if unknown:
                 raise ValueError(f"weight update {update.version} names parameters this model lacks: {unknown[:5]}")
@@ -300,17 +301,21 @@ class PytorchEngine:
     @contextmanager
     def _serving(self) -> Iterator[None]:
         """The weights to sample with: the model's own, or (fault hook) the frozen initial adapter;
-        through merged LoRA weights where `merge_lora` applies."""
-        with self._merged.serving() if self._merged is not None else nullcontext():
-            if self._frozen is None:
-                yield
-                return
-            live = _trainable_copy(self.model)
-            _load_trainable(self.model, self._frozen)
-            try:
-                yield
-            finally:
-                _load_trainable(self.model, live)
+        through merged LoRA weights where `merge_lora` applies (merged after the swap)."""
+        with self._frozen_adapter(), self._merged.serving() if self._merged is not None else nullcontext():
+            yield
+
+    @contextmanager
+    def _frozen_adapter(self) -> Iterator[None]:
+        if self._frozen is None:
+            yield
+            return
+        live = _trainable_copy(self.model)
+        _load_trainable(self.model, self._frozen)
+        try:
+            yield
+        finally:
+            _load_trainable(self.model, live)
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the backend."""

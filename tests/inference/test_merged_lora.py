@@ -69,3 +69,19 @@ def test_half_precision_layers_are_never_merged(tiny_spec):
     assert backend.model.dtype == torch.bfloat16
     assert merged_lora(backend.model) is None
     assert make_engine(backend)._merged is None
+
+
+def test_layers_whose_adapter_is_disabled_keep_peft_s_own_forward(tiny_spec):
+    """Inside PEFT's disable_adapter() the model is the base model: the merged weight must not serve it."""
+    backend = make_backend(tiny_spec)
+    merged = merged_lora(backend.model)
+    assert merged is not None
+    layer = merged.layers[0]
+    with torch.no_grad():
+        layer.lora_B["default"].weight.add_(0.5)  # the adapter now changes this layer's output
+    x = torch.randn(3, layer.base_layer.in_features)
+    with backend.model.disable_adapter(), merged.serving(), torch.no_grad():
+        assert not any("forward" in routed.__dict__ for routed in merged.layers)
+        torch.testing.assert_close(layer(x), layer.base_layer(x), atol=0, rtol=0)
+    with merged.serving(), torch.no_grad():
+        torch.testing.assert_close(layer(x), x @ merged._weight(layer).T)
