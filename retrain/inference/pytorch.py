@@ -259,7 +259,7 @@ class PytorchEngine:
         else:
             assert update.tensors is not None
             parameters = self._parameters
-            unknown = sorted(set(update.tensors) - set(parameters))
+            unknown = sorted(update.tensors.keys() - parameters.keys())
             if unknown:
                 raise ValueError(f"weight update {update.version} names parameters this model lacks: {unknown[:5]}")
             with torch.no_grad():
@@ -307,6 +307,7 @@ class PytorchEngine:
 
     @contextmanager
     def _frozen_adapter(self) -> Iterator[None]:
+        """The fault hook: the initial adapter swapped in for the block, the live one restored after."""
         if self._frozen is None:
             yield
             return
