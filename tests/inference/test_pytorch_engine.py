@@ -151,6 +151,13 @@ def test_sync_to_the_shared_model_copies_nothing_and_refuses_going_back(backend,
         engine.sync(WeightUpdate(version=2, tensors=backend.adapter))
 
 
+def test_sync_names_the_parameters_the_model_lacks_and_keeps_its_version(backend, engine):
+    stray = {"base_model.model.no_such_layer.lora_A.default.weight": torch.zeros(2, 2), **backend.adapter}
+    with pytest.raises(ValueError, match="no_such_layer"):
+        engine.sync(WeightUpdate(version=1, tensors=stray))
+    assert engine.weights_version == 0
+
+
 def test_sync_loads_named_tensors_and_adapter_dirs_into_a_model_of_its_own(tiny_spec, tmp_path):
     trained = make_backend(tiny_spec, seed=0)
     with torch.no_grad():
