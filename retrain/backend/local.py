@@ -25,10 +25,12 @@ from retrain.backend.base import Capabilities
 from retrain.backend.config import LocalBackendConfig
 from retrain.backend.model import ModelSpec, resolve_devices
 from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.backend.train_mode import set_training
 from retrain.errors import ConfigError
 from retrain.inference.base import EngineResources
 from retrain.inference.freshness import Probe, probe_tolerance
 from retrain.inference.logprobs import completion_logprobs
+from retrain.inference.merged_lora import lean_training, plain_lora_layers
 from retrain.plugins import built_in
 from retrain.types import Rollouts, TrainBatch, TrainResult, WeightUpdate
 
@@ -106,6 +108,7 @@ class LocalBackend:
             weight_decay=optim.weight_decay,
             foreach=True,  # torch picks it on CUDA only; on CPU it is as exact (bit-identical) and ~1/3 cheaper
         )
+        self.plain_lora_layers = plain_lora_layers(self.model)  # trained through merged_lora.lean_training
         self.weights_version = 0
         self.probe_tolerance = probe_tolerance(self.model.dtype)
         log.info(self.trainable_parameters)
@@ -140,13 +143,13 @@ class LocalBackend:
         lengths = rollouts.completion_mask[rows].sum(dim=1)
         rows = rows[lengths.argsort(stable=True)]
         step_size = self.micro_batch_size or len(rows)
-        if not self.model.training:  # the engine leaves the shared model in eval mode
-            self.model.train()
+        set_training(self.model, True)  # the engine leaves the shared model in eval mode
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
         ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0, 0.0
         for chunk in rows.split(step_size):
-            token_loss, mask = self._micro_batch_loss(rollouts, advantages, contributing, chunk)
+            with lean_training(self.plain_lora_layers):
+                token_loss, mask = self._micro_batch_loss(rollouts, advantages, contributing, chunk)
             micro_loss = (token_loss.loss * mask).sum() / num_tokens
             micro_loss.backward()
             loss_total += float(micro_loss.detach())
@@ -185,8 +188,7 @@ class LocalBackend:
     def probe_logprobs(self, probe: Probe) -> torch.Tensor:
         prompt = torch.tensor([probe.prompt_ids], device=self.device)
         completion = torch.tensor([probe.completion_ids], device=self.device)
-        if self.model.training:  # as the engine samples: no dropout
-            self.model.eval()
+        set_training(self.model, False)  # as the engine samples: no dropout
         with torch.inference_mode():
             logprobs = completion_logprobs(
                 self.model,

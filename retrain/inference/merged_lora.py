@@ -1,4 +1,6 @@
-"""Sampling through each LoRA linear layer as one matmul with W + s·B·A, kept beside the untouched W.
+"""Plain LoRA linears around PEFT's per-call overhead: merged weights to sample, a lean forward to train.
+
+Sampling goes through each LoRA linear layer as one matmul with W + s·B·A, kept beside the untouched W.
 
 PEFT's LoRA layer computes x·Wᵀ + s·(x·Aᵀ)·Bᵀ: besides the base matmul, two thin matmuls, a scale and
 an add per layer and token, which cost ~15–30% of CPU sampling (docs/benchmarks.md). While the engine
@@ -10,11 +12,15 @@ Only fp32 layers are merged: in bf16/fp16 the merged weight would be rounded to 
 precision, which drops most of a small LoRA update, so the engine would sample from a policy other
 than the one being trained. In fp32 the two paths agree to rounding (log-probs within ~1e-6).
 The cost is a second copy of the adapted weights (`inference.merge_lora=false` avoids it).
+
+Training keeps PEFT's arithmetic but not its bookkeeping: within `lean_training(model)` the same layers
+compute base + B·A·dropout(x)·s with the same ops in the same order (bit-identical losses and gradients)
+without PEFT's adapter lookups and four submodule calls per layer (~2% of the tiny model's step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -30,21 +36,15 @@ class MergedLora:
     """The model's mergeable LoRA linears and their merged weights; `serving()` routes them through those."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.layers: list[Any] = [module for module in model.modules() if _mergeable(module)]  # PEFT's LoraLinear
+        self.layers = plain_lora_layers(model)
         self._merged: dict[int, tuple[WeightKey, torch.Tensor]] = {}
 
     @contextmanager
     def serving(self) -> Iterator[None]:
         """Within the block (inference only: no autograd through the merged weight, no weight changes),
         the layers that serve their single adapter use its merged weight, looked up once on entry."""
-        routed = [layer for layer in self.layers if _serves_default_adapter(layer)]
-        for layer in routed:  # an instance attribute shadows the class's forward
-            layer.forward = partial(_merged_forward, layer, self._weight(layer))
-        try:
+        with _routed(self.layers, lambda layer: partial(_merged_forward, layer, self._weight(layer))):
             yield
-        finally:
-            for layer in routed:
-                del layer.forward
 
     def _weight(self, layer: Any) -> torch.Tensor:
         """W + s·B·A for the layer's current tensors, rebuilt when any of them changed."""
@@ -56,6 +56,36 @@ class MergedLora:
                 merged = torch.addmm(base, lora_b, lora_a, alpha=layer.scaling["default"])
             cached = self._merged[id(layer)] = (key, merged)
         return cached[1]
+
+
+@contextmanager
+def lean_training(layers: list[Any]) -> Iterator[None]:
+    """Within the block, the plain LoRA linears (`plain_lora_layers`) train through `_lean_forward`."""
+    with _routed(layers, lambda layer: partial(_lean_forward, layer)):
+        yield
+
+
+@contextmanager
+def _routed(layers: list[Any], forward: Callable[[Any], Callable[..., torch.Tensor]]) -> Iterator[None]:
+    """The layers that serve their single adapter call `forward(layer)` instead of PEFT's forward."""
+    routed = [layer for layer in layers if _serves_default_adapter(layer)]
+    for layer in routed:  # an instance attribute shadows the class's forward
+        layer.forward = forward(layer)
+    try:
+        yield
+    finally:
+        for layer in routed:
+            del layer.forward
+
+
+def _lean_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """PEFT's LoRA forward for one unmerged fp32 adapter, op for op: base(x) + B(A(dropout(x)))·s."""
+    if args or kwargs:
+        return LoraLinear.forward(layer, x, *args, **kwargs)
+    lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    base = F.linear(x, layer.base_layer.weight, layer.base_layer.bias)
+    lora = F.linear(F.linear(layer.lora_dropout["default"](x), lora_a), lora_b)
+    return base + lora * layer.scaling["default"]
 
 
 def _merged_forward(layer: Any, weight: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -75,14 +105,21 @@ def merged_lora(model: torch.nn.Module) -> MergedLora | None:
     return merged if merged.layers else None
 
 
+def plain_lora_layers(model: torch.nn.Module) -> list[Any]:
+    """The model's PEFT LoRA linears with one fp32 adapter named "default", no variant and no LoRA bias."""
+    return [module for module in model.modules() if _mergeable(module)]
+
+
 def _mergeable(module: torch.nn.Module) -> bool:
-    """A plain LoRA linear (one adapter named "default", no DoRA-style variant) over an fp32 nn.Linear."""
+    """A plain LoRA linear (one adapter named "default", no DoRA-style variant or LoRA bias) over an fp32
+    nn.Linear."""
     if not isinstance(module, LoraLinear) or not isinstance(module.base_layer, torch.nn.Linear):
         return False
     return (
         list(module.lora_A.keys()) == ["default"]
         and not module.lora_variant
         and not module.fan_in_fan_out
+        and module.lora_B["default"].bias is None  # PEFT's lora_bias: not part of W + s·B·A
         and module.base_layer.weight.dtype == torch.float32
         and module.lora_A["default"].weight.dtype == torch.float32
     )

@@ -7,7 +7,7 @@ import torch
 
 from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.logprobs import left_pad, positions_from_mask
-from retrain.inference.pytorch import PytorchEngine
+from retrain.inference.pytorch import PytorchEngine, draw
 from retrain.types import SamplingParams, WeightUpdate
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine, tokenizer_of
 
@@ -202,3 +202,20 @@ def test_left_pad_rejects_empty_prompts():
     assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[True, True], [False, True]]
     with pytest.raises(ValueError, match="positions \\[1\\]"):
         left_pad([[5], []], pad_id=0, device=torch.device("cpu"))
+
+
+def test_draw_follows_the_weights_and_never_picks_a_zero_weight():
+    weights = torch.tensor([[0.0, 1.0, 0.0, 3.0, 0.0], [2.0, 0.0, 0.0, 0.0, 2.0], [0.0, 0.0, 0.0, 0.0, 5.0]])
+    rows = weights.repeat(20000, 1)
+    drawn = draw(rows, torch.Generator().manual_seed(0)).view(20000, 3)
+    for row, expected in enumerate(weights / weights.sum(dim=1, keepdim=True)):
+        share = torch.bincount(drawn[:, row], minlength=5) / 20000
+        assert torch.allclose(share, expected, atol=0.015), (row, share)
+        assert share[expected == 0].sum() == 0
+
+
+def test_draw_is_reproducible_from_its_generator():
+    weights = torch.rand(64, 260)
+    first, again = (draw(weights, torch.Generator().manual_seed(3)) for _ in range(2))
+    assert torch.equal(first, again)
+    assert not torch.equal(first, draw(weights, torch.Generator().manual_seed(4)))
