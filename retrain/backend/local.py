@@ -189,7 +189,7 @@ class LocalBackend:
         prompt = torch.tensor([probe.prompt_ids], device=self.device)
         completion = torch.tensor([probe.completion_ids], device=self.device)
         set_training(self.model, False)  # as the engine samples: no dropout
-        with torch.inference_mode():
+        with torch.inference_mode(), lean_training(self.plain_lora_layers):
             logprobs = completion_logprobs(
                 self.model,
                 prompt,
