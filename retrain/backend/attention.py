@@ -32,8 +32,11 @@ def cpu_sdpa_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention, but a masked GQA call hands the grouping to the kernel."""
-    plain = attention_mask is not None and not kwargs.get("output_attentions") and kwargs.get("position_bias") is None
-    if not plain or kwargs.get("cache") is not None or query.shape[1] == key.shape[1]:
+    grouped_and_masked = attention_mask is not None and query.shape[1] != key.shape[1]
+    extras = (
+        kwargs.get("output_attentions") or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None
+    )
+    if not grouped_and_masked or extras:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     output = F.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True

@@ -4,7 +4,7 @@ The in-process engine samples with the very model the backend trains, so the mod
 mode to sample and back to train mode to train, every step. `nn.Module.train` recurses through
 every module and sets the flag through `nn.Module.__setattr__`: ~0.8 ms each way for the tiny
 model, ~1.5% of its step. Writing the flag straight into each module's `__dict__` does the same
-for a tenth of that, provided no module's class adds behaviour to `train` (then `train` itself runs).
+for a third of that, provided no module's class adds behaviour to `train` (then `train` itself runs).
 """
 
 from __future__ import annotations

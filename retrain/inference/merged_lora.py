@@ -13,7 +13,7 @@ precision, which drops most of a small LoRA update, so the engine would sample f
 than the one being trained. In fp32 the two paths agree to rounding (log-probs within ~1e-6).
 The cost is a second copy of the adapted weights (`inference.merge_lora=false` avoids it).
 
-Training keeps PEFT's arithmetic but not its bookkeeping: within `lean_training(model)` the same layers
+Training keeps PEFT's arithmetic but not its bookkeeping: within `lean_training(layers)` the same layers
 compute base + B·A·dropout(x)·s with the same ops in the same order (bit-identical losses and gradients)
 without PEFT's adapter lookups and four submodule calls per layer (~2% of the tiny model's step).
 """
