@@ -147,16 +147,16 @@ class LocalBackend:
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
         ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0, 0.0
-        for chunk in rows.split(step_size):
-            with lean_training(self.plain_lora_layers):
+        with lean_training(self.plain_lora_layers):  # routed once per step, for every micro-batch
+            for chunk in rows.split(step_size):
                 token_loss, mask = self._micro_batch_loss(rollouts, advantages, contributing, chunk)
-            micro_loss = (token_loss.loss * mask).sum() / num_tokens
-            micro_loss.backward()
-            loss_total += float(micro_loss.detach())
-            ratio_sum += float(token_loss.ratio[mask].sum())
-            ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
-            clipped += int(token_loss.clipped[mask].sum())
-            logprob_gap += float(token_loss.ratio[mask].log().abs().sum())
+                micro_loss = (token_loss.loss * mask).sum() / num_tokens
+                micro_loss.backward()
+                loss_total += float(micro_loss.detach())
+                ratio_sum += float(token_loss.ratio[mask].sum())
+                ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
+                clipped += int(token_loss.clipped[mask].sum())
+                logprob_gap += float(token_loss.ratio[mask].log().abs().sum())
         metrics = {
             "policy/ratio_mean": ratio_sum / num_tokens,
             "policy/ratio_max": ratio_max,

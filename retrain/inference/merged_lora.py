@@ -107,10 +107,10 @@ def merged_lora(model: torch.nn.Module) -> MergedLora | None:
 
 def plain_lora_layers(model: torch.nn.Module) -> list[Any]:
     """The model's PEFT LoRA linears with one fp32 adapter named "default", no variant and no LoRA bias."""
-    return [module for module in model.modules() if _mergeable(module)]
+    return [module for module in model.modules() if _plain_lora(module)]
 
 
-def _mergeable(module: torch.nn.Module) -> bool:
+def _plain_lora(module: torch.nn.Module) -> bool:
     """A plain LoRA linear (one adapter named "default", no DoRA-style variant or LoRA bias) over an fp32
     nn.Linear."""
     if not isinstance(module, LoraLinear) or not isinstance(module.base_layer, torch.nn.Linear):
