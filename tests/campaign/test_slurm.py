@@ -110,10 +110,18 @@ def _wait_for(predicate, timeout: float, what: str, poll: float = 1.0):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+CREDENTIAL_REVOKE_WAIT_S = 2.0  # past the second in which the old attempt's credential was revoked
+
+
 def _release_requeued(job_id: str) -> bool:
-    """SLURM holds a requeued job for a fixed 120 s; let it start now (the test is about what happens next)."""
+    """SLURM holds a requeued job for a fixed 120 s; let it start now (the test is about what happens next).
+
+    Not within the second of the requeue: slurmd revokes the old attempt's credential at second
+    resolution, so a relaunch in that same second is killed ("Job credential revoked", seen once in CI).
+    """
     state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
     if state == "PENDING":
+        time.sleep(CREDENTIAL_REVOKE_WAIT_S)
         subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True)
         return True
     return False
