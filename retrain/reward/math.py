@@ -8,13 +8,19 @@ math-verify bounds its own work with SIGALRM, which only works in a process's ma
 scorer's worker processes run rewards in their main thread, so those bounds apply there; called
 from any other thread, this reward runs math-verify without them (math-verify refuses signals
 off the main thread) and relies on the scorer's per-completion timeout alone.
+
+An alarm that fires while the interpreter runs a garbage-collector callback is swallowed there
+(Python reports it as "unraisable" and the work goes on), so a bounded call is also timed: one
+that returns after its bound raises the same TimeoutError as one the alarm stopped.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from math_verify import LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
@@ -24,6 +30,22 @@ from retrain.reward.config import MathRewardConfig
 from retrain.reward.extract import last_boxed
 
 _EXTRACTION = (LatexExtractionConfig(),)
+
+_T = TypeVar("_T")
+
+
+def _within(bound_s: int, call: Callable[[int | None], _T], failure: str) -> _T:
+    """`call(bound)` under math-verify's alarm in the main thread (no bound elsewhere); past it, TimeoutError."""
+    if threading.current_thread() is not threading.main_thread():
+        return call(None)
+    started = time.monotonic()
+    try:
+        result = call(bound_s)
+    except TimeoutException as exc:  # a BaseException: make it an ordinary, countable failure
+        raise TimeoutError(failure) from exc
+    if time.monotonic() - started > bound_s:  # the alarm fired inside a gc callback and was lost
+        raise TimeoutError(failure)
+    return result
 
 
 class MathReward:
@@ -62,13 +84,11 @@ class MathReward:
         predicted = self._parse(answer)
         if not predicted:
             return 0.0
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        try:
-            equal = verify(
-                gold, predicted, timeout_seconds=self.verify_timeout_s if in_main_thread else None, raise_on_error=True
-            )
-        except TimeoutException as exc:  # a BaseException: make it an ordinary, countable failure
-            raise TimeoutError(f"math-verify could not compare within {self.verify_timeout_s} s") from exc
+        equal = _within(
+            self.verify_timeout_s,
+            lambda bound: verify(gold, predicted, timeout_seconds=bound, raise_on_error=True),
+            f"math-verify could not compare within {self.verify_timeout_s} s",
+        )
         return 1.0 if equal else 0.0
 
     def _parse_reference(self, reference: str) -> list[Any]:
@@ -78,16 +98,13 @@ class MathReward:
         return parsed
 
     def _parse(self, answer: str) -> list[Any]:
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        try:
-            return parse(
-                f"\\boxed{{{answer}}}",
-                extraction_config=_EXTRACTION,
-                parsing_timeout=self.parse_timeout_s if in_main_thread else None,
-                raise_on_error=True,
-            )
-        except TimeoutException as exc:
-            raise TimeoutError(f"math-verify could not parse {answer[:80]!r} within {self.parse_timeout_s} s") from exc
+        return _within(
+            self.parse_timeout_s,
+            lambda bound: parse(
+                f"\\boxed{{{answer}}}", extraction_config=_EXTRACTION, parsing_timeout=bound, raise_on_error=True
+            ),
+            f"math-verify could not parse {answer[:80]!r} within {self.parse_timeout_s} s",
+        )
 
     # The cache holds sympy objects and a bound method: rebuild it, empty, wherever we are unpickled.
     def __getstate__(self) -> dict[str, Any]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 
 import pytest
 from hydra.utils import instantiate
 
 from retrain.config import compose
 from retrain.errors import ConfigError
-from retrain.reward.math import MathReward
+from retrain.reward.math import MathReward, _within
 from retrain.reward.scorer import RewardScorer
 from retrain.types import Example
 
@@ -90,6 +91,18 @@ def test_a_comparison_past_its_bound_raises_and_the_scorer_counts_it() -> None:
     assert result.rewards.tolist() == [0.0, 1.0]
     assert (result.errors, result.timeouts) == (1, 0)  # math-verify's own bound fired, not the scorer's
     assert result.failures[0] == "TimeoutError: math-verify could not compare within 1 s"
+
+
+def test_a_call_that_returns_past_its_bound_raises_as_if_the_alarm_had_fired() -> None:
+    # An alarm that lands in a gc callback is swallowed (seen in CI): the call runs on and returns late.
+    def alarm_lost(bound: int | None) -> bool:
+        assert bound == 1
+        time.sleep(1.1)
+        return True
+
+    with pytest.raises(TimeoutError, match="^late$"):
+        _within(1, alarm_lost, "late")
+    assert _within(1, lambda bound: bound, "late") == 1
 
 
 def test_reward_math_composes_and_instantiates() -> None:
