@@ -89,6 +89,7 @@ def run_args(env_id: str, run_dir, steps: int, *extra: str) -> list[str]:
         "model=tiny",
         "backend.devices=cpu",
         "algorithm=grpo_none",
+        "training.seed=0",  # the default -1 draws a seed per run, and a run of all-uniform groups trains nothing
         f"training.max_steps={steps}",
         "training.batch_size=2",
         "training.group_size=4",
