@@ -30,6 +30,7 @@ def train(run_dir: Path, lock_dir: Path) -> dict:
         "backend.retry_backoff_s=0",
         "reward._target_=tests.backend.tinker_rewards.odd_checksum_reward",
         "algorithm=grpo_none",
+        "training.seed=0",  # not the default -1 (a seed per run): some seeds draw steps of uniform groups only
         "eval.num_examples=0",
         "scoring.workers=1",
         "logging.console_groups=0",
