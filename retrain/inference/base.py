@@ -51,6 +51,8 @@ class InferenceEngine(Protocol):
 
     returns_entropies: bool  # whether `generate` can fill Rollouts.entropies
     weights_version: int  # the optimizer step whose weights `generate` samples with (0 = the initial adapter)
+    # Optional: an engine serving in a coarser precision than the trainer sets `probe_tolerance` (see
+    # retrain.inference.freshness.probe_tolerance); the freshness proof then allows the looser of it and the backend's.
 
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None

@@ -96,7 +96,9 @@ class FreshnessProof:
             result = Freshness(
                 gap=gap, gap_old=float((served - old).abs().mean()), shift=float((trained - old).abs().mean())
             )
-        tolerance = self.backend.probe_tolerance
+        # An engine serving in a coarser precision than the trainer's (vLLM's inference.dtype=bf16 under an
+        # fp32 backend) names its own tolerance; the proof holds it to the looser of the two.
+        tolerance = max(self.backend.probe_tolerance, getattr(engine, "probe_tolerance", 0.0))
         if not gap <= tolerance:
             raise StaleWeightsError(
                 f"the inference engine serves stale weights: after the sync to weights version {version}, "

@@ -30,7 +30,7 @@ from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_u
 from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import VllmEngineConfig
-from retrain.inference.freshness import Probe
+from retrain.inference.freshness import PROBE_TOLERANCE_FP32, PROBE_TOLERANCE_HALF, Probe
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
@@ -118,6 +118,14 @@ def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> di
     return arguments
 
 
+def serving_tolerance(arguments: dict[str, Any]) -> float:
+    """The freshness proof's tolerance for what vLLM computes in: fp32's only for float32 weights and KV cache."""
+    exact = (
+        arguments["dtype"] == "float32" and arguments["kv_cache_dtype"] == "auto" and "quantization" not in arguments
+    )
+    return PROBE_TOLERANCE_FP32 if exact else PROBE_TOLERANCE_HALF
+
+
 def _max_lora_rank(configured: int, adapter_rank: int) -> int:
     if configured == 0:
         return lora_rank_for_vllm(adapter_rank)
@@ -168,6 +176,7 @@ class VllmEngine:
                 f"CUDA_VISIBLE_DEVICES={device.index} and backend.devices=gpu:0"
             )
         arguments = engine_arguments(config, resources)  # config errors before vLLM is imported
+        self.probe_tolerance = serving_tolerance(arguments)  # inference.dtype=bf16 under an fp32 trainer: bf16's
         self.tokenizer = tokenizer
         self.fault_skip_weight_sync = fault_skip_weight_sync
         self.sleeps = device.type == "cuda" and sleep_mode and not resources.overlap  # split: own GPU

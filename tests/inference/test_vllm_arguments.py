@@ -12,7 +12,7 @@ from retrain.backend.model import ModelSpec
 from retrain.errors import ConfigError
 from retrain.inference.base import EngineResources
 from retrain.inference.config import VllmEngineConfig
-from retrain.inference.vllm import VLLM_LORA_RANKS, engine_arguments, lora_rank_for_vllm
+from retrain.inference.vllm import VLLM_LORA_RANKS, engine_arguments, lora_rank_for_vllm, serving_tolerance
 from tests.conftest import REPO
 
 SPEC = ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4)
@@ -42,6 +42,21 @@ def test_defaults_on_cpu_serve_the_training_dtype_eagerly_with_processed_logprob
     assert arguments["enforce_eager"] and arguments["enable_prefix_caching"]
     assert "max_model_len" not in arguments and "attention_backend" not in arguments
     assert "gpu_memory_utilization" not in arguments and "enable_sleep_mode" not in arguments
+
+
+@pytest.mark.parametrize(
+    ("keys", "tolerance"),
+    [
+        ({}, 1e-3),  # auto: the fp32 training dtype on CPU
+        ({"dtype": "fp32"}, 1e-3),
+        ({"dtype": "bf16"}, 0.1),
+        ({"dtype": "fp16"}, 0.1),
+        ({"dtype": "fp8"}, 0.1),
+        ({"kv_cache_dtype": "fp8"}, 0.1),  # fp32 weights, a coarser KV cache
+    ],
+)
+def test_the_proof_tolerance_follows_what_vllm_computes_in(keys: dict[str, str], tolerance: float) -> None:
+    assert serving_tolerance(engine_arguments(VllmEngineConfig(**keys), CPU)) == tolerance
 
 
 def test_keys_map_to_vllms_arguments() -> None:
