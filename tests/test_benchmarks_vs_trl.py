@@ -53,3 +53,19 @@ def test_round_line_ratio_uses_steady_means() -> None:
         "quickstart round 2: retrain 0.200 s/step, TRL 0.500 s/step, ratio 0.40 | tokens/completion "
         "6.0 vs 6.5 | rows trained 75% vs 100%"
     )
+
+
+def test_retrain_reads_the_sampler_gap_of_the_steps_that_trained(tmp_path: Path) -> None:
+    record = {"step_time_s": 0.1, "mean_completion_tokens": 6.0, "num_datums": 8, "batch_size": 8, "group_size": 8}
+    records = [{**record, "step": 0}, {**record, "step": 1, "engine/logprob_abs_diff": 2e-3}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert retrain_measured(tmp_path / "metrics.jsonl").sampler_gap == [2e-3]
+
+
+def test_round_line_shows_both_samplers_gap_when_both_sample_with_vllm() -> None:
+    retrain = Measured([0.2, 0.2], [6.0, 6.0], [1.0, 1.0], sampler_gap=[1e-6, 3e-6])
+    trl = Measured([0.5, 0.5], [6.0, 6.0], [1.0, 1.0], sampler_gap=[4e-3, 2e-3])
+    assert round_line("quickstart", 1, retrain, trl, warmup=1).endswith(
+        "rows trained 100% vs 100% | sampler-trainer |dlogp| max 3.0e-06 vs 4.0e-03"
+    )
+    assert "sampler" not in round_line("quickstart", 1, retrain, Measured([0.5, 0.5], [6.0, 6.0], [1.0, 1.0]), 1)
