@@ -67,7 +67,7 @@ def test_an_engine_left_on_old_weights_stops_the_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_vllm_serving_bf16_under_an_fp32_trainer_is_held_to_bf16s_tolerance(tmp_path: Path) -> None:
     """inference.dtype=bf16: vLLM's rounding moves the probe past fp32's 1e-3, and the proof allows bf16's 0.1
-    (before, a fresh engine failed the first sync); the engine still sits far closer to the new weights."""
+    (before, a fresh engine failed the first sync)."""
     run_dir = tmp_path / "bf16"
     run_cli(
         [*VLLM, "inference.dtype=bf16", "training.max_steps=3", "eval.num_examples=0", f"hydra.run.dir={run_dir}"],
