@@ -97,13 +97,13 @@ class ModelSpec:
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
-        from retrain.backend.attention import use_cpu_sdpa
+        from retrain.backend.attention import use_fast_sdpa
 
         path, from_hub = self.source()
         with self._fetching(from_hub):
             base = AutoModelForCausalLM.from_pretrained(path, revision=self.revision, dtype=self.torch_dtype(device))
         base.to(device)  # type: ignore[arg-type]  # transformers' annotation of `to` is wrong
-        use_cpu_sdpa(base)
+        use_fast_sdpa(base)
         lora = LoraConfig(
             r=self.lora_rank,
             lora_alpha=self.effective_alpha,

@@ -1,4 +1,4 @@
-"""retrain_cpu_sdpa: transformers' sdpa attention with masked GQA inside the CPU kernel, on the tiny model."""
+"""retrain_cpu_sdpa (masked GQA inside the CPU kernel) and retrain_cuda_sdpa (no cuDNN attention) on the tiny model."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 
 import retrain.backend.attention as attention
 from retrain.assets import TINY_MODEL_DIR
-from retrain.backend.attention import CPU_SDPA, use_cpu_sdpa
+from retrain.backend.attention import CPU_SDPA, CUDA_SDPA, use_fast_sdpa
 
 
 def logits_and_gradients(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -25,7 +25,7 @@ def test_masked_gqa_attends_as_transformers_sdpa_does_and_through_the_kernel(mon
     mask = torch.ones_like(ids)
     mask[0, :5] = 0  # left padding: transformers passes a mask
     expected = logits_and_gradients(model, ids, mask)
-    use_cpu_sdpa(model)
+    use_fast_sdpa(model)
     assert model.config._attn_implementation == CPU_SDPA
     grouped = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -43,7 +43,32 @@ def test_masked_gqa_attends_as_transformers_sdpa_does_and_through_the_kernel(mon
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
 
 
-def test_only_a_cpu_model_with_sdpa_is_switched():
+def test_only_a_model_with_sdpa_is_switched():
     eager = AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR, attn_implementation="eager")
-    use_cpu_sdpa(eager)
+    use_fast_sdpa(eager)
     assert eager.config._attn_implementation == "eager"
+
+
+def test_the_cuda_variant_attends_as_sdpa_does_with_cudnn_left_out_for_the_call(monkeypatch):
+    """Its kernel choice is torch's global switch, set for the call and given back: checked here on CPU
+    tensors (the switch exists without a GPU); tests/test_gpu.py runs it on one."""
+    model = AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR)
+    ids = torch.randint(0, 250, (3, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    expected = logits_and_gradients(model, ids, mask)
+    model.set_attn_implementation(CUDA_SDPA)
+    cudnn_during_calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        cudnn_during_calls.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    logits, gradients = logits_and_gradients(model, ids, mask)
+    assert cudnn_during_calls == [False] * model.config.num_hidden_layers
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # given back after each call
+    assert torch.equal(logits, expected[0])
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(gradients, expected[1], strict=True))
