@@ -1,7 +1,7 @@
 """What `training.deterministic=true` costs and buys: step time and bit-exactness, side by side (a script).
 
-    python benchmarks/deterministic_cost.py [--rounds 3] [--workloads quickstart small64] [--steps N] [OVERRIDE ...]
-    python benchmarks/deterministic_cost.py backend.devices=gpu:0      # where it matters: on a GPU
+    python benchmarks/deterministic_cost.py [--rounds 3] [--workloads quickstart small64] [--steps N] [-- OVERRIDE ...]
+    python benchmarks/deterministic_cost.py -- backend.devices=gpu:0      # where it matters: on a GPU
 
 Each round runs the workload (benchmarks/vs_trl.py's, with the experiment's own algorithm) four times with
 one seed, alternating default and deterministic kernels (D T D T), and prints the deterministic/default
@@ -17,8 +17,9 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
-from vs_trl import WORKLOADS, Measured, benchmark_env, run_logged, steady, workload_overrides
+from vs_trl import WORKLOADS, benchmark_env, run_logged, steady, workload_overrides
 
 from retrain.rundir import RunDir
 
@@ -26,8 +27,13 @@ COMMON = ["training.save_every=0", "eval.num_examples=0", "logging.progress_bar=
 DETERMINISTIC = "training.deterministic=true"
 
 
-def run(overrides: list[str], run_dir: Path, env: dict[str, str]) -> tuple[Measured, list[dict]]:
-    """One process: its step times and its metrics without wall-clock fields."""
+class Run(NamedTuple):
+    step_time_s: list[float]
+    metrics: list[dict]  # every field but the wall-clock times (keys ending in _s)
+
+
+def run(overrides: list[str], run_dir: Path, env: dict[str, str]) -> Run:
+    """One `python -m retrain` process."""
     run_logged(
         [sys.executable, "-m", "retrain", *overrides, f"hydra.run.dir={run_dir}"],
         run_dir.with_suffix(".log"),
@@ -35,16 +41,21 @@ def run(overrides: list[str], run_dir: Path, env: dict[str, str]) -> tuple[Measu
         run_dir.parent,
     )
     records = sorted(RunDir(run_dir).metrics_records(), key=lambda record: record["step"])
-    measured = Measured(step_time_s=[r["step_time_s"] for r in records], completion_tokens=[], rows_trained=[])
-    return measured, [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
+    return Run(
+        [r["step_time_s"] for r in records], [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
+    )
 
 
-def agreement(first: list[dict], second: list[dict]) -> str:
+def mean_step_time(twins: tuple[Run, Run], warmup: int) -> float:
+    return statistics.fmean(steady(twin.step_time_s, warmup) for twin in twins)
+
+
+def agreement(first: Run, second: Run) -> str:
     """'identical', or the first step whose metrics differ."""
-    for a, b in zip(first, second):
+    for a, b in zip(first.metrics, second.metrics):
         if a != b:
             return f"differ from step {a['step']}"
-    return "identical" if len(first) == len(second) else "differ in length"
+    return "identical" if len(first.metrics) == len(second.metrics) else "differ in length"
 
 
 def main() -> None:
@@ -60,12 +71,7 @@ def main() -> None:
         for name in args.workloads:
             workload = WORKLOADS[name]
             steps = args.steps or workload.steps
-            base = [o for o in workload.overrides if not o.startswith("algorithm=")]
-            overrides = workload_overrides(
-                workload.__class__(base, steps, workload.warmup),
-                [*COMMON, *args.overrides, f"training.max_steps={steps}"],
-                work,
-            )
+            overrides = workload_overrides(workload, [*COMMON, *args.overrides, f"training.max_steps={steps}"], work)
             print(
                 f"{name}: {steps} steps per process, {workload.warmup} warm-up; overrides: {' '.join(overrides)}",
                 flush=True,
@@ -74,26 +80,17 @@ def main() -> None:
             for number in range(1, args.rounds + 1):
                 seeded = [*overrides, f"training.seed={number - 1}"]
                 runs = {
-                    (mode, twin): run(
-                        [*seeded, *([DETERMINISTIC] if mode == "deterministic" else [])],
-                        work / f"{name}_{number}_{mode}_{twin}",
-                        env,
-                    )
+                    (mode, twin): run([*seeded, *flags], work / f"{name}_{number}_{mode}_{twin}", env)
                     for twin in (1, 2)
-                    for mode in ("default", "deterministic")
+                    for mode, flags in (("default", []), ("deterministic", [DETERMINISTIC]))
                 }
-                fast = statistics.fmean(
-                    steady(runs["default", twin][0].step_time_s, workload.warmup) for twin in (1, 2)
-                )
-                exact = statistics.fmean(
-                    steady(runs["deterministic", twin][0].step_time_s, workload.warmup) for twin in (1, 2)
-                )
-                ratios.append(exact / fast)
+                default, exact = ((runs[mode, 1], runs[mode, 2]) for mode in ("default", "deterministic"))
+                fast_time, exact_time = mean_step_time(default, workload.warmup), mean_step_time(exact, workload.warmup)
+                ratios.append(exact_time / fast_time)
                 print(
-                    f"{name} round {number}: default {fast:.3f} s/step, deterministic {exact:.3f} s/step, "
-                    f"ratio {exact / fast:.2f} | default twins {agreement(runs['default', 1][1], runs['default', 2][1])}"
-                    f" | deterministic twins "
-                    f"{agreement(runs['deterministic', 1][1], runs['deterministic', 2][1])}",
+                    f"{name} round {number}: default {fast_time:.3f} s/step, deterministic {exact_time:.3f} s/step, "
+                    f"ratio {exact_time / fast_time:.2f} | default twins {agreement(*default)} | deterministic twins "
+                    f"{agreement(*exact)}",
                     flush=True,
                 )
             print(

@@ -1,6 +1,6 @@
 """Where a training step's time goes on the quickstart workload (a script, not a test).
 
-    python benchmarks/step.py [--steps 40] [override ...]
+    python benchmarks/step.py [--steps 40] [--warmup 5] [--profile] [override ...]
 
 Runs the real trainer in-process (tiny model, arithmetic task, CPU unless overridden), skips the
 first steps as warm-up, and prints the mean step time split into sampling / reward / advantages /

@@ -2,7 +2,9 @@
 
     pip install -e ".[bench]"     # trl 1.16; install your torch first, as the README says
     python benchmarks/vs_trl.py [--rounds 5] [--workloads quickstart small64] [--steps N --warmup K] [--threads N]
-                                [--vllm] [OVERRIDE ...]    # e.g. backend.devices=gpu:0 to time both on a GPU
+                                [--vllm] [-- OVERRIDE ...]
+
+    python benchmarks/vs_trl.py --workloads quickstart small64 -- backend.devices=gpu:0    # both on a GPU
 
 Workloads:
   quickstart  `python -m retrain experiment=quickstart`: the bundled tiny Qwen3, generated 2-digit

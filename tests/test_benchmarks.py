@@ -68,7 +68,7 @@ def test_engines_benchmark_quick_mode_times_both_engines_and_prints_their_ratios
 def test_step_benchmark_splits_the_whole_step() -> None:
     """Every phase the trainer times is a row, so the shares add up to the step."""
     result = subprocess.run(
-        [sys.executable, "benchmarks/step.py", "--steps", "3", "--warmup", "1"],
+        [sys.executable, "benchmarks/step.py", "--steps", "3", "--warmup", "1", "--profile"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -79,7 +79,32 @@ def test_step_benchmark_splits_the_whole_step() -> None:
     shares = {line[:12].strip(): float(line.split()[-1].rstrip("%")) for line in lines[2:10]}
     assert list(shares) == ["sampling", "reward", "advantages", "training", "overlap wait", "sync", "other", "step"]
     assert abs(sum(shares.values()) - 2 * shares["step"]) < 1.0  # rounding of each printed share
-    assert lines[-2].startswith("not model compute (reward + advantages + other): ")
+    assert lines[10].startswith("not model compute (reward + advantages + other): ")
+    assert any(line.split()[:1] == ["aten::mm"] for line in lines[12:])  # --profile: the operator table follows
+
+
+@pytest.mark.slow  # four retrain processes of 7 steps: ~40 s on 2 cores
+def test_deterministic_cost_runs_both_modes_twice_and_on_cpu_each_repeats_itself() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/deterministic_cost.py",
+            "--rounds",
+            "1",
+            "--workloads",
+            "quickstart",
+            "--steps",
+            "7",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    *_, round_line, summary = result.stdout.splitlines()
+    assert round_line.endswith("| default twins identical | deterministic twins identical")
+    assert summary.split()[:3] == ["deterministic/default", "quickstart", "median"] and float(summary.split()[3]) > 0
 
 
 @pytest.mark.slow  # a retrain process and a TRL process of 3 steps each: ~40 s on 2 cores
