@@ -211,7 +211,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, help="first steps of each process left out (default: the workload's)")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for both sides (default: torch's, one per core)")
     parser.add_argument("--vllm", action="store_true", help="both sides sample with vLLM (TRL: colocated mode)")
-    parser.add_argument("overrides", nargs="*", help="more retrain overrides for both sides, e.g. backend.devices=gpu:0")
+    parser.add_argument(
+        "overrides", nargs="*", help="more retrain overrides for both sides, e.g. backend.devices=gpu:0"
+    )
     args = parser.parse_args()
     env = benchmark_env(args.threads)
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
@@ -220,7 +222,9 @@ def main() -> None:
             workload = WORKLOADS[name]
             steps, warmup = args.steps or workload.steps, workload.warmup if args.warmup is None else args.warmup
             engine = VLLM if args.vllm else []
-            overrides = workload_overrides(workload, [*COMMON, *engine, *args.overrides, f"training.max_steps={steps}"], work)
+            overrides = workload_overrides(
+                workload, [*COMMON, *engine, *args.overrides, f"training.max_steps={steps}"], work
+            )
             print(
                 f"{name}: {steps} steps per process, {warmup} warm-up, training.seed = round - 1; overrides: "
                 f"{' '.join(overrides)}",
