@@ -1,6 +1,6 @@
 """Where a training step's time goes on the quickstart workload (a script, not a test).
 
-    python benchmarks/step.py [--steps 40] [--warmup 5] [--profile] [override ...]
+    python benchmarks/step.py [--steps 40] [override ...]
 
 Runs the real trainer in-process (tiny model, arithmetic task, CPU unless overridden), skips the
 first steps as warm-up, and prints the mean step time split into sampling / reward / advantages /
@@ -15,11 +15,7 @@ import json
 import logging
 import statistics
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-
-import torch
 
 from retrain.config import compose
 from retrain.run import run
@@ -40,7 +36,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--profile", action="store_true", help="also print torch.profiler's busiest operators")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algorithm=grpo_none")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -54,7 +49,7 @@ def main() -> None:
         *args.overrides,
     ]
     cfg = compose(overrides)
-    with tempfile.TemporaryDirectory() as tmp, profiled(args.profile) as profiler:
+    with tempfile.TemporaryDirectory() as tmp:
         run(cfg, run_dir=Path(tmp))
         lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines][args.warmup :]
@@ -73,23 +68,6 @@ def main() -> None:
     print(f"not model compute (reward + advantages + other): {overhead / step:.1%} of the step")
     sync = statistics.mean(r["sync_time_s"] for r in records)
     print(f"sync (weight sync + freshness proof: probe forwards on both sides): {sync / step:.1%} of the step")
-    if profiler is not None:
-        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
-        if torch.cuda.is_available():
-            print(profiler.key_averages().table(sort_by="self_device_time_total", row_limit=15))
-
-
-@contextmanager
-def profiled(enabled: bool) -> Iterator[torch.profiler.profile | None]:
-    """torch.profiler over the whole run (warm-up included), CUDA activity too where there is a GPU."""
-    if not enabled:
-        yield None
-        return
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as profiler:
-        yield profiler
 
 
 if __name__ == "__main__":

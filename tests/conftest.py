@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,23 @@ def run_cli(
             f"retrain {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
         )
     return result
+
+
+def sigkill_once_checkpointed(args: list[str], cwd: Path, checkpoint: Path, timeout: float = 300) -> None:
+    """Start `python -m retrain ...` with the default thread count and SIGKILL it as soon as `checkpoint`
+    exists: the run dir is left as a crash or a preempted job leaves it."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "retrain", *args],
+        cwd=cwd,
+        env=cli_env(one_thread=False),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + timeout
+    while time.time() < deadline and not checkpoint.is_dir():
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

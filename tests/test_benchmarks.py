@@ -68,7 +68,7 @@ def test_engines_benchmark_quick_mode_times_both_engines_and_prints_their_ratios
 def test_step_benchmark_splits_the_whole_step() -> None:
     """Every phase the trainer times is a row, so the shares add up to the step."""
     result = subprocess.run(
-        [sys.executable, "benchmarks/step.py", "--steps", "3", "--warmup", "1", "--profile"],
+        [sys.executable, "benchmarks/step.py", "--steps", "3", "--warmup", "1"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -79,8 +79,7 @@ def test_step_benchmark_splits_the_whole_step() -> None:
     shares = {line[:12].strip(): float(line.split()[-1].rstrip("%")) for line in lines[2:10]}
     assert list(shares) == ["sampling", "reward", "advantages", "training", "overlap wait", "sync", "other", "step"]
     assert abs(sum(shares.values()) - 2 * shares["step"]) < 1.0  # rounding of each printed share
-    assert lines[10].startswith("not model compute (reward + advantages + other): ")
-    assert any(line.split()[:1] == ["aten::mm"] for line in lines[12:])  # --profile: the operator table follows
+    assert lines[-2].startswith("not model compute (reward + advantages + other): ")
 
 
 @pytest.mark.slow  # four retrain processes of 7 steps: ~40 s on 2 cores

@@ -5,10 +5,6 @@ Skipped where no GPU is visible (CI has none); run on a lent GPU with `pytest te
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +13,7 @@ import torch
 from retrain.assets import TINY_MODEL_DIR
 from retrain.backend.attention import CUDA_SDPA
 from retrain.backend.model import ModelSpec
-from tests.conftest import cli_env, read_metrics, run_cli, without_timing
+from tests.conftest import read_metrics, run_cli, sigkill_once_checkpointed, without_timing
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -67,18 +63,7 @@ def test_a_killed_deterministic_gpu_run_resumes_exactly(tmp_path: Path) -> None:
     reference = gpu_run(tmp_path, "full", DETERMINISTIC, "training.save_every=1")
     run_dir = tmp_path / "killed"
     args = [*ON_GPU, f"training.max_steps={STEPS}", DETERMINISTIC, "training.save_every=1", f"hydra.run.dir={run_dir}"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "retrain", *args],
-        cwd=tmp_path,
-        env=cli_env(one_thread=False),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 300
-    while time.time() < deadline and not (run_dir / "checkpoints" / "step_3").is_dir():
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    sigkill_once_checkpointed(args, tmp_path, run_dir / "checkpoints" / "step_3")
     assert not (run_dir / "final").exists(), "the run finished before it could be killed"
     run_cli(args, cwd=tmp_path, one_thread=False)
     assert without_timing(read_metrics(run_dir)) == reference

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from retrain.assets import TINY_MODEL_DIR
-from tests.conftest import cli_env, read_metrics, run_cli, without_timing
+from tests.conftest import read_metrics, run_cli, sigkill_once_checkpointed, without_timing
 from tests.wandb_records import offline_history
 
 SMALL = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
@@ -77,31 +74,12 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
     )
 
     run_dir = tmp_path / "killed"
-    args = [
-        sys.executable,
-        "-m",
-        "retrain",
-        *SMALL,
-        f"training.max_steps={steps}",
-        "training.save_every=1",
-        f"hydra.run.dir={run_dir}",
-    ]
-    process = subprocess.Popen(
-        args, cwd=tmp_path, env=cli_env(one_thread=False), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 300
-    while time.time() < deadline and not (run_dir / "checkpoints" / "step_3").is_dir():
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    args = [*SMALL, f"training.max_steps={steps}", "training.save_every=1", f"hydra.run.dir={run_dir}"]
+    sigkill_once_checkpointed(args, tmp_path, run_dir / "checkpoints" / "step_3")
     assert not (run_dir / "final").exists(), "the run finished before it could be killed"
 
     # same run dir, no resume flag: a requeued job resumes by itself
-    run_cli(
-        [*SMALL, f"training.max_steps={steps}", "training.save_every=1", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path,
-        one_thread=False,
-    )
+    run_cli(args, cwd=tmp_path, one_thread=False)
     assert without_timing(read_metrics(run_dir)) == reference
 
     # explicit resume.from=<run dir> into a new run dir continues the same trajectory too
