@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from retrain.inference.cache_argument import with_cache
+
 
 def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists → ([B, P] ids, [B, P] bool mask), padded on the left."""
@@ -112,7 +114,7 @@ def _logits_with_shared_prompts(
         input_ids=prompt_ids,
         attention_mask=prompt_mask.long(),
         position_ids=positions_from_mask(prompt_mask),
-        past_key_values=cache,
+        **with_cache(model, cache),
         use_cache=True,
         logits_to_keep=1,
     )
@@ -128,7 +130,7 @@ def _logits_with_shared_prompts(
         input_ids=completion_ids[:, :-1],
         attention_mask=attention_mask.long(),
         position_ids=positions,
-        past_key_values=cache,
+        **with_cache(model, cache),
         use_cache=True,
     )
     return torch.cat([first, rest.logits], dim=1)

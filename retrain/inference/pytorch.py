@@ -34,6 +34,7 @@ from transformers.cache_utils import DynamicLayer
 from retrain.backend.train_mode import set_training
 from retrain.errors import ConfigError
 from retrain.inference.base import EngineResources, StaleWeightsError
+from retrain.inference.cache_argument import with_cache
 from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.freshness import Probe
@@ -199,6 +200,7 @@ class PytorchEngine:
         finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
 
         logits, cache, attention = self._prefill(prompts, prompt_mask, group_size, room=steps)
+        cache_argument = with_cache(self.model, cache)
         active = torch.arange(rows, device=self.device)  # row index of each cache entry
         positions = prompt_mask.sum(dim=1).repeat_interleave(group_size)
         for step in range(steps):
@@ -225,7 +227,7 @@ class PytorchEngine:
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=attention,
                 position_ids=positions.unsqueeze(-1),
-                past_key_values=cache,
+                **cache_argument,
                 use_cache=True,
             )
             positions = positions + 1
@@ -246,7 +248,7 @@ class PytorchEngine:
             input_ids=prompts,
             attention_mask=attention,
             position_ids=positions_from_mask(prompt_mask),
-            past_key_values=cache,
+            **with_cache(self.model, cache),
             use_cache=True,
             logits_to_keep=1,
         )

@@ -3,16 +3,21 @@ attention must see exactly what transformers' DynamicCache gives it (the sampled
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from transformers import DynamicCache
 
+from retrain.inference.cache_argument import with_cache
+from retrain.inference.logprobs import completion_logprobs, left_pad
 from retrain.inference.pytorch import GrowingLayer, decode_cache
-from tests.backend.tiny_model import make_backend
+from retrain.types import SamplingParams
+from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine, tokenizer_of
 
 
 def decode_logits(model, cache: DynamicCache, prompts: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """Prefill, then greedy decode steps; rows 1 and 3 leave the batch after step 2 (as finished rows do)."""
-    logits = [model(input_ids=prompts, past_key_values=cache, use_cache=True).logits[:, -1]]
+    logits = [model(input_ids=prompts, **with_cache(model, cache), use_cache=True).logits[:, -1]]
     attention, position = torch.ones_like(prompts), prompts.shape[1]
     for step in range(steps):
         token = logits[-1].argmax(dim=-1, keepdim=True)
@@ -25,7 +30,7 @@ def decode_logits(model, cache: DynamicCache, prompts: torch.Tensor, steps: int)
             input_ids=token,
             attention_mask=attention,
             position_ids=torch.full_like(token, position),
-            past_key_values=cache,
+            **with_cache(model, cache),
             use_cache=True,
         )
         logits.append(output.logits[:, -1])
@@ -44,3 +49,23 @@ def test_growing_cache_gives_bit_identical_logits(tiny_spec) -> None:
     assert all(isinstance(layer, GrowingLayer) for layer in cache.layers)
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
     assert cache.get_seq_length() == 9 + 6
+
+
+def test_the_cache_reaches_the_model_under_the_name_its_transformers_takes(tiny_spec) -> None:
+    """transformers 5.24 renamed the forward's `past_key_values` to `cache`; the old name warns on every call
+    (and goes in 5.40). The engine's decode loop and the trainer's shared-prompt forward pass neither warning."""
+    backend = make_backend(tiny_spec)
+    prompt_ids = encode(backend, PROMPTS[:2])
+    prompts, prompt_mask = left_pad(prompt_ids, tokenizer_of(tiny_spec.name_or_path).pad_token_id, backend.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        rollouts = make_engine(backend).generate(prompt_ids, 2, SamplingParams(max_tokens=4), generator_seed=0)
+        completion_logprobs(
+            backend.model,
+            prompts,
+            prompt_mask,
+            torch.tensor([0, 0, 1, 1]),
+            rollouts.completion_ids,
+            rollouts.completion_mask,
+            1.0,
+        )
