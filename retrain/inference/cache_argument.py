@@ -20,5 +20,5 @@ def with_cache(model: Any, cache: Cache) -> dict[str, Cache]:
 
 
 @functools.cache
-def _cache_keyword(model_class: type) -> str:
+def _cache_keyword(model_class: Any) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
