@@ -6,7 +6,6 @@ but warns on every call and goes away in 5.40. Older 5.x releases know only `pas
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
@@ -16,9 +15,5 @@ from transformers import Cache
 def with_cache(model: Any, cache: Cache) -> dict[str, Cache]:
     """The keyword argument that passes `cache` to `model`'s forward (a transformers or PEFT-wrapped model)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return {_cache_keyword(type(base)): cache}
-
-
-@functools.cache
-def _cache_keyword(model_class: Any) -> str:
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+    renamed = "cache" in inspect.signature(type(base).forward).parameters
+    return {"cache" if renamed else "past_key_values": cache}
