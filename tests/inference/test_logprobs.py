@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
-from retrain.inference.logprobs import completion_logprobs, left_pad
+from retrain.determinism import reproducible_torch
+from retrain.inference.cache_argument import with_cache
+from retrain.inference.logprobs import completion_logprobs, left_pad, rows_of, select_rows
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
 
 
@@ -50,3 +53,40 @@ def test_extra_left_padding_does_not_change_logprobs(tiny_spec):
             1.0,
         )
     torch.testing.assert_close(tight, padded, atol=1e-5, rtol=1e-5)
+
+
+def test_rows_of_a_cpu_tensor_are_advanced_indexing_with_a_serial_backward():
+    """The shared-prompt forward repeats each prompt's KV cache for its rows. On CPU the backward of that
+    selection sums serially: the same gradient bit for bit as advanced indexing's in deterministic mode (which
+    CPU runs use), and one gradient however often it runs without that mode (advanced indexing adds with
+    atomics across threads there: hundreds of distinct gradients in 300 runs at this size, 2 threads)."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randn((8, 2, 30, 32), generator=generator)  # the quickstart's keys: ≥ 32768 elements repeated
+    rows = torch.randint(0, 8, (64,), generator=generator)
+    upstream = torch.randn((64, 2, 30, 32), generator=generator)
+
+    def gradient(select) -> torch.Tensor:
+        leaf = prompts.clone().requires_grad_()
+        select(leaf).backward(upstream)
+        return leaf.grad
+
+    assert torch.equal(rows_of(prompts, rows), prompts[rows])
+    with reproducible_torch(False, "cpu"):
+        indexed = gradient(lambda t: t[rows])
+        assert torch.equal(gradient(lambda t: rows_of(t, rows)), indexed)
+    assert all(torch.equal(gradient(lambda t: rows_of(t, rows)), indexed) for _ in range(20))
+
+
+def test_select_rows_selects_what_transformers_selects(tiny_spec):
+    backend = make_backend(tiny_spec)
+    prompts = torch.randint(3, 200, (3, 5), generator=torch.Generator().manual_seed(0))
+    rows = torch.tensor([2, 0, 0, 1, 2])
+    caches = []
+    for select in (select_rows, DynamicCache.batch_select_indices):
+        cache = DynamicCache(config=backend.model.config)
+        with torch.no_grad():
+            backend.model(input_ids=prompts, **with_cache(backend.model, cache), use_cache=True)
+        select(cache, rows)
+        caches.append(cache)
+    for ours, theirs in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
