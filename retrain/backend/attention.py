@@ -54,19 +54,10 @@ def cpu_sdpa_attention(
     return output.transpose(1, 2).contiguous(), None
 
 
-def cuda_sdpa_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention, choosing among flash, memory-efficient and math kernels only."""
+def cuda_sdpa_attention(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention (same arguments), choosing among flash, memory-efficient and math kernels only."""
     with sdpa_kernel(WITHOUT_CUDNN):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        return sdpa_attention_forward(*args, **kwargs)
 
 
 for _name, _attention in [(CPU_SDPA, cpu_sdpa_attention), (CUDA_SDPA, cuda_sdpa_attention)]:
