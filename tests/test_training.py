@@ -109,6 +109,13 @@ def test_a_run_dir_holding_a_different_run_is_not_silently_reused(tmp_path: Path
     assert len(read_metrics(run_dir)) == 1
 
 
+def test_a_bf16_run_on_cpu_passes_the_freshness_proof(tmp_path: Path) -> None:
+    """This seed's first sync once failed the proof in bf16 ("serves stale weights") with a fresh engine."""
+    run_dir = small_run(tmp_path, "bf16", "model.dtype=bf16", "algorithm=grpo_none", "training.seed=1", steps=3)
+    proven = [record["engine/probe_gap"] for record in read_metrics(run_dir) if "engine/probe_gap" in record]
+    assert proven and max(proven) == 0.0  # engine and trainer run the same bf16 forward on the same weights
+
+
 def test_custom_reward_plugin_from_the_command_line(tmp_path: Path) -> None:
     run_dir = small_run(
         tmp_path, "plugin", "reward._target_=tests.plugins.training_plugins.digit_count_reward", steps=2

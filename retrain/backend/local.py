@@ -186,21 +186,9 @@ class LocalBackend:
         )
 
     def probe_logprobs(self, probe: Probe) -> torch.Tensor:
-        prompt = torch.tensor([probe.prompt_ids], device=self.device)
-        completion = torch.tensor([probe.completion_ids], device=self.device)
         set_training(self.model, False)  # as the engine samples: no dropout
         with torch.inference_mode(), lean_training(self.plain_lora_layers):
-            logprobs = completion_logprobs(
-                self.model,
-                prompt,
-                torch.ones_like(prompt, dtype=torch.bool),
-                torch.zeros(1, dtype=torch.long, device=self.device),
-                completion,
-                torch.ones_like(completion, dtype=torch.bool),
-                1.0,
-                share_prompts=False,
-            )
-        return logprobs[0].cpu()
+            return probe.logprobs_under(self.model, self.device).cpu()
 
     def _micro_batch_loss(
         self, rollouts: Rollouts, advantages: torch.Tensor, contributing: torch.Tensor, rows: torch.Tensor

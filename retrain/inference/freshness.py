@@ -1,11 +1,11 @@
 """The freshness proof: after every sync, the engine must score a fixed probe as the trainer does.
 
 The probe is a short fixed text split into a prompt and a continuation. The engine scores the
-continuation through its own sampling path (for the PyTorch engine: prefill, then cached decode
-steps), the backend through its training forward, both at T = 1 under the weights just trained.
-An engine still serving older weights (an adapter never reloaded, a stale KV cache) scores it
-differently, and the run stops with StaleWeightsError instead of training on off-policy rollouts.
-Scoring uses no randomness, so the proof never shifts a run's random streams.
+continuation through the weights it samples with (a remote engine: its own serving path), the backend
+through its own weights, both at T = 1. An engine still serving older weights (an adapter never
+reloaded, a stale cache) scores it differently, and the run stops with StaleWeightsError instead of
+training on off-policy rollouts. Scoring uses no randomness, so the proof never shifts a run's random
+streams.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 
 from retrain.backend.base import Backend
 from retrain.inference.base import InferenceEngine, StaleWeightsError
+from retrain.inference.logprobs import scaled_log_softmax
 
 PROBE_TEXT = "retrain weight probe: 3 + 4 = 7."
 PROBE_CONTINUATION_TOKENS = 2
@@ -37,6 +38,17 @@ class Probe:
         return cls(
             prompt_ids=token_ids[:-PROBE_CONTINUATION_TOKENS], completion_ids=token_ids[-PROBE_CONTINUATION_TOKENS:]
         )
+
+    def logprobs_under(self, model: Any, device: torch.device) -> torch.Tensor:
+        """The continuation's log-probs at T = 1 from one forward of prompt and continuation through `model`
+        as it is (the caller picks eval mode, inference mode and the weights). An in-process engine and its
+        backend both score this way, so in any dtype they agree to the bit unless their weights differ: split
+        into a prefill and a cached step on one side only, the two sides' bf16 roundings drifted apart by up
+        to 0.05 once the adapter was non-zero, as far as one update moves the probe."""
+        ids = torch.tensor([self.prompt_ids + self.completion_ids[:-1]], device=device)
+        continuation = torch.tensor(self.completion_ids, device=device)
+        logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(continuation)).logits[0]
+        return scaled_log_softmax(logits, 1.0).gather(-1, continuation.unsqueeze(-1)).squeeze(-1)
 
 
 def probe_tolerance(dtype: torch.dtype) -> float:

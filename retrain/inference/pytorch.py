@@ -288,13 +288,9 @@ class PytorchEngine:
         """Log-probs at T = 1 of the probe's continuation under the weights `generate` samples with
         (merged LoRA, the fault hook): one forward of prompt and continuation. The engine's KV caches
         live within one call, so only those weights can be stale, and this forward reads them."""
-        ids = torch.tensor([probe.prompt_ids + probe.completion_ids[:-1]], device=self.device)
-        continuation = torch.tensor(probe.completion_ids, device=self.device)
         set_training(self.model, False)  # no dropout; it stays so until the backend trains
         with torch.inference_mode(), self._serving():
-            logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=len(continuation)).logits[0]
-            logprobs = scaled_log_softmax(logits, 1.0)
-            return _export(logprobs.gather(-1, continuation.unsqueeze(-1)).squeeze(-1))
+            return _export(probe.logprobs_under(self.model, self.device))
 
     @contextmanager
     def _serving(self) -> Iterator[None]:
