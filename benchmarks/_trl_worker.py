@@ -9,7 +9,12 @@ B, G, max_tokens, temperature, top_p, the optimizer and the seed. The loss is th
 `algorithm=grpo_none` takes on fresh samples: DAPO token mean, beta 0 (no reference model), rewards
 centred per group and not scaled, one iteration per generation (the ratio is 1, so clipping never acts).
 Writes {"step_time_s": [...], "completion_tokens": [...]} and "sampler_gap": [...] (with --vllm:
-TRL's mean |trainer - vLLM| log-prob) per optimizer step to --out.
+TRL's mean |trainer - vLLM| log-prob) per optimizer step to --out, with the precision and checkpointing
+settings TRL ran with ("settings").
+
+By default TRL computes as retrain does: in the model's dtype, without activation checkpointing. With
+--trl-defaults it keeps its own defaults for the two settings that change its work per step instead: bf16
+mixed precision (autocast over float32 weights) and activation checkpointing, as a TRL user gets them.
 """
 
 from __future__ import annotations
@@ -99,10 +104,21 @@ def push_weights_by_reload(trainer: GRPOTrainer) -> None:
     generation.sync_weights = sync_weights
 
 
+def computed_as_retrain(activation_checkpointing: bool) -> dict[str, Any]:
+    """TRL in the model's own dtype (TRL defaults to bf16 autocast) and checkpointing as retrain's backend is set
+    (TRL defaults to on): the same arithmetic and the same forwards per step on both sides."""
+    return {"bf16": False, "fp16": False, "gradient_checkpointing": activation_checkpointing}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--vllm", action="store_true", help="sample with TRL's colocated vLLM (vllm_mode='colocate')")
+    parser.add_argument(
+        "--trl-defaults",
+        action="store_true",
+        help="keep TRL's defaults bf16=True and gradient_checkpointing=True (TRL as shipped)",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
@@ -162,9 +178,7 @@ def main() -> None:
             beta=0.0,
             num_iterations=1,
             scale_rewards="none",
-            gradient_checkpointing=cfg.backend.gradient_checkpointing,
-            bf16=False,
-            fp16=False,
+            **({} if args.trl_defaults else computed_as_retrain(cfg.backend.gradient_checkpointing)),
             model_init_kwargs={"dtype": spec.torch_dtype(device)},
             logging_steps=1,
             report_to="none",
@@ -187,6 +201,7 @@ def main() -> None:
         "step_time_s": timer.step_time_s,
         "completion_tokens": timer.completion_tokens,
         "sampler_gap": timer.sampler_gap,
+        "settings": {"bf16": config.bf16, "gradient_checkpointing": config.gradient_checkpointing},
     }
     args.out.write_text(json.dumps(measured))
 

@@ -2,7 +2,7 @@
 
     pip install -e ".[bench]"     # trl 1.16; install your torch first, as the README says
     python benchmarks/vs_trl.py [--rounds 5] [--workloads quickstart small64] [--steps N --warmup K] [--threads N]
-                                [--vllm] [-- OVERRIDE ...]
+                                [--vllm] [--trl-defaults] [-- OVERRIDE ...]
 
     python benchmarks/vs_trl.py --workloads quickstart small64 -- backend.devices=gpu:0    # both on a GPU
 
@@ -48,6 +48,10 @@ colocated mode (use_vllm=True, vllm_mode="colocate": vllm.LLM in the trainer's p
 loaded into it before each generation; on vLLM's CPU build through vLLM's reload_weights, as TRL's own push
 fails there: benchmarks/_trl_worker.py says why). Each round then also prints the largest per-step mean
 |trainer - sampler| log-prob on each side: small when each sampler serves the weights just trained.
+
+--trl-defaults runs TRL as it ships instead: bf16 mixed precision (autocast over the float32 weights) and
+activation checkpointing stay on. That is not the same work (bf16 matmuls, one more forward per step), but it
+is what a TRL user runs; on a CPU with bf16 instructions (AVX512-BF16, AMX) the autocast makes TRL faster.
 """
 
 from __future__ import annotations
@@ -172,10 +176,9 @@ def run_retrain(overrides: list[str], run_dir: Path, env: dict[str, str]) -> Mea
     return retrain_measured(run_dir / "metrics.jsonl")
 
 
-def run_trl(overrides: list[str], out_file: Path, env: dict[str, str], vllm: bool = False) -> Measured:
-    command = [sys.executable, str(BENCHMARKS / "_trl_worker.py"), "--out", str(out_file), *overrides]
-    if vllm:
-        command.insert(2, "--vllm")
+def run_trl(overrides: list[str], out_file: Path, env: dict[str, str], options: list[str]) -> Measured:
+    """The TRL worker with its `options` (--vllm, --trl-defaults) on retrain's overrides."""
+    command = [sys.executable, str(BENCHMARKS / "_trl_worker.py"), *options, "--out", str(out_file), *overrides]
     run_logged(command, out_file.with_suffix(".log"), env, out_file.parent)
     return trl_measured(out_file)
 
@@ -212,10 +215,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for both sides (default: torch's, one per core)")
     parser.add_argument("--vllm", action="store_true", help="both sides sample with vLLM (TRL: colocated mode)")
     parser.add_argument(
+        "--trl-defaults",
+        action="store_true",
+        help="TRL as shipped: its bf16 autocast and activation checkpointing stay on (not the same work)",
+    )
+    parser.add_argument(
         "overrides", nargs="*", help="more retrain overrides for both sides, e.g. backend.devices=gpu:0"
     )
     args = parser.parse_args()
     env = benchmark_env(args.threads)
+    trl_options = [option for option, on in [("--vllm", args.vllm), ("--trl-defaults", args.trl_defaults)] if on]
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         work = Path(tmp)
         for name in args.workloads:
@@ -227,14 +236,14 @@ def main() -> None:
             )
             print(
                 f"{name}: {steps} steps per process, {warmup} warm-up, training.seed = round - 1; overrides: "
-                f"{' '.join(overrides)}",
+                f"{' '.join(overrides)}{'; TRL with its bf16 autocast and checkpointing' if args.trl_defaults else ''}",
                 flush=True,
             )
             ratios = []
             for number in range(1, args.rounds + 1):
                 seeded = [*overrides, f"training.seed={number - 1}"]
                 retrain = run_retrain(seeded, work / f"{name}_{number}_retrain", env)
-                trl = run_trl(seeded, work / f"{name}_{number}_trl.json", env, vllm=args.vllm)
+                trl = run_trl(seeded, work / f"{name}_{number}_trl.json", env, trl_options)
                 ratios.append(steady(retrain.step_time_s, warmup) / steady(trl.step_time_s, warmup))
                 load = os.getloadavg()[0]  # the machine's other work: the ratio is only as good as its quiet
                 print(f"{round_line(name, number, retrain, trl, warmup)} | load {load:.1f}", flush=True)

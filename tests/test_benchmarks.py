@@ -122,6 +122,33 @@ def test_vs_trl_runs_both_sides_and_prints_the_ratio() -> None:
     assert summary[:3] == ["retrain/TRL", "quickstart", "median"] and float(summary[3]) > 0
 
 
+@pytest.mark.slow  # two TRL processes of 2 steps each: ~50 s on 2 cores
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ([], {"bf16": False, "gradient_checkpointing": False}),
+        (["--trl-defaults"], {"bf16": True, "gradient_checkpointing": True}),
+    ],
+)
+def test_trl_worker_computes_as_retrain_unless_asked_for_trl_defaults(
+    tmp_path: Path, options: list[str], expected: dict[str, bool]
+) -> None:
+    pytest.importorskip("trl", reason="TRL is not installed (pip install -e '.[bench]')")
+    out = tmp_path / "trl.json"
+    overrides = ["experiment=quickstart", "algorithm=grpo_none", "training.max_steps=2", "training.seed=0"]
+    result = subprocess.run(
+        [sys.executable, "benchmarks/_trl_worker.py", *options, "--out", str(out), *overrides],
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    measured = json.loads(out.read_text())
+    assert measured["settings"] == expected and len(measured["step_time_s"]) == 2
+
+
 @pytest.mark.slow  # TRL with its colocated vLLM for 4 steps: ~60 s on 2 cores
 def test_trl_worker_pushes_every_update_to_its_colocated_vllm(tmp_path: Path) -> None:
     """On vLLM's CPU build TRL's own push fails; the worker's must still serve each step's weights."""
