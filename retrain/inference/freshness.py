@@ -42,9 +42,8 @@ class Probe:
     def logprobs_under(self, model: Any, device: torch.device) -> torch.Tensor:
         """The continuation's log-probs at T = 1 from one forward of prompt and continuation through `model`
         as it is (the caller picks eval mode, inference mode and the weights). An in-process engine and its
-        backend both score this way, so in any dtype they agree to the bit unless their weights differ: split
-        into a prefill and a cached step on one side only, the two sides' bf16 roundings drifted apart by up
-        to 0.05 once the adapter was non-zero, as far as one update moves the probe."""
+        backend both score this way, so they agree to the bit unless their weights differ (two different
+        forwards drifted apart in bf16 as far as one update moves the probe)."""
         ids = torch.tensor([self.prompt_ids + self.completion_ids[:-1]], device=device)
         continuation = torch.tensor(self.completion_ids, device=device)
         logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(continuation)).logits[0]

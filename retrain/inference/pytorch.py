@@ -200,7 +200,6 @@ class PytorchEngine:
         finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
 
         logits, cache, attention = self._prefill(prompts, prompt_mask, group_size, room=steps)
-        cache_argument = with_cache(self.model, cache)
         active = torch.arange(rows, device=self.device)  # row index of each cache entry
         positions = prompt_mask.sum(dim=1).repeat_interleave(group_size)
         for step in range(steps):
@@ -227,7 +226,7 @@ class PytorchEngine:
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=attention,
                 position_ids=positions.unsqueeze(-1),
-                **cache_argument,
+                **with_cache(self.model, cache),
                 use_cache=True,
             )
             positions = positions + 1
