@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -72,3 +73,46 @@ def test_the_cuda_variant_attends_as_sdpa_does_with_cudnn_left_out_for_the_call(
     assert torch.backends.cuda.cudnn_sdp_enabled()  # given back after each call
     assert torch.equal(logits, expected[0])
     assert all(torch.equal(ours, theirs) for ours, theirs in zip(gradients, expected[1], strict=True))
+
+
+def decode_step_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Logits of one cached decode step after a prefill of all but the last column (as the engine samples)."""
+    with torch.inference_mode():
+        prefill = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
+        step = model(
+            input_ids=ids[:, -1:], attention_mask=mask, past_key_values=prefill.past_key_values, use_cache=True
+        )
+    return step.logits[:, -1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_step_attends_with_each_group_s_heads_as_query_positions(monkeypatch, dtype):
+    """One query per row: the heads sharing a key/value head go to the kernel as that head's positions,
+    with no head repeated; bf16 gives sdpa's bits, fp32 its values up to rounding."""
+    model = AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR, dtype=dtype)
+    ids = torch.randint(0, 250, (4, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[2, :3] = 0
+    expected = decode_step_logits(model, ids, mask)
+    use_fast_sdpa(model)
+    query_shapes = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, key, value, **kwargs):
+        query_shapes.append((tuple(query.shape), tuple(key.shape), kwargs.get("enable_gqa", False)))
+        return sdpa(query, key, value, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    logits = decode_step_logits(model, ids, mask)
+    config = model.config
+    groups = config.num_attention_heads // config.num_key_value_heads
+    folded = (
+        (4, config.num_key_value_heads, groups, config.head_dim),
+        (4, config.num_key_value_heads, 10, config.head_dim),
+        False,
+    )
+    assert query_shapes[-config.num_hidden_layers :] == [folded] * config.num_hidden_layers
+    if dtype == torch.bfloat16:
+        assert torch.equal(logits, expected)
+    else:
+        torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
