@@ -30,7 +30,7 @@ from retrain.errors import ConfigError
 from retrain.inference.base import EngineResources
 from retrain.inference.freshness import Probe, probe_tolerance
 from retrain.inference.logprobs import completion_logprobs
-from retrain.inference.merged_lora import lean_training, plain_lora_layers
+from retrain.inference.merged_lora import lean_lora, plain_lora_layers
 from retrain.plugins import built_in
 from retrain.types import Rollouts, TrainBatch, TrainResult, WeightUpdate
 
@@ -108,7 +108,7 @@ class LocalBackend:
             weight_decay=optim.weight_decay,
             foreach=True,  # torch picks it on CUDA only; on CPU it is as exact (bit-identical) and ~1/3 cheaper
         )
-        self.plain_lora_layers = plain_lora_layers(self.model)  # trained through merged_lora.lean_training
+        self.plain_lora_layers = plain_lora_layers(self.model)  # trained through merged_lora.lean_lora
         self.weights_version = 0
         self.probe_tolerance = probe_tolerance(self.model.dtype)
         log.info(self.trainable_parameters)
@@ -147,7 +147,7 @@ class LocalBackend:
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
         ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0, 0.0
-        with lean_training(self.plain_lora_layers):  # routed once per step, for every micro-batch
+        with lean_lora(self.plain_lora_layers):  # routed once per step, for every micro-batch
             for chunk in rows.split(step_size):
                 token_loss, mask = self._micro_batch_loss(rollouts, advantages, contributing, chunk)
                 micro_loss = (token_loss.loss * mask).sum() / num_tokens
@@ -187,7 +187,7 @@ class LocalBackend:
 
     def probe_logprobs(self, probe: Probe) -> torch.Tensor:
         set_training(self.model, False)  # as the engine samples: no dropout
-        with torch.inference_mode(), lean_training(self.plain_lora_layers):
+        with torch.inference_mode(), lean_lora(self.plain_lora_layers):
             return probe.logprobs_under(self.model, self.device).cpu()
 
     def _micro_batch_loss(

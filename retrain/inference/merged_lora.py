@@ -1,4 +1,4 @@
-"""Plain LoRA linears around PEFT's per-call overhead: merged weights to sample, a lean forward to train.
+"""Plain LoRA linears around PEFT's per-call overhead: merged weights to sample, a lean forward otherwise.
 
 Sampling goes through each LoRA linear layer as one matmul with W + s·B·A, kept beside the untouched W.
 
@@ -13,9 +13,11 @@ precision, which drops most of a small LoRA update, so the engine would sample f
 than the one being trained. In fp32 the two paths agree to rounding (log-probs within ~1e-6).
 The cost is a second copy of the adapted weights (`inference.merge_lora=false` avoids it).
 
-Training keeps PEFT's arithmetic but not its bookkeeping: within `lean_training(layers)` the same layers
-compute base + B·A·dropout(x)·s with the same ops in the same order (bit-identical losses and gradients)
-without PEFT's adapter lookups and four submodule calls per layer (~2% of the tiny model's step).
+Training, and sampling where a layer is not merged, keep PEFT's arithmetic but not its bookkeeping:
+within `lean_lora(layers)` the same layers compute base + B·A·dropout(x)·s with the same ops in the same
+order and the same casts (bit-identical losses and gradients, in any precision; a bf16 model's adapters
+stay fp32 as PEFT keeps them) without PEFT's adapter lookups and four submodule calls per layer (~2% of
+the tiny model's step).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ WeightKey = tuple[int, ...]
 class MergedLora:
     """The model's mergeable LoRA linears and their merged weights; `serving()` routes them through those."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.layers = plain_lora_layers(model)
+    def __init__(self, layers: list[Any]) -> None:
+        self.layers = layers
         self._merged: dict[int, tuple[WeightKey, torch.Tensor]] = {}
 
     @contextmanager
@@ -59,8 +61,8 @@ class MergedLora:
 
 
 @contextmanager
-def lean_training(layers: list[Any]) -> Iterator[None]:
-    """Within the block, the plain LoRA linears (`plain_lora_layers`) train through `_lean_forward`."""
+def lean_lora(layers: list[Any]) -> Iterator[None]:
+    """Within the block, the plain LoRA linears (`plain_lora_layers`) compute through `_lean_forward`."""
     with _routed(layers, lambda layer: partial(_lean_forward, layer)):
         yield
 
@@ -79,13 +81,15 @@ def _routed(layers: list[Any], forward: Callable[[Any], Callable[..., torch.Tens
 
 
 def _lean_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """PEFT's LoRA forward for one unmerged fp32 adapter, op for op: base(x) + B(A(dropout(x)))·s."""
+    """PEFT's LoRA forward for one unmerged adapter, op for op: base(x) + B(A(dropout(x)))·s, x cast to the
+    adapter's dtype for the adapter and the sum cast back to the base output's (no-ops when they agree)."""
     if args or kwargs:
         return LoraLinear.forward(layer, x, *args, **kwargs)
     lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     base = F.linear(x, layer.base_layer.weight, layer.base_layer.bias)
-    lora = F.linear(F.linear(layer.lora_dropout["default"](x), lora_a), lora_b)
-    return base + lora * layer.scaling["default"]
+    adapter_input = x if x.dtype == lora_a.dtype else x.to(lora_a.dtype)
+    lora = F.linear(F.linear(layer.lora_dropout["default"](adapter_input), lora_a), lora_b)
+    return (base + lora * layer.scaling["default"]).to(base.dtype)
 
 
 def _merged_forward(layer: Any, weight: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -95,31 +99,38 @@ def _merged_forward(layer: Any, weight: torch.Tensor, x: torch.Tensor, *args: An
 
 
 def _serves_default_adapter(layer: Any) -> bool:
-    """PEFT would apply exactly the "default" adapter, unmerged (not disabled, merged or switched)."""
-    return not layer.disable_adapters and not layer.merged and layer.active_adapters == ["default"]
+    """PEFT would apply exactly the "default" adapter, unmerged (not disabled, merged or switched), casting
+    the input to the adapter's dtype (peft.helpers.disable_input_dtype_casting not in force)."""
+    return (
+        not layer.disable_adapters
+        and not layer.merged
+        and layer.active_adapters == ["default"]
+        and getattr(layer, "cast_input_dtype_enabled", True)
+    )
 
 
-def merged_lora(model: torch.nn.Module) -> MergedLora | None:
-    """A MergedLora over the model's fp32 single-adapter LoRA linears, or None when it has none."""
-    merged = MergedLora(model)
-    return merged if merged.layers else None
+def merged_lora(layers: list[Any]) -> MergedLora | None:
+    """A MergedLora over the fp32 ones of these plain LoRA linears, or None when there are none."""
+    mergeable = [layer for layer in layers if _all_fp32(layer)]
+    return MergedLora(mergeable) if mergeable else None
 
 
 def plain_lora_layers(model: torch.nn.Module) -> list[Any]:
-    """The model's PEFT LoRA linears with one fp32 adapter named "default", no variant and no LoRA bias."""
+    """The model's plain LoRA linears: PEFT LoRA over an nn.Linear with one adapter named "default",
+    no DoRA-style variant and no LoRA bias (not part of W + s·B·A)."""
     return [module for module in model.modules() if _plain_lora(module)]
 
 
 def _plain_lora(module: torch.nn.Module) -> bool:
-    """A plain LoRA linear (one adapter named "default", no DoRA-style variant or LoRA bias) over an fp32
-    nn.Linear."""
     if not isinstance(module, LoraLinear) or not isinstance(module.base_layer, torch.nn.Linear):
         return False
     return (
         list(module.lora_A.keys()) == ["default"]
         and not module.lora_variant
         and not module.fan_in_fan_out
-        and module.lora_B["default"].bias is None  # PEFT's lora_bias: not part of W + s·B·A
-        and module.base_layer.weight.dtype == torch.float32
-        and module.lora_A["default"].weight.dtype == torch.float32
+        and module.lora_B["default"].bias is None
     )
+
+
+def _all_fp32(layer: Any) -> bool:
+    return layer.base_layer.weight.dtype == torch.float32 and layer.lora_A["default"].weight.dtype == torch.float32

@@ -13,7 +13,8 @@ the first-update importance ratio is 1. The token itself is drawn from the top-p
 distribution; the mean probability mass the nucleus kept is reported as `policy/top_p_mass`.
 Temperature 0 is greedy (argmax); its log-probs and entropies are those of the T = 1 distribution.
 Rollouts come back as CPU tensors whatever the device. An fp32 model's LoRA layers sample through
-merged weights W + s·B·A (`merge_lora`, retrain/inference/merged_lora.py): one matmul instead of three.
+merged weights W + s·B·A (`merge_lora`, retrain/inference/merged_lora.py): one matmul instead of three;
+other plain LoRA layers (bf16/fp16) compute PEFT's ops without its per-call bookkeeping (`lean_lora`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.freshness import Probe
 from retrain.inference.logprobs import left_pad, positions_from_mask, scaled_log_softmax
-from retrain.inference.merged_lora import merged_lora
+from retrain.inference.merged_lora import lean_lora, merged_lora, plain_lora_layers
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
@@ -145,7 +146,10 @@ class PytorchEngine:
         # The fault hook (a test of the freshness proof): keep serving the initial adapter, as an
         # engine that never received a push would, by swapping it in around every forward.
         self._frozen = _trainable_copy(self.model) if fault_skip_weight_sync else None
-        self._merged = merged_lora(self.model) if merge_lora else None
+        lora_layers = plain_lora_layers(self.model)
+        self._merged = merged_lora(lora_layers) if merge_lora else None
+        merged = set() if self._merged is None else {id(layer) for layer in self._merged.layers}
+        self._lean = [layer for layer in lora_layers if id(layer) not in merged]  # PEFT's arithmetic, leaner
         if self._merged is not None:
             log.info("inference=pytorch samples through merged LoRA weights (%d fp32 layers)", len(self._merged.layers))
 
@@ -294,8 +298,9 @@ class PytorchEngine:
     @contextmanager
     def _serving(self) -> Iterator[None]:
         """The weights to sample with: the model's own, or (fault hook) the frozen initial adapter;
-        through merged LoRA weights where `merge_lora` applies (merged after the swap)."""
-        with self._frozen_adapter(), self._merged.serving() if self._merged is not None else nullcontext():
+        through merged LoRA weights where `merge_lora` applies (merged after the swap), the lean forward elsewhere."""
+        merged = self._merged.serving() if self._merged is not None else nullcontext()
+        with self._frozen_adapter(), lean_lora(self._lean), merged:
             yield
 
     @contextmanager

@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+import pytest
 import torch
 
-from retrain.inference.merged_lora import lean_training, merged_lora, plain_lora_layers
+from retrain.inference.merged_lora import lean_lora, merged_lora, plain_lora_layers
 from retrain.types import SamplingParams, TrainBatch
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine
 
@@ -41,7 +42,7 @@ def test_merged_and_plain_layers_sample_the_same_policy_before_and_after_updates
 
 def test_the_merged_weight_follows_every_change_of_the_adapter(tiny_spec):
     backend = make_backend(tiny_spec)
-    merged = merged_lora(backend.model)
+    merged = merged_lora(plain_lora_layers(backend.model))
     assert merged is not None and len(merged.layers) == 4 * len(tiny_spec.target_modules)
     layer = merged.layers[0]
     first = merged._weight(layer)
@@ -59,25 +60,35 @@ def test_the_merged_weight_follows_every_change_of_the_adapter(tiny_spec):
 
 def test_serving_routes_the_layers_only_inside_the_block(tiny_spec):
     backend = make_backend(tiny_spec)
-    merged = merged_lora(backend.model)
+    merged = merged_lora(plain_lora_layers(backend.model))
     assert merged is not None
     with merged.serving():
         assert all("forward" in layer.__dict__ for layer in merged.layers)
     assert not any("forward" in layer.__dict__ for layer in merged.layers)  # training uses PEFT's own forward
 
 
-def test_half_precision_layers_are_never_merged(tiny_spec):
-    """Rounding W + s·B·A to bf16 would drop most of a small update: such layers sample unmerged."""
-    backend = make_backend(dataclasses.replace(tiny_spec, dtype="bf16"))
+def test_half_precision_layers_are_never_merged_and_sample_as_peft_does(tiny_spec):
+    """Rounding W + s·B·A to bf16 would drop most of a small update: such layers sample unmerged, through
+    the lean forward, which gives PEFT's tokens and log-probs to the bit."""
+    backend = make_backend(dataclasses.replace(tiny_spec, dtype="bf16"), lr=5e-2)
     assert backend.model.dtype == torch.bfloat16
-    assert merged_lora(backend.model) is None
-    assert make_engine(backend)._merged is None
+    layers = plain_lora_layers(backend.model)
+    assert merged_lora(layers) is None
+    engine = make_engine(backend)
+    assert engine._merged is None and engine._lean == layers
+    prompt_ids = encode(backend, PROMPTS)
+    a_training_step(backend, engine.generate(prompt_ids, 4, SAMPLING, generator_seed=0))  # B != 0 from here
+    lean = engine.generate(prompt_ids, 4, SAMPLING, generator_seed=1)
+    engine._lean = []  # every layer through PEFT's own forward
+    peft = engine.generate(prompt_ids, 4, SAMPLING, generator_seed=1)
+    assert torch.equal(lean.completion_ids, peft.completion_ids)
+    assert torch.equal(lean.logprobs, peft.logprobs)
 
 
 def test_layers_whose_adapter_is_disabled_keep_peft_s_own_forward(tiny_spec):
     """Inside PEFT's disable_adapter() the model is the base model: the merged weight must not serve it."""
     backend = make_backend(tiny_spec)
-    merged = merged_lora(backend.model)
+    merged = merged_lora(plain_lora_layers(backend.model))
     assert merged is not None
     layer = merged.layers[0]
     with torch.no_grad():
@@ -95,7 +106,7 @@ def loss_and_gradients(backend, ids: torch.Tensor, lean: bool) -> tuple[torch.Te
     model = backend.model
     model.train()
     torch.manual_seed(0)
-    with lean_training(plain_lora_layers(model)) if lean else contextlib.nullcontext():
+    with lean_lora(plain_lora_layers(model)) if lean else contextlib.nullcontext():
         loss = model(input_ids=ids).logits.log_softmax(-1).square().mean()
     loss.backward()
     gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
@@ -103,8 +114,11 @@ def loss_and_gradients(backend, ids: torch.Tensor, lean: bool) -> tuple[torch.Te
     return loss.detach(), gradients
 
 
-def test_lean_training_gives_peft_s_losses_and_gradients_bit_for_bit(tiny_spec):
-    backend = make_backend(dataclasses.replace(tiny_spec, lora_dropout=0.1))
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_lean_lora_gives_peft_s_losses_and_gradients_bit_for_bit(tiny_spec, dtype):
+    """In bf16 PEFT keeps the adapters in fp32: the lean forward casts where PEFT does."""
+    backend = make_backend(dataclasses.replace(tiny_spec, lora_dropout=0.1, dtype=dtype))
+    assert all(p.dtype == torch.float32 for p in backend.adapter.values())
     with torch.no_grad():  # a nonzero B, so every LoRA matmul carries gradient
         for p in backend.adapter.values():
             p.add_(0.05 * torch.randn_like(p))
@@ -115,6 +129,6 @@ def test_lean_training_gives_peft_s_losses_and_gradients_bit_for_bit(tiny_spec):
     assert lean_gradients.keys() == peft_gradients.keys() and len(lean_gradients) == len(backend.adapter)
     assert all(torch.equal(lean_gradients[name], peft_gradients[name]) for name in peft_gradients)
     layers = plain_lora_layers(backend.model)
-    with lean_training(layers):
+    with lean_lora(layers):
         assert all("forward" in vars(layer) for layer in layers)
     assert not any("forward" in vars(layer) for layer in layers)
