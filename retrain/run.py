@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from retrain.algorithm.base import Algorithm
 from retrain.algorithm.checks import checked_algorithm
 from retrain.algorithm.preflight import ProbeReport, preflight
+from retrain.allocator import keep_freed_memory
 from retrain.backend.base import BACKEND_CHECKS, Backend, Capabilities
 from retrain.backend.capabilities import BackendInfo, describe_backend
 from retrain.backend.model import ChatPrompts, ModelSpec
@@ -63,6 +64,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     check_known_keys(cfg)
     check_config(cfg)
     check_env_names(cfg)
+    keep_freed_memory()  # each step reuses the host memory of the step before instead of faulting it in anew
     # nothing is written into the run dir before it is this run's: a refused launch leaves it as it was
     with claimed_run_dir(run_dir, config_identity(cfg)), ExitStack() as parts:
         record_launch(run_dir, cfg)
