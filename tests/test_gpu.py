@@ -5,6 +5,7 @@ Skipped where no GPU is visible (CI has none); run on a lent GPU with `pytest te
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from retrain.assets import TINY_MODEL_DIR
 from retrain.backend.attention import CUDA_SDPA
 from retrain.backend.model import ModelSpec
+from retrain.inference.merged_lora import lean_lora, plain_lora_layers
 from tests.conftest import read_metrics, run_cli, sigkill_once_checkpointed, without_timing
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -67,3 +69,30 @@ def test_a_killed_deterministic_gpu_run_resumes_exactly(tmp_path: Path) -> None:
     assert not (run_dir / "final").exists(), "the run finished before it could be killed"
     run_cli(args, cwd=tmp_path, one_thread=False)
     assert without_timing(read_metrics(run_dir)) == reference
+
+
+def test_on_the_gpu_the_lean_lora_forward_trains_as_peft_does_in_bf16() -> None:
+    """The GPU default is bf16: the lean forward must cast where PEFT does, to the bit, there too."""
+    model = ModelSpec(name_or_path=str(TINY_MODEL_DIR), lora_rank=8).load_lora_model(torch.device("cuda", 0), seed=0)
+    assert model.dtype == torch.bfloat16
+    model.eval()  # no dropout draws between the two passes
+    with torch.no_grad():  # a nonzero B, so every LoRA matmul carries gradient
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    ids = torch.randint(0, 250, (4, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    layers = plain_lora_layers(model)
+    assert layers
+
+    def loss_and_gradients(lean: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        with lean_lora(layers) if lean else contextlib.nullcontext():
+            loss = model(input_ids=ids).logits.float().log_softmax(-1).square().mean()
+        loss.backward()
+        gradients = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+        return loss.detach(), gradients
+
+    lean_loss, lean_gradients = loss_and_gradients(lean=True)
+    peft_loss, peft_gradients = loss_and_gradients(lean=False)
+    assert torch.equal(lean_loss, peft_loss)
+    assert all(torch.equal(a, b) for a, b in zip(lean_gradients, peft_gradients, strict=True))
