@@ -148,8 +148,8 @@ class PytorchEngine:
         self._frozen = _trainable_copy(self.model) if fault_skip_weight_sync else None
         lora_layers = plain_lora_layers(self.model)
         self._merged = merged_lora(lora_layers) if merge_lora else None
-        merged = set() if self._merged is None else {id(layer) for layer in self._merged.layers}
-        self._lean = [layer for layer in lora_layers if id(layer) not in merged]  # PEFT's arithmetic, leaner
+        merged = [] if self._merged is None else self._merged.layers
+        self._lean = [layer for layer in lora_layers if layer not in merged]  # PEFT's arithmetic, leaner
         if self._merged is not None:
             log.info("inference=pytorch samples through merged LoRA weights (%d fp32 layers)", len(self._merged.layers))
 
