@@ -5,6 +5,9 @@ On CPU the one nondeterministic kernel on retrain's path is the backward of adva
 one thread torch accumulates it with atomic float adds, whose order varies from run to run.
 torch's deterministic mode makes it serial, which costs nothing measurable at the sizes involved,
 so a CPU run always uses it (warn_only: an op with no deterministic kernel warns instead of failing).
+That mode also fills every fresh `torch.empty` with NaN, a guard against kernels that read memory
+they never wrote; retrain's do not (the reruns prove it), and the fill cost ~1.5% of the quickstart
+step, so the CPU default leaves it off. `training.deterministic=true` keeps torch's full guarantee.
 On CUDA the deterministic kernels (attention backward, index_add, ...) cost real time, so they are
 opt-in: `training.deterministic=true`. What is and is not bit-exact: docs/reproducibility.md.
 """
@@ -32,6 +35,7 @@ def reproducible_torch(deterministic: bool, device: torch.device | str | None) -
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
+        torch.utils.deterministic.fill_uninitialized_memory,
     )
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
@@ -39,8 +43,10 @@ def reproducible_torch(deterministic: bool, device: torch.device | str | None) -
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     elif device is not None and torch.device(device).type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2], previous[3]
+        torch.utils.deterministic.fill_uninitialized_memory = previous[4]

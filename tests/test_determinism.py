@@ -15,10 +15,11 @@ def deterministic_mode() -> tuple[bool, bool]:
 
 
 def test_a_cpu_run_uses_deterministic_kernels_and_gives_the_settings_back() -> None:
-    before = deterministic_mode()
+    before = deterministic_mode(), torch.utils.deterministic.fill_uninitialized_memory
     with reproducible_torch(False, torch.device("cpu")):
         assert deterministic_mode() == (True, True)
-    assert deterministic_mode() == before
+        assert not torch.utils.deterministic.fill_uninitialized_memory  # no NaN fill of each fresh torch.empty
+    assert (deterministic_mode(), torch.utils.deterministic.fill_uninitialized_memory) == before
 
 
 def test_a_gpu_run_keeps_the_fast_kernels_unless_asked() -> None:
@@ -32,6 +33,7 @@ def test_training_deterministic_is_strict_and_fixes_the_cublas_workspace(monkeyp
     before = deterministic_mode(), torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     with reproducible_torch(True, "cuda:0"):
         assert deterministic_mode() == (True, False)
+        assert torch.utils.deterministic.fill_uninitialized_memory  # torch's full guarantee
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE_CONFIG
     assert (deterministic_mode(), torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) == before
