@@ -35,7 +35,7 @@ def reproducible_torch(deterministic: bool, device: torch.device | str | None) -
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
-        torch.utils.deterministic.fill_uninitialized_memory,
+        torch.utils.deterministic.fill_uninitialized_memory,  # type: ignore[attr-defined]  # a module property
     )
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
@@ -43,10 +43,10 @@ def reproducible_torch(deterministic: bool, device: torch.device | str | None) -
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     elif device is not None and torch.device(device).type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.utils.deterministic.fill_uninitialized_memory = False
+        torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2], previous[3]
-        torch.utils.deterministic.fill_uninitialized_memory = previous[4]
+        torch.utils.deterministic.fill_uninitialized_memory = previous[4]  # type: ignore[attr-defined]
