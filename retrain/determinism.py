@@ -40,6 +40,7 @@ def reproducible_torch(deterministic: bool, device: torch.device | str | None) -
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
         torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     elif device is not None and torch.device(device).type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
