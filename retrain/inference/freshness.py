@@ -17,6 +17,7 @@ import torch
 
 from retrain.backend.base import Backend
 from retrain.inference.base import InferenceEngine, StaleWeightsError
+from retrain.inference.lean_decoder import causal_lm_logits
 from retrain.inference.logprobs import scaled_log_softmax
 
 PROBE_TEXT = "retrain weight probe: 3 + 4 = 7."
@@ -46,7 +47,7 @@ class Probe:
         forwards drifted apart in bf16 as far as one update moves the probe)."""
         ids = torch.tensor([self.prompt_ids + self.completion_ids[:-1]], device=device)
         continuation = torch.tensor(self.completion_ids, device=device)
-        logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(continuation)).logits[0]
+        logits = causal_lm_logits(model, ids, logits_to_keep=len(continuation))[0]
         return scaled_log_softmax(logits, 1.0).gather(-1, continuation.unsqueeze(-1)).squeeze(-1)
 
 

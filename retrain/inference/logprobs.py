@@ -14,7 +14,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from retrain.inference.cache_argument import with_cache
+from retrain.inference.lean_decoder import causal_lm_logits
+from retrain.inference.packing import packed_logits
+from retrain.inference.rows import positions_from_mask, rows_of
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,11 +33,6 @@ def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> t
         ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
         mask[row, width - len(seq) :] = True
     return ids.to(device), mask.to(device)
-
-
-def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Position of each token among its row's real tokens (padding gets 0; its value is never used)."""
-    return (mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
 def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -58,14 +55,15 @@ def completion_logprobs(
     (0 on padding); differentiable when grad is enabled.
 
     Row r continues prompt `prompt_index[r]` of the [B, P] prompts. With `share_prompts`, each prompt
-    runs once and its KV cache (with its autograd graph) is repeated for its rows, as the sampler
-    does; otherwise every row runs prompt + completion in one forward (needed under activation
+    runs once: packed with its rows' completions into one row (retrain/inference/packing.py) where that
+    applies, else as a prefill whose KV cache (with its autograd graph) is repeated for its rows, as the
+    sampler does; otherwise every row runs prompt + completion in one forward (needed under activation
     checkpointing, which drops KV caches).
     """
     if share_prompts:
-        logits = _logits_with_shared_prompts(
-            model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask
-        )
+        shared = (model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask)
+        packed = packed_logits(*shared)
+        logits = packed if packed is not None else _logits_with_shared_prompts(*shared)
     else:
         logits = _logits_in_one_forward(
             model, prompt_ids[prompt_index], prompt_mask[prompt_index], completion_ids, completion_mask
@@ -88,16 +86,12 @@ def _logits_in_one_forward(
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     width = completion_ids.shape[1]
-    output = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask.long(),
-        position_ids=positions_from_mask(attention_mask),
-        use_cache=False,
-        logits_to_keep=width + 1,
+    logits = causal_lm_logits(
+        model, input_ids, attention_mask.long(), positions_from_mask(attention_mask), logits_to_keep=width + 1
     )
     # Logits at position i predict token i + 1: the last width + 1 positions cover every completion
     # token (the first is predicted from the prompt's last token); the very last predicts nothing.
-    return output.logits[:, :-1]
+    return logits[:, :-1]
 
 
 def _logits_with_shared_prompts(
@@ -111,15 +105,10 @@ def _logits_with_shared_prompts(
     """[R, T, V] next-token logits: one prefill per prompt, its cache repeated per row, then one
     forward over every row's completion tokens (but the last, which predicts nothing)."""
     cache = DynamicCache(config=model.config)
-    prefill = model(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask.long(),
-        position_ids=positions_from_mask(prompt_mask),
-        **with_cache(model, cache),
-        use_cache=True,
-        logits_to_keep=1,
+    prefill = causal_lm_logits(
+        model, prompt_ids, prompt_mask.long(), positions_from_mask(prompt_mask), cache, logits_to_keep=1
     )
-    first = rows_of(prefill.logits[:, -1:], prompt_index)  # predicts completion token 0
+    first = rows_of(prefill[:, -1:], prompt_index)  # predicts completion token 0
     width = completion_ids.shape[1]
     if width == 1:
         return first
@@ -127,14 +116,8 @@ def _logits_with_shared_prompts(
     row_prompt_mask = prompt_mask[prompt_index]
     attention_mask = torch.cat([row_prompt_mask, completion_mask[:, :-1]], dim=1)
     positions = row_prompt_mask.sum(dim=1, keepdim=True) + torch.arange(width - 1, device=completion_ids.device)
-    rest = model(
-        input_ids=completion_ids[:, :-1],
-        attention_mask=attention_mask.long(),
-        position_ids=positions,
-        **with_cache(model, cache),
-        use_cache=True,
-    )
-    return torch.cat([first, rest.logits], dim=1)
+    rest = causal_lm_logits(model, completion_ids[:, :-1], attention_mask.long(), positions, cache)
+    return torch.cat([first, rest], dim=1)
 
 
 def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
@@ -146,14 +129,3 @@ def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
     for layer in plain:
         if layer.keys is not None and layer.values is not None:
             layer.keys, layer.values = rows_of(layer.keys, rows), rows_of(layer.values, rows)
-
-
-def rows_of(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """tensor[rows], with the backward that suits the device.
-
-    On CPU, index_select: its backward (index_add_) sums serially, ~2x faster than that of advanced indexing
-    (index_put_ with accumulation) in the deterministic mode CPU runs use, and with bit-identical gradients;
-    without that mode, advanced indexing adds with atomics across threads. On CUDA it is the other way round
-    (index_add_ uses atomics, index_put_ sorts), so advanced indexing stays.
-    """
-    return tensor.index_select(0, rows) if tensor.device.type == "cpu" else tensor[rows]

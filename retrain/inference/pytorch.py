@@ -35,12 +35,13 @@ from transformers.cache_utils import DynamicLayer
 from retrain.backend.train_mode import set_training
 from retrain.errors import ConfigError
 from retrain.inference.base import EngineResources, StaleWeightsError
-from retrain.inference.cache_argument import with_cache
 from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.freshness import Probe
-from retrain.inference.logprobs import left_pad, positions_from_mask, scaled_log_softmax
+from retrain.inference.lean_decoder import causal_lm_logits
+from retrain.inference.logprobs import left_pad, scaled_log_softmax
 from retrain.inference.merged_lora import lean_lora, merged_lora, plain_lora_layers
+from retrain.inference.rows import positions_from_mask
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
@@ -226,15 +227,9 @@ class PytorchEngine:
                 cache.batch_select_indices(keep)
                 active, attention, positions, tokens = active[keep], attention[keep], positions[keep], tokens[keep]
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
-            output = self.model(
-                input_ids=tokens.unsqueeze(-1),
-                attention_mask=attention,
-                position_ids=positions.unsqueeze(-1),
-                **with_cache(self.model, cache),
-                use_cache=True,
-            )
+            step_logits = causal_lm_logits(self.model, tokens.unsqueeze(-1), attention, positions.unsqueeze(-1), cache)
             positions = positions + 1
-            logits = output.logits[:, -1]
+            logits = step_logits[:, -1]
         return Decoded(ids, mask, logprobs, entropies, kept_mass, finished)
 
     def _prefill(
@@ -247,15 +242,9 @@ class PytorchEngine:
             prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
         cache = decode_cache(self.model.config, room)
         attention = prompt_mask.long()
-        output = self.model(
-            input_ids=prompts,
-            attention_mask=attention,
-            position_ids=positions_from_mask(prompt_mask),
-            **with_cache(self.model, cache),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits = output.logits[:, -1]
+        logits = causal_lm_logits(
+            self.model, prompts, attention, positions_from_mask(prompt_mask), cache, logits_to_keep=1
+        )[:, -1]
         if self.prefix_caching:
             cache.batch_repeat_interleave(group_size)
             logits = logits.repeat_interleave(group_size, dim=0)

@@ -7,7 +7,8 @@ from transformers import DynamicCache
 
 from retrain.determinism import reproducible_torch
 from retrain.inference.cache_argument import with_cache
-from retrain.inference.logprobs import completion_logprobs, left_pad, rows_of, select_rows
+from retrain.inference.logprobs import completion_logprobs, left_pad, select_rows
+from retrain.inference.rows import rows_of
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
 
 

@@ -1,0 +1,186 @@
+"""A causal LM's logits without transformers' per-call machinery, for the sampler, the trainer and the probe.
+
+Every forward retrain runs (a prefill, a decode step, the training forward, the freshness probe) goes
+through `causal_lm_logits`. For the decoders whose wiring `LeanForward` mirrors (Llama, Mistral, Qwen2,
+Qwen3; full attention, sdpa's masks) it calls the model's own leaf modules (embedding, norms, the LoRA or
+plain linears, the activation, the rotary embedding, lm_head) with the same tensor ops between them, in
+the same order, as transformers' forward: the logits and gradients are transformers' to the bit. What it
+leaves out is the machinery around them: the output-capturing and config-merging decorators, the general
+mask factory (here the same boolean mask, built directly), the attention-interface lookup, the decoder
+layer and attention module calls, and the [B, T, hidden] views around every matmul (the hidden states
+stay [B·T, hidden] rows between attention blocks: the same products, fewer autograd nodes). A small
+model's forward is mostly that machinery (docs/benchmarks.md, change 13).
+
+Any other model, a model under activation checkpointing while it trains, an attention implementation
+without sdpa's masks, or accelerate's device-map hooks take transformers' own forward.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import Cache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from retrain.backend.attention import CPU_SDPA, CUDA_SDPA
+from retrain.inference.cache_argument import with_cache
+
+# model_type -> whether attention normalises each head's queries and keys (Qwen3's q_norm/k_norm)
+MIRRORED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
+SDPA_MASKED = {"sdpa", CPU_SDPA, CUDA_SDPA}  # attention that takes sdpa's boolean [B, 1, T, K] masks
+
+_head_norms: weakref.WeakKeyDictionary[torch.nn.Module, bool | None] = weakref.WeakKeyDictionary()
+
+
+def causal_lm_logits(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Cache | None = None,
+    logits_to_keep: int = 0,
+) -> torch.Tensor:
+    """[B, T or logits_to_keep, V] logits of `model` (a transformers causal LM, PEFT-wrapped or not), as
+    `model(input_ids, attention_mask, position_ids, cache, use_cache, logits_to_keep).logits` gives them.
+    A given `cache` is extended by this forward's keys and values; `attention_mask` covers cache and input."""
+    lean = LeanForward.of(model)
+    if lean is None:
+        output = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=cache is not None,
+            logits_to_keep=logits_to_keep,
+            **({} if cache is None else with_cache(model, cache)),
+        )
+        return output.logits
+    past = cache.get_seq_length() if cache is not None else 0
+    mask = sdpa_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], past, input_ids.device)
+    if position_ids is None:
+        position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + past).unsqueeze(0)
+    return lean.logits(input_ids, mask, position_ids, cache, logits_to_keep)
+
+
+def sdpa_mask(
+    attention_mask: torch.Tensor | None, batch: int, length: int, past: int, device: torch.device
+) -> torch.Tensor | None:
+    """The [B, 1, T, past + T] boolean mask transformers' sdpa_mask builds for a dynamic cache (a key is
+    seen if it is not padding and not after the query), or None where it leaves causality to sdpa's
+    `is_causal`: a single query or no cache, and no padding."""
+    total = past + length
+    if attention_mask is not None and attention_mask.shape[-1] != total:
+        raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} positions, cache and input {total}")
+    padding = None if attention_mask is None else attention_mask.bool()
+    if (length == 1 or past == 0) and (padding is None or bool(padding.all())):
+        return None
+    causal = torch.arange(total, device=device) <= torch.arange(past, total, device=device).unsqueeze(-1)
+    mask = causal[None, None] if padding is None else causal[None, None] & padding[:, None, None, :]
+    return mask.expand(batch, 1, length, total)
+
+
+@dataclass(frozen=True)
+class LeanForward:
+    """transformers' forward of a mirrored decoder, wiring only; see the module docstring."""
+
+    causal_lm: Any  # the transformers *ForCausalLM inside any PEFT wrappers
+    head_norms: bool  # Qwen3: each head's queries and keys are RMS-normalised before the rotation
+
+    @classmethod
+    def of(cls, model: Any) -> LeanForward | None:
+        """The model's lean forward, or None where transformers' own forward must run now."""
+        causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if causal_lm not in _head_norms:  # the architecture is looked at once per model object
+            _head_norms[causal_lm] = _mirrored_head_norms(causal_lm)
+        head_norms = _head_norms[causal_lm]
+        if head_norms is None or _checkpointing(causal_lm):
+            return None
+        if causal_lm.config._attn_implementation not in SDPA_MASKED:
+            return None
+        return cls(causal_lm, head_norms)
+
+    def logits(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        cache: Cache | None,
+        logits_to_keep: int,
+    ) -> torch.Tensor:
+        """[B, T or logits_to_keep, V] logits; `mask`: which keys (cache, then input) each query sees, [B, 1, T, K]
+        booleans, or None for plain causal attention (sdpa's `is_causal`; a single query sees every key)."""
+        decoder, config = self.causal_lm.model, self.causal_lm.config
+        batch, length = input_ids.shape
+        hidden = decoder.embed_tokens(input_ids)
+        cos, sin = decoder.rotary_emb(hidden, position_ids)
+        rotation = (cos.unsqueeze(1), sin.unsqueeze(1))
+        attend = ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
+        hidden = hidden.view(batch * length, -1)
+        for layer in decoder.layers[: config.num_hidden_layers]:
+            residual = hidden
+            normed = layer.input_layernorm(hidden)
+            hidden = residual + self._attention(layer.self_attn, normed, (batch, length), rotation, mask, cache, attend)
+            residual = hidden
+            hidden = residual + _mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+        hidden = decoder.norm(hidden).view(batch, length, -1)
+        return self.causal_lm.lm_head(hidden[:, slice(-logits_to_keep, None), :])
+
+    def _attention(
+        self,
+        module: Any,
+        hidden: torch.Tensor,
+        input_shape: tuple[int, int],
+        rotation: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: Cache | None,
+        attend: Any,
+    ) -> torch.Tensor:
+        """transformers' Llama/Qwen3 attention forward, op for op, on the [B·T, hidden] rows of a [B, T] input."""
+        hidden_shape = (*input_shape, -1, module.head_dim)
+        queries = module.q_proj(hidden).view(hidden_shape)
+        keys = module.k_proj(hidden).view(hidden_shape)
+        if self.head_norms:
+            queries, keys = module.q_norm(queries), module.k_norm(keys)
+        queries, keys = queries.transpose(1, 2), keys.transpose(1, 2)
+        values = module.v_proj(hidden).view(hidden_shape).transpose(1, 2)
+        cos, sin = rotation
+        queries = (queries * cos) + (_rotate_half(queries) * sin)
+        keys = (keys * cos) + (_rotate_half(keys) * sin)
+        if cache is not None:
+            keys, values = cache.update(keys, values, module.layer_idx)
+        dropout = 0.0 if not module.training else module.attention_dropout
+        output, _ = attend(module, queries, keys, values, mask, dropout=dropout, scaling=module.scaling)
+        return module.o_proj(output.reshape(hidden.shape[0], -1).contiguous())
+
+
+def _mirrored_head_norms(causal_lm: Any) -> bool | None:
+    """Whether a mirrored decoder normalises attention heads; None for a model whose forward is not mirrored."""
+    config = causal_lm.config
+    if config.model_type not in MIRRORED or not hasattr(causal_lm, "lm_head"):
+        return None
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        return None  # a sliding-window mask (Mistral's; Qwen2/3 name theirs in layer_types)
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+        return None
+    if any(hasattr(module, "_hf_hook") for module in causal_lm.modules()):
+        return None  # accelerate's device-map hooks move tensors between devices inside transformers' forward
+    return MIRRORED[config.model_type]
+
+
+def _checkpointing(causal_lm: Any) -> bool:
+    """A decoder layer would recompute its activations in backward (transformers' GradientCheckpointingLayer
+    does while training; the model's is_gradient_checkpointing walks every module, ~1 ms a call)."""
+    return causal_lm.training and any(
+        getattr(layer, "gradient_checkpointing", False) and layer.training for layer in causal_lm.model.layers
+    )
+
+
+def _mlp(module: Any, hidden: torch.Tensor) -> torch.Tensor:
+    return module.down_proj(module.act_fn(module.gate_proj(hidden)) * module.up_proj(hidden))
+
+
+def _rotate_half(tensor: torch.Tensor) -> torch.Tensor:
+    half = tensor.shape[-1] // 2
+    return torch.cat((-tensor[..., half:], tensor[..., :half]), dim=-1)

@@ -1,0 +1,174 @@
+"""The lean forward is transformers' forward to the bit, for every decoder it mirrors, and steps aside for the rest."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import (
+    AutoModelForCausalLM,
+    DynamicCache,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+from transformers.masking_utils import sdpa_mask as transformers_sdpa_mask
+
+from retrain.backend.attention import use_fast_sdpa
+from retrain.inference.cache_argument import with_cache
+from retrain.inference.lean_decoder import LeanForward, causal_lm_logits, sdpa_mask
+from retrain.inference.merged_lora import lean_lora, plain_lora_layers
+from retrain.inference.rows import positions_from_mask
+
+SIZES = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 97,
+    "max_position_embeddings": 64,
+}
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**SIZES),
+    "mistral": lambda: MistralConfig(**SIZES, sliding_window=None),
+    "qwen2": lambda: Qwen2Config(**SIZES),
+    "qwen3": lambda: Qwen3Config(**SIZES, head_dim=16),
+}
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_model(config, attention: str = "fast") -> torch.nn.Module:
+    """A random model of `config` under a LoRA adapter whose B is not zero (so the adapter takes part)."""
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(config, attn_implementation="eager" if attention == "eager" else "sdpa")
+    if attention == "fast":
+        use_fast_sdpa(base)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.05)
+    return model
+
+
+def transformers_logits(model, input_ids, attention_mask=None, position_ids=None, cache=None, logits_to_keep=0):
+    cache_argument = {} if cache is None else with_cache(model, cache)
+    output = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=cache is not None,
+        logits_to_keep=logits_to_keep,
+        **cache_argument,
+    )
+    return output.logits
+
+
+def left_padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 97, (3, 9), generator=generator)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[0, :4] = 0
+    mask[2, :1] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+@pytest.mark.parametrize("attention", ["fast", "sdpa"])
+def test_prefill_and_decode_steps_give_transformers_logits_to_the_bit(model_type, attention):
+    model = lora_model(CONFIGS[model_type](), attention).eval()
+    assert LeanForward.of(model) is not None
+    ids, mask = left_padded_batch()
+    with torch.inference_mode(), lean_lora(plain_lora_layers(model)):
+        results = []
+        for forward in (causal_lm_logits, transformers_logits):
+            cache = DynamicCache(config=model.config)
+            steps = [forward(model, ids, mask, positions_from_mask(mask.bool()), cache, logits_to_keep=1)]
+            attention_mask, positions = mask, mask.sum(dim=1, keepdim=True)
+            for token in range(3):
+                attention_mask = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
+                steps.append(forward(model, torch.full((3, 1), 5 + token), attention_mask, positions + token, cache))
+            results.append(steps)
+    for lean, reference in zip(*results):
+        assert torch.equal(lean, reference)
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_a_training_forward_gives_transformers_logits_and_gradients_to_the_bit(model_type):
+    model = lora_model(CONFIGS[model_type]()).train()
+    ids, mask = left_padded_batch()
+    results = []
+    for forward in (causal_lm_logits, transformers_logits):
+        model.zero_grad()
+        with lean_lora(plain_lora_layers(model)):
+            logits = forward(model, ids, mask, positions_from_mask(mask.bool()), logits_to_keep=4)
+        (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        results.append((logits.detach(), grads))
+    (lean, lean_grads), (reference, reference_grads) = results
+    assert torch.equal(lean, reference)
+    assert all(torch.equal(a, b) for a, b in zip(lean_grads, reference_grads, strict=True))
+
+
+def test_without_mask_or_positions_it_is_a_plain_causal_forward():
+    """As the freshness probe calls it: one unpadded sequence, transformers' default positions."""
+    model = lora_model(CONFIGS["qwen3"]()).eval()
+    ids = torch.arange(3, 12).unsqueeze(0)
+    with torch.inference_mode():
+        assert torch.equal(
+            causal_lm_logits(model, ids, logits_to_keep=2), transformers_logits(model, ids, logits_to_keep=2)
+        )
+
+
+@pytest.mark.parametrize(
+    ("case", "config"),
+    [
+        (
+            "sliding-window layers",
+            lambda: Qwen2Config(**SIZES, use_sliding_window=True, max_window_layers=1, sliding_window=4),
+        ),
+        ("a sliding-window mask", lambda: MistralConfig(**SIZES, sliding_window=4)),
+        ("an architecture it does not mirror", lambda: _gemma_config()),
+    ],
+)
+def test_models_it_does_not_mirror_keep_transformers_forward(case, config):
+    model = lora_model(config()).eval()
+    assert LeanForward.of(model) is None, case
+    ids, mask = left_padded_batch()
+    with torch.inference_mode():
+        lean = causal_lm_logits(model, ids, mask, positions_from_mask(mask.bool()))
+        assert torch.equal(lean, transformers_logits(model, ids, mask, positions_from_mask(mask.bool())))
+
+
+def test_eager_attention_and_activation_checkpointing_keep_transformers_forward():
+    eager = lora_model(CONFIGS["llama"](), attention="eager")
+    assert LeanForward.of(eager) is None  # its masks are additive floats, not sdpa's booleans
+    checkpointed = lora_model(CONFIGS["llama"]())
+    checkpointed.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert LeanForward.of(checkpointed.eval()) is not None  # nothing is recomputed outside training
+    assert LeanForward.of(checkpointed.train()) is None
+
+
+@pytest.mark.parametrize(("past", "length"), [(0, 5), (4, 1), (4, 3), (0, 1)])
+@pytest.mark.parametrize("padded", [True, False])
+def test_the_mask_is_the_one_transformers_builds(past, length, padded):
+    total = past + length
+    attention_mask = torch.ones(2, total, dtype=torch.bool)
+    if padded:
+        attention_mask[1, :2] = False
+    ours = sdpa_mask(attention_mask, 2, length, past, torch.device("cpu"))
+    theirs = transformers_sdpa_mask(
+        batch_size=2, q_length=length, kv_length=total, q_offset=past, attention_mask=attention_mask
+    )
+    if theirs is None:
+        assert ours is None
+    else:
+        assert ours is not None and torch.equal(ours, theirs)
+
+
+def _gemma_config():
+    from transformers import GemmaConfig
+
+    return GemmaConfig(**SIZES, head_dim=16)
