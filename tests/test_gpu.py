@@ -14,7 +14,9 @@ import torch
 from retrain.assets import TINY_MODEL_DIR
 from retrain.backend.attention import CUDA_SDPA
 from retrain.backend.model import ModelSpec
+from retrain.inference.lean_decoder import LeanForward, causal_lm_logits
 from retrain.inference.merged_lora import lean_lora, plain_lora_layers
+from retrain.inference.rows import positions_from_mask
 from tests.conftest import read_metrics, run_cli, sigkill_once_checkpointed, without_timing
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -96,3 +98,34 @@ def test_on_the_gpu_the_lean_lora_forward_trains_as_peft_does_in_bf16() -> None:
     peft_loss, peft_gradients = loss_and_gradients(lean=False)
     assert torch.equal(lean_loss, peft_loss)
     assert all(torch.equal(a, b) for a, b in zip(lean_gradients, peft_gradients, strict=True))
+
+
+def test_on_the_gpu_the_lean_decoder_gives_transformers_logits_and_gradients_in_bf16() -> None:
+    """retrain/inference/lean_decoder.py mirrors transformers' forward op for op: on CUDA in bf16 too."""
+    model = ModelSpec(name_or_path=str(TINY_MODEL_DIR), lora_rank=8).load_lora_model(torch.device("cuda", 0), seed=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    assert LeanForward.of(model) is not None
+    ids = torch.randint(0, 250, (4, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :6] = 0
+    positions = positions_from_mask(mask.bool())
+
+    def logits_and_gradients(forward) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        with lean_lora(plain_lora_layers(model)):
+            logits = forward(model, ids, mask, positions)
+        logits.float().log_softmax(-1).square().mean().backward()
+        gradients = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+        return logits.detach(), gradients
+
+    def transformers_forward(model, ids, mask, positions) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+
+    model.eval()  # no dropout draws between the two passes
+    lean_logits, lean_gradients = logits_and_gradients(causal_lm_logits)
+    reference_logits, reference_gradients = logits_and_gradients(transformers_forward)
+    assert torch.equal(lean_logits, reference_logits)
+    assert all(torch.equal(a, b) for a, b in zip(lean_gradients, reference_gradients, strict=True))
