@@ -49,12 +49,13 @@ class PackedGroups:
 
     @classmethod
     def of(cls, prompt_index: torch.Tensor, prompt_width: int, groups: int, completion_width: int) -> PackedGroups:
-        counts = torch.bincount(prompt_index, minlength=groups)
-        order = prompt_index.argsort(stable=True)
+        index = prompt_index.cpu()  # one number per row; bincount has no deterministic CUDA kernel
+        counts = torch.bincount(index, minlength=groups)
+        order = index.argsort(stable=True)
         first_row_of_group = counts.cumsum(0) - counts
-        slot = torch.empty_like(prompt_index)
-        slot[order] = torch.arange(len(order), device=order.device) - first_row_of_group[prompt_index[order]]
-        return cls(slot, groups, prompt_width, slots=int(counts.max()), width=completion_width - 1)
+        slot = torch.empty_like(index)
+        slot[order] = torch.arange(len(order)) - first_row_of_group[index[order]]
+        return cls(slot.to(prompt_index.device), groups, prompt_width, int(counts.max()), completion_width - 1)
 
     @property
     def length(self) -> int:
