@@ -42,8 +42,9 @@ What differs unavoidably:
 - Each side's own sampler: retrain's in-process engine (prompt prefix shared by a group) against
   transformers' generate on the repeated prompts, as TRL does without vLLM.
 
---vllm samples with vLLM on both sides, in bf16 (what TRL's vLLM serves a float32 model in): retrain with
-`inference=vllm inference.dtype=bf16` (in-process vllm.LLM, LoRA adapters loaded per version), TRL with its
+--vllm samples with vLLM on both sides, in bf16 (what TRL's vLLM serves a float32 model in), from merged weights:
+retrain with `inference=vllm inference.dtype=bf16 inference.merge_lora=true` (in-process vllm.LLM, the merged
+weights reloaded into it at every sync; `-- inference.merge_lora=false` serves LoRA adapters instead), TRL with its
 colocated mode (use_vllm=True, vllm_mode="colocate": vllm.LLM in the trainer's process, the merged weights
 loaded into it before each generation; on vLLM's CPU build through vLLM's reload_weights, as TRL's own push
 fails there: benchmarks/_trl_worker.py says why). Each round then also prints the largest per-step mean
@@ -72,8 +73,9 @@ COMMON = ["algorithm=grpo_none", "training.save_every=0", "eval.num_examples=0"]
 RETRAIN_CLI = ["logging.progress_bar=false", "logging.console_groups=0"]
 MODEL_SLOT = "{small64_model}"
 # --vllm: TRL's colocated vLLM takes vLLM's dtype "auto", which serves a float32 checkpoint in bfloat16 (TRL has no
-# key to change it); retrain's vLLM then serves in bf16 too, so both sample the same way.
-VLLM = ["inference=vllm", "inference.dtype=bf16"]
+# key to change it), and loads the merged weights before each generation; retrain's vLLM then serves in bf16 too,
+# merged, so both sample the same way.
+VLLM = ["inference=vllm", "inference.dtype=bf16", "inference.merge_lora=true"]
 
 
 @dataclass(frozen=True)

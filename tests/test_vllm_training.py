@@ -77,3 +77,20 @@ def test_vllm_serving_bf16_under_an_fp32_trainer_is_held_to_bf16s_tolerance(tmp_
     proven = [record for record in read_metrics(run_dir) if "engine/probe_gap" in record]
     assert len(proven) >= 2
     assert max(record["engine/probe_gap"] for record in proven) > 1e-3  # fp32's tolerance would have failed it
+
+
+@pytest.mark.slow
+def test_vllm_serving_merged_weights_samples_every_step_with_the_weights_just_trained(tmp_path: Path) -> None:
+    """inference.merge_lora=true: no adapter; each sync reloads vLLM's weights with the LoRA merged in, and the
+    proof and the per-token check see fp32-exact agreement every step."""
+    run_dir = tmp_path / "merged"
+    run_cli(
+        [*VLLM, "inference.merge_lora=true", "training.max_steps=6", "eval.num_examples=0", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+    )
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
+    records = read_metrics(run_dir)
+    proven = [record for record in records if "engine/probe_gap" in record]
+    assert len(proven) >= 4
+    assert all(record["engine/probe_gap"] <= 1e-4 < record["engine/probe_gap_old"] for record in proven)
+    assert all(record["engine/logprob_abs_diff"] < 1e-4 for record in records if "engine/logprob_abs_diff" in record)

