@@ -6,6 +6,8 @@ every other test holds whichever weights the engine serves, so their order does 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -29,13 +31,18 @@ def backend():
     return make_backend(SPEC, lr=0.05)
 
 
-@pytest.fixture(scope="module")
-def engine(backend):
+def started_engine(backend, **options) -> Iterator[Checked]:
+    """A VllmEngine beside `backend`, every generate and probe checked against the engine contract; closed after."""
     set_num_threads = torch.set_num_threads  # vLLM's CPU worker swaps in a no-op for the whole process
-    engine = VllmEngine(tokenizer_of(SPEC.name_or_path), backend.engine_resources())
-    yield Checked(engine, ENGINE_CHECKS, "inference=vllm")  # every generate and probe meets the contract
+    engine = VllmEngine(tokenizer_of(SPEC.name_or_path), backend.engine_resources(), **options)
+    yield Checked(engine, ENGINE_CHECKS, "inference=vllm")
     engine.close()
     torch.set_num_threads = set_num_threads  # the test modules after this one set threads for real
+
+
+@pytest.fixture(scope="module")
+def engine(backend):
+    yield from started_engine(backend)
 
 
 @pytest.fixture(scope="module")

