@@ -227,9 +227,10 @@ class PytorchEngine:
                 cache.batch_select_indices(keep)
                 active, attention, positions, tokens = active[keep], attention[keep], positions[keep], tokens[keep]
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
-            step_logits = causal_lm_logits(self.model, tokens.unsqueeze(-1), attention, positions.unsqueeze(-1), cache)
+            logits = causal_lm_logits(self.model, tokens.unsqueeze(-1), attention, positions.unsqueeze(-1), cache)[
+                :, -1
+            ]
             positions = positions + 1
-            logits = step_logits[:, -1]
         return Decoded(ids, mask, logprobs, entropies, kept_mass, finished)
 
     def _prefill(
