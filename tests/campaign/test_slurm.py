@@ -131,15 +131,17 @@ def _steps_logged(run_dir: Path) -> int:
     return len(read_metrics(run_dir)) if (run_dir / "metrics.jsonl").is_file() else 0
 
 
+# Step counts leave the signal time to land: a quickstart step takes 40-90 ms here (one thread per job), and the
+# signals go out once three steps are logged (polled each second), or, for the time limit, after 30-90 s.
 INTERRUPTIONS = {
     # what a pre-empting scheduler sends (and submitit's own tests): SIGTERM, then the warning signal
-    "preempted": {"steps": 40, "launcher": ["hydra.launcher.timeout_min=15"]},
+    "preempted": {"steps": 120, "launcher": ["hydra.launcher.timeout_min=15"]},
     # an admin's requeue: SIGTERM, then SIGKILL after KillWait; the run checkpoints after its step in
     # flight (or, had that not fitted in KillWait, would resume from its last periodic checkpoint)
-    "requeued": {"steps": 40, "launcher": ["hydra.launcher.timeout_min=15"], "save_every": 5},
-    # a real time limit: SLURM warns 60 s before the 2-minute limit (its timer is coarse: ±30 s),
-    # and the run is longer than that, so one job cannot finish it
-    "time_limit": {"steps": 600, "launcher": ["hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"]},
+    "requeued": {"steps": 120, "launcher": ["hydra.launcher.timeout_min=15"], "save_every": 5},
+    # a real time limit: SLURM warns 60 s before the 2-minute limit (its timer is coarse: ±30 s), and the run
+    # is longer than that (2,500 steps: over 100 s even at 40 ms a step), so one job cannot finish it
+    "time_limit": {"steps": 2500, "launcher": ["hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"]},
 }
 
 
