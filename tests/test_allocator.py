@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -39,8 +40,12 @@ def page_faults(mode: str) -> tuple[str, int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_steps_reuse_the_memory_they_freed_instead_of_faulting_it_in_again():
-    kept, kept_faults = page_faults("keep")
-    _, default_faults = page_faults("default")
-    assert kept == "True"
+    """Medians of three processes per mode: one process's count moves with glibc's history (seen: 1-14k pages kept,
+    39-113k by default; one pair of single runs came to only 2.8x)."""
+    runs = {mode: [page_faults(mode) for _ in range(3)] for mode in ("keep", "default")}
+    assert all(kept == "True" for kept, _ in runs["keep"])
+    kept_faults, default_faults = (
+        statistics.median(faults for _, faults in runs[mode]) for mode in ("keep", "default")
+    )
     assert default_faults > 20_000  # glibc's defaults: thousands of fresh pages in most steps
     assert kept_faults * 4 < default_faults
