@@ -18,9 +18,10 @@ masked: G × L² scores per head and layer, where the KV-cache way computes G ×
 (prompt + width), and a G × L² mask (floats inside sdpa). Packing pays while the scores it adds cost less
 than the forward and the copies it saves. Measured on small64's model (docs/benchmarks.md, change 14) with
 completions of 8, 16, 32 and 64 tokens, the training step took 14% less at 2.4× the KV-cache way's scores,
-8% less at 3.4×, the same at 4.7× and 15% more at 5.9×; the tiny Qwen3's, at ~2.7×, 25% less. `packed_logits` packs up to PACKED_SCORE_RATIO times the KV-cache way's scores and
-PACKED_MASK_LIMIT mask entries, with a model that runs its lean forward (which takes such masks);
-otherwise it returns None and the trainer takes the KV-cache way.
+8% less at 3.4×, the same at 4.7× and 15% more at 5.9×; the tiny Qwen3's, at ~2.7×, 25% less.
+`packed_logits` packs up to PACKED_SCORE_RATIO times the KV-cache way's scores and PACKED_MASK_LIMIT mask
+entries, with a model that runs its lean forward (which takes such masks); otherwise it returns None and
+the trainer takes the KV-cache way.
 """
 
 from __future__ import annotations
