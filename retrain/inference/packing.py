@@ -110,9 +110,11 @@ def packed_logits(
     docstring), or None where packing does not apply. Arguments as completion_logprobs takes them; every prompt
     has at least one row."""
     lean = LeanForward.of(model)
+    if lean is None:
+        return None
     groups, prompt_width = prompt_ids.shape
     packing = PackedGroups.of(prompt_index, prompt_width, groups, completion_ids.shape[1])
-    if lean is None or not packing.pays():
+    if not packing.pays():
         return None
     input_ids = prompt_ids.new_zeros((groups, packing.length))
     real = prompt_mask.new_zeros((groups, packing.length))  # not padding

@@ -227,9 +227,8 @@ class PytorchEngine:
                 cache.batch_select_indices(keep)
                 active, attention, positions, tokens = active[keep], attention[keep], positions[keep], tokens[keep]
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
-            logits = causal_lm_logits(self.model, tokens.unsqueeze(-1), attention, positions.unsqueeze(-1), cache)[
-                :, -1
-            ]
+            next_logits = causal_lm_logits(self.model, tokens.unsqueeze(-1), attention, positions.unsqueeze(-1), cache)
+            logits = next_logits[:, -1]
             positions = positions + 1
         return Decoded(ids, mask, logprobs, entropies, kept_mass, finished)
 
