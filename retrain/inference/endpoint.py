@@ -7,12 +7,17 @@ It serves the token-in/token-out route that verifiers' training client calls (vL
 served policy). Every request becomes one `engine.generate` call on the chat-templated prompt ids the
 client sent, with the request's seed; calls are serialised, since an engine samples one batch at a
 time. It listens on 127.0.0.1 only, on a free port, in a daemon thread, and `close()` stops it.
+
+Its listen backlog is the system's maximum, not socketserver's 5: an environment opens a connection per
+rollout in flight (16 by default) at the same moment, and a full backlog resets some of them, which
+verifiers records as a failed episode ("Connection error").
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -48,6 +53,13 @@ def sampling_of(params: dict[str, Any]) -> tuple[SamplingParams, int | None]:
     )
 
 
+class EndpointServer(ThreadingHTTPServer):
+    """A threading HTTP server whose backlog holds every connection an environment opens at once."""
+
+    request_queue_size = socket.SOMAXCONN
+    daemon_threads = True
+
+
 class EngineEndpoint:
     """Serves `engine` over HTTP on a loopback port until `close()` (see the module docstring)."""
 
@@ -55,8 +67,7 @@ class EngineEndpoint:
         self.engine = engine
         self.max_model_len = max_model_len
         self._engine_lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
+        self._server = EndpointServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, name="retrain-endpoint", daemon=True)
         self._thread.start()
         log.info("Engine endpoint for environments at %s", self.url)

@@ -80,3 +80,18 @@ def test_verifiers_training_client_reads_what_it_needs(endpoint):
     result = asyncio.run(call())
     assert len(result["completion_ids"]) == len(result["completion_logprobs"]) >= 1
     assert result["finish_reason"] in ("stop", "length")
+
+
+def test_every_connection_opened_at_once_is_answered(backend, endpoint):
+    """An environment opens a connection per rollout in flight at the same moment; socketserver's backlog of 5
+    reset about a third of 64 (verifiers' "Connection error", a lost episode)."""
+    prompt = encode(backend, ["What is 7+8?"])[0]
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=endpoint.url.removesuffix("/v1")) as client:
+            answers = await asyncio.gather(
+                *(client.post("/inference/v1/generate", json=body(prompt, seed=n, max_tokens=2)) for n in range(64))
+            )
+        return [answer.status_code for answer in answers]
+
+    assert asyncio.run(burst()) == [200] * 64

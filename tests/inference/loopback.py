@@ -19,6 +19,13 @@ Answer = tuple[int, Any, dict[str, str]]
 Route = Callable[[Any], Answer]
 
 
+class LoopbackServer(ThreadingHTTPServer):
+    """socketserver's listen backlog of 5 resets some of a burst of connections (an engine opens up to 64)."""
+
+    request_queue_size = 128
+    daemon_threads = True
+
+
 def ok(body: Any) -> Answer:
     return 200, body, {}
 
@@ -76,8 +83,7 @@ def serve(routes: dict[str, Route]) -> Iterator[Loopback]:
         def log_message(self, *args: Any) -> None:  # quiet
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    server = LoopbackServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     loopback.url = f"http://127.0.0.1:{server.server_address[1]}"

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import pytest
@@ -20,6 +20,7 @@ from retrain.reward.checks import NoVerdict
 from retrain.reward.judge import JudgeReward, parse_verdict
 from retrain.reward.scorer import RewardScorer
 from retrain.types import Example
+from tests.inference.loopback import LoopbackServer
 
 
 class JudgeServer(BaseHTTPRequestHandler):
@@ -87,10 +88,7 @@ class JudgeServer(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), JudgeServer, bind_and_activate=False)
-    server.request_queue_size = 128  # the default backlog of 5 resets some of 16 concurrent connections
-    server.server_bind()
-    server.server_activate()
+    server = LoopbackServer(("127.0.0.1", 0), JudgeServer)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
