@@ -12,18 +12,13 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from retrain.inference.endpoint import EndpointServer
 
 Answer = tuple[int, Any, dict[str, str]]
 Route = Callable[[Any], Answer]
-
-
-class LoopbackServer(ThreadingHTTPServer):
-    """socketserver's listen backlog of 5 resets some of a burst of connections (an engine opens up to 64)."""
-
-    request_queue_size = 128
-    daemon_threads = True
 
 
 def ok(body: Any) -> Answer:
@@ -83,7 +78,7 @@ def serve(routes: dict[str, Route]) -> Iterator[Loopback]:
         def log_message(self, *args: Any) -> None:  # quiet
             pass
 
-    server = LoopbackServer(("127.0.0.1", 0), Handler)
+    server = EndpointServer(("127.0.0.1", 0), Handler)  # a backlog that holds a burst of connections
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     loopback.url = f"http://127.0.0.1:{server.server_address[1]}"

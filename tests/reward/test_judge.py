@@ -16,11 +16,11 @@ from hydra.utils import instantiate
 
 from retrain.config import compose
 from retrain.errors import ConfigError
+from retrain.inference.endpoint import EndpointServer
 from retrain.reward.checks import NoVerdict
 from retrain.reward.judge import JudgeReward, parse_verdict
 from retrain.reward.scorer import RewardScorer
 from retrain.types import Example
-from tests.inference.loopback import LoopbackServer
 
 
 class JudgeServer(BaseHTTPRequestHandler):
@@ -88,7 +88,7 @@ class JudgeServer(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    server = LoopbackServer(("127.0.0.1", 0), JudgeServer)
+    server = EndpointServer(("127.0.0.1", 0), JudgeServer)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
