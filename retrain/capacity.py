@@ -156,6 +156,9 @@ def read_pilot(run_dir: Path) -> Pilot:
     from retrain.rundir import RunDir
 
     files = RunDir(run_dir)
+    if not files.metrics.is_file():
+        what = "a sweep dir: give one of its run dirs" if (run_dir / "manifest.json").is_file() else "not a run dir"
+        raise ConfigError(f"--pilot {run_dir}: {what} (no {files.metrics.name} there)")
     times = [float(r["step_time_s"]) for r in files.metrics_records() if isinstance(r.get("step_time_s"), (int, float))]
     if not times:
         raise ConfigError(f"--pilot {run_dir}: no step with step_time_s in {files.metrics} (run a few steps first)")

@@ -3,12 +3,14 @@
 An error the user caused (a `retrain.errors.UserError`: config, data, plugin, Hub) ends a run with
 its message on one line and exit code 1; its traceback goes to the run's log file only, unless the
 run dir was refused (another run's, retrain/launch.py): then nothing goes into it. In a `--multirun`
-Hydra reports each job's error itself, so the job raises the UserError behind a wrapped one. Any other
-error is a bug in retrain and keeps Hydra's report, traceback included.
+the failed job reports the same way and the sweep goes on; Hydra ends it with the first failed job's
+message, on one line too (a `FailedJob`). Any other error is a bug in retrain and keeps Hydra's report,
+traceback included.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import re
@@ -18,12 +20,12 @@ from pathlib import Path
 import hydra
 from dotenv import load_dotenv
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
+from hydra.errors import CompactHydraException, InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from retrain.config import config_dir, register_configs
-from retrain.errors import ConfigError, UserError
+from retrain.errors import WRONG_ARGUMENTS, ConfigError, UserError
 
 log = logging.getLogger("retrain")
 
@@ -44,6 +46,8 @@ SUBCOMMANDS = {
 UNLOCATABLE_TARGET = re.compile(
     r"Error locating target '(?P<target>[^']*)'.*?(?:\nfull_key: (?P<key>\S+))?\s*$", re.DOTALL
 )
+# ... and when calling it raised: "Error in call to target 'm.C':\nTypeError(...)\nfull_key: algorithm.transforms.c"
+FAILED_CALL = re.compile(r"Error in call to target '(?P<target>[^']*)'.*?(?:\nfull_key: (?P<key>\S+))?\s*$", re.DOTALL)
 
 
 def _hydra_entry(cfg: DictConfig) -> None:
@@ -60,12 +64,21 @@ def _hydra_entry(cfg: DictConfig) -> None:
         user_error = _user_error_behind(error)
         if user_error is None:
             raise
-        if HydraConfig.get().mode != RunMode.RUN:
-            if user_error is error:
-                raise
-            raise user_error from error  # what Hydra reports: the real import error, not "Error locating target"
         _report_user_error(user_error, error)
-        raise SystemExit(1) from None
+        hydra_config = HydraConfig.get()
+        if hydra_config.mode == RunMode.RUN:
+            raise SystemExit(1) from None
+        where = f"job #{hydra_config.job.num} ({hydra_config.runtime.output_dir})"
+        raise FailedJob(f"retrain: {where} failed: {one_line(user_error)}", user_error) from None
+
+
+class FailedJob(CompactHydraException):
+    """A sweep job's user error. Hydra raises the first one when the sweep ends, and prints a compact
+    error's message alone; `user_error` is what the job raised (the campaign's records read it)."""
+
+    def __init__(self, message: str, user_error: UserError | None = None) -> None:
+        super().__init__(message)
+        self.user_error = user_error  # a default, so that a job on a cluster node sends it back pickled
 
 
 def _user_error_behind(error: BaseException | None) -> UserError | None:
@@ -81,14 +94,22 @@ def _user_error_behind(error: BaseException | None) -> UserError | None:
 
 
 def _unlocatable_target(error: BaseException) -> ConfigError | None:
-    """A `_target_` that does not import (a typo, a module not on the path) is a config mistake."""
-    match = UNLOCATABLE_TARGET.match(str(error)) if isinstance(error, InstantiationException) else None
-    if match is None:
+    """A `_target_` that does not import (a typo, a module not on the path), or that does not take
+    the arguments its config node gives (a `+key=value` typo), is a config mistake."""
+    if not isinstance(error, InstantiationException):
         return None
-    from retrain.plugins import import_failure  # here: `retrain status` starts without torch
+    match = UNLOCATABLE_TARGET.match(str(error))
+    if match is not None:
+        from retrain.plugins import import_failure  # here: `retrain status` starts without torch
 
-    key = f"{match['key']}._target_" if match["key"] else "_target_"
-    return ConfigError(f"{key}={match['target']!r} cannot be imported: {import_failure(error)}")
+        key = f"{match['key']}._target_" if match["key"] else "_target_"
+        return ConfigError(f"{key}={match['target']!r} cannot be imported: {import_failure(error)}")
+    match = FAILED_CALL.match(str(error))
+    if match is None or not isinstance(error.__cause__, TypeError) or not WRONG_ARGUMENTS.search(str(error.__cause__)):
+        return None
+    return ConfigError(
+        f"{match['key'] or 'a config node'}: {match['target']} does not take its arguments: {error.__cause__}"
+    )
 
 
 def _stop_logging_into(run_dir: Path) -> None:
@@ -100,12 +121,17 @@ def _stop_logging_into(run_dir: Path) -> None:
             handler.close()
 
 
+def one_line(error: BaseException) -> str:
+    """The error's message with its lines joined: what the console shows of a user's mistake."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
 def _report_user_error(user_error: UserError, raised: BaseException) -> None:
     """The message, on one line, on the console and in the log files; the traceback (and the error's
     details) in the log files only."""
     files = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
     where = f" (traceback in {files[0].baseFilename})" if files else ""
-    log.error("retrain: %s%s", " ".join(line.strip() for line in str(user_error).splitlines() if line.strip()), where)
+    log.error("retrain: %s%s", one_line(user_error), where)
     details = f"\n{user_error.details.rstrip()}" if user_error.details else ""
     record = log.makeRecord(
         log.name,
@@ -123,6 +149,8 @@ def _report_user_error(user_error: UserError, raised: BaseException) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if str(Path.cwd()) not in sys.path and "" not in sys.path:  # the `retrain` script: plugins in the working
+        sys.path.insert(0, str(Path.cwd()))  # directory import as they do under `python -m retrain`
     # the seeds' `.env` in the working directory: keys and tokens without exporting them (the environment wins)
     load_dotenv(Path.cwd() / ".env", override=False)
     if args and args[0] in SUBCOMMANDS:
@@ -131,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:  # `retrain plugins | head`: the reader has what it wanted
             sys.stderr.close()  # nothing more to say, and no "Exception ignored" flushing stdout at exit
             return 0
+    if args and re.fullmatch(r"[a-z][a-z-]*", args[0]):  # a word where Hydra wants key=value: a mistyped command
+        close = difflib.get_close_matches(args[0], SUBCOMMANDS, n=1)
+        hint = f"did you mean `retrain {close[0]}`? " if close else ""
+        print(f"retrain: unknown command {args[0]!r}; {hint}commands: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
     register_configs()
     sys.argv = [sys.argv[0], *args]
     hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(_hydra_entry)()

@@ -7,6 +7,14 @@ log (retrain/cli.py). Anything else is a bug in retrain and keeps its traceback 
 
 from __future__ import annotations
 
+import re
+
+# what Python says when a callable gets arguments it does not take: in a user's part, a config mistake
+WRONG_ARGUMENTS = re.compile(
+    r"unexpected keyword argument|missing \d+ required (?:positional|keyword-only) argument|"
+    r"takes (?:from \d+ to )?\d+ positional arguments? but \d+ (?:were|was) given"
+)
+
 
 class UserError(Exception):
     """Base of every error the user can fix without touching retrain (see the module docstring)."""

@@ -113,7 +113,8 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], run_dir: Path
         )
         raise RunDirRefused(
             f"run dir {run_dir} holds a run with a different config ({shown}); use a new "
-            "hydra.run.dir, or resume.from=<that dir> in a new one to continue it with the new settings"
+            "hydra.run.dir (in a sweep: hydra.sweep.dir), or resume.from=<that dir> in a new one to continue "
+            "it with the new settings"
         )
 
 

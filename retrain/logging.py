@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from retrain.errors import CheckpointError
+from retrain.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -140,17 +140,22 @@ class WandbSink:
         import wandb
 
         self._wandb = wandb
-        self.run = wandb.init(
-            project=project,
-            entity=entity or None,
-            group=group or None,
-            name=name or None,
-            tags=tags or None,
-            config=config,
-            dir=str(run_dir),
-            id=run_id,
-            resume="allow",
-        )
+        try:
+            self.run = wandb.init(
+                project=project,
+                entity=entity or None,
+                group=group or None,
+                name=name or None,
+                tags=tags or None,
+                config=config,
+                dir=str(run_dir),
+                id=run_id,
+                resume="allow",
+            )
+        except wandb.errors.UsageError as error:  # no API key, a malformed name: the user's to fix, not a crash
+            raise ConfigError(
+                f"logging.wandb_project={project!r}: wandb cannot start: {error} (or log offline: WANDB_MODE=offline)"
+            ) from error
 
     @property
     def run_id(self) -> str:

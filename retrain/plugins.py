@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
+from hydra.utils import get_object
 
 from retrain.errors import UserError
 
@@ -126,6 +128,18 @@ def check_finite(value: torch.Tensor, *, what: str) -> torch.Tensor:
         return value
     index = tuple(int(i) for i in (~torch.isfinite(value)).nonzero()[0])
     raise PluginOutputError(f"{what} returned non-finite values (e.g. {float(value[index])} at index {list(index)})")
+
+
+def locate(path: str) -> Any:
+    """The object at a dotted path (hydra.utils.get_object) without Hydra's own error line: the caller
+    reports a failure once, naming the key."""
+    hydra_log = logging.getLogger("hydra.utils")
+    level = hydra_log.level
+    hydra_log.setLevel(logging.CRITICAL)
+    try:
+        return get_object(path)
+    finally:
+        hydra_log.setLevel(level)
 
 
 def import_failure(error: BaseException) -> str:

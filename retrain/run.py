@@ -168,6 +168,7 @@ class PartsPlan:
             self.backend.capabilities,
             backend_name=self.backend.name,
             engine_returns_entropies=bool(getattr(self.engine_cls, "returns_entropies", False)),
+            engine_name=self.engine_cls.__name__,
         )
 
     def check_options(self) -> None:

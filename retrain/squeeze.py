@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from retrain.errors import UserError
 from retrain.rundir import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunDir
 
 SQUEEZE_REPORT = "squeeze.json"
@@ -28,8 +29,8 @@ SQUEEZE_REPORT = "squeeze.json"
 FACTOR_SUFFIXES = ((".lora_A.weight", ".lora_B.weight"), (".lora_embedding_A", ".lora_embedding_B"))
 
 
-class SqueezeError(ValueError):
-    """An adapter that cannot be analysed or compressed, with the reason."""
+class SqueezeError(UserError, ValueError):
+    """An adapter that cannot be analysed or compressed, or a setting that cannot work, with the reason."""
 
 
 @dataclass
@@ -42,13 +43,18 @@ class SqueezeSettings:
     output_dir: str = ""  # campaigns: where the compressed adapter goes ("" = do not compress)
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.min_variance_retention <= 1.0:
-            raise SqueezeError(f"squeeze.min_variance_retention={self.min_variance_retention}: must be in (0, 1]")
-        bad = [k for k in self.target_ranks if int(k) < 1]
-        if bad:
-            raise SqueezeError(f"squeeze.target_ranks={self.target_ranks}: ranks must be >= 1, got {bad}")
-        if self.compress_to < 0:
-            raise SqueezeError(f"squeeze.compress_to={self.compress_to}: must be >= 0 (0 = recommended rank)")
+        share = self.min_variance_retention
+        if not (_is_number(share) and 0.0 < share <= 1.0):
+            raise SqueezeError(f"squeeze.min_variance_retention={share!r}: must be a number in (0, 1]")
+        ranks = self.target_ranks
+        if not isinstance(ranks, list) or not all(_is_integer(k) and k >= 1 for k in ranks):
+            raise SqueezeError(f"squeeze.target_ranks={ranks!r}: must be a list of ranks >= 1 ([] = the default ranks)")
+        if not (_is_integer(self.compress_to) and self.compress_to >= 0):
+            raise SqueezeError(
+                f"squeeze.compress_to={self.compress_to!r}: must be an integer >= 0 (0 = recommended rank)"
+            )
+        if not isinstance(self.output_dir, str):
+            raise SqueezeError(f'squeeze.output_dir={self.output_dir!r}: must be a path ("" = do not compress)')
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> SqueezeSettings:
@@ -57,8 +63,15 @@ class SqueezeSettings:
         unknown = sorted(set(values) - known)
         if unknown:
             raise SqueezeError(f"squeeze: unknown key(s) {unknown}; known keys are {sorted(known)}")
-        fields: dict[str, Any] = {k: (list(v) if k == "target_ranks" else v) for k, v in values.items()}
-        return cls(**fields)
+        return cls(**values)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -218,11 +231,12 @@ def analyse(
     )
 
 
-def compress(adapter_dir: Path, rank: int, output_dir: Path) -> Path:
+def compress(adapter_dir: Path, rank: int, output_dir: Path, overwrite: bool = False) -> Path:
     """Write a rank-`rank` PEFT adapter that keeps the top singular triplets of every module.
 
     √s goes to each factor, and lora_alpha is rescaled so the LoRA scaling factor is unchanged:
-    at the source rank the new adapter reproduces ΔW exactly (up to floating point).
+    at the source rank the new adapter reproduces ΔW exactly (up to floating point). An adapter
+    already in `output_dir` is replaced only with `overwrite`.
     """
     config, weights = read_adapter(adapter_dir)
     modules = lora_modules(weights)
@@ -231,6 +245,8 @@ def compress(adapter_dir: Path, rank: int, output_dir: Path) -> Path:
         raise SqueezeError(f"--compress-to {rank}: must be between 1 and the adapter's rank {source_rank}")
     if output_dir.resolve() == adapter_dir.resolve():
         raise SqueezeError(f"--output {output_dir}: must differ from the source adapter dir")
+    if not overwrite and any((output_dir / name).exists() for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)):
+        raise SqueezeError(f"--output {output_dir}: holds an adapter already (--force replaces it)")
     compressed = dict(weights)
     for module in modules:
         spec = spectrum(module)
@@ -249,14 +265,14 @@ def compress(adapter_dir: Path, rank: int, output_dir: Path) -> Path:
     return output_dir
 
 
-def run_squeeze(adapter: Path, settings: SqueezeSettings) -> tuple[SqueezeReport, Path | None]:
+def run_squeeze(adapter: Path, settings: SqueezeSettings, overwrite: bool = False) -> tuple[SqueezeReport, Path | None]:
     """Analyse, and compress when settings name an output dir (the shared path of CLI and campaigns)."""
     adapter_dir = resolve_adapter_dir(adapter)
     report = analyse(adapter_dir, settings.min_variance_retention, settings.target_ranks or None)
     written = None
     if settings.output_dir:
         rank = settings.compress_to or report.recommended_rank
-        written = compress(adapter_dir, rank, Path(settings.output_dir))
+        written = compress(adapter_dir, rank, Path(settings.output_dir), overwrite)
         payload = {**report.to_json(), "compressed_rank": rank}
         (written / SQUEEZE_REPORT).write_text(json.dumps(payload, indent=2) + "\n")
     return report, written
@@ -270,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("adapter", type=Path, help="PEFT adapter dir, or a run dir (its final/ adapter is used)")
     parser.add_argument(
         "--min-variance-retention",
-        type=float,
+        type=_share,
         default=0.95,
         metavar="F",
         help="recommend the smallest rank whose mean retention is >= F (default 0.95)",
@@ -290,8 +306,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a rank-K adapter to --output (default with --output: the recommended rank)",
     )
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="where the compressed adapter goes")
+    parser.add_argument("--force", action="store_true", help="replace an adapter already in --output")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
+
+
+def _share(text: str) -> float:
+    try:
+        share = float(text)
+    except ValueError:
+        share = math.nan
+    if not 0.0 < share <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number in (0, 1]")
+    return share
 
 
 def _rank_list(text: str) -> list[int]:
@@ -313,7 +340,7 @@ def main(argv: list[str]) -> int:
             compress_to=args.compress_to,
             output_dir=str(args.output or ""),
         )
-        report, written = run_squeeze(args.adapter, settings)
+        report, written = run_squeeze(args.adapter, settings, overwrite=args.force)
     except (SqueezeError, OSError) as error:
         print(f"retrain squeeze: error: {error}", file=sys.stderr)
         return 2

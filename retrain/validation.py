@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from retrain.algorithm.base import Algorithm
 from retrain.backend.model import ChatPrompts, ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.campaign.autosqueeze import squeeze_settings
 from retrain.config import TrainingConfig
 from retrain.errors import ConfigError, DataError
 from retrain.hub import hub_fetch
@@ -45,9 +46,12 @@ PROBE_TOKENS = 4  # tokens per completion of the synthetic step that tells wheth
 
 
 def check_config(cfg: DictConfig) -> None:
-    """ConfigError naming the key of the first value that cannot work: a float that is not finite
-    (anywhere, plugin arguments included), or a run-wide value out of its range."""
+    """ConfigError naming the key of the first value that cannot work: an interpolation that does not
+    resolve, a float that is not finite (anywhere, plugin arguments included), a squeeze setting, or a
+    run-wide value out of its range."""
+    check_resolvable(cfg)
     check_finite(cfg)
+    squeeze_settings(cfg)  # a campaign's block (its driver checks it first); a wrong value is wrong in any run
     for key, (valid, rule) in RANGES.items():
         value = OmegaConf.select(cfg, key)
         if not valid(value):
@@ -56,6 +60,17 @@ def check_config(cfg: DictConfig) -> None:
     # the optimiser's and the loss's own checks, now rather than after the tokenizer has loaded
     OptimSettings.from_config(training)
     LossSettings.from_config(training)
+
+
+def check_resolvable(cfg: DictConfig) -> None:
+    """ConfigError naming the key whose interpolation cannot resolve (`${oc.env:TOKEN}`, TOKEN unset),
+    now rather than when a part reads it after the model has loaded."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError as error:
+        # "KeyError raised while resolving interpolation: "Environment variable 'TOKEN' not found"\n    full_key: ..."
+        reason = str(error.msg or error).splitlines()[0].split("resolving interpolation: ", 1)[-1].strip('"')
+        raise ConfigError(f"{error.full_key}: its interpolation cannot be resolved: {reason}") from error
 
 
 def check_finite(node: DictConfig | ListConfig, prefix: str = "") -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import cli_env, run_cli
 
 
 def test_help_lists_every_group(tmp_path: Path) -> None:
@@ -92,6 +93,27 @@ USER_ERRORS = {
         {},
         "tests.plugins.algorithm_plugins.wrong_shape_advantage",
     ),
+    "unresolvable interpolation": (
+        ["+reward.token=${{oc.env:RETRAIN_TEST_UNSET}}"],  # braces doubled: formatted with {tmp}
+        {},
+        "reward.token: its interpolation cannot be resolved: Environment variable 'RETRAIN_TEST_UNSET' not found",
+    ),
+    "argument a function does not take": (
+        ["+algorithm.advantage.scal=2.0"],
+        {},
+        "failed on a synthetic step, before training: maxrl() got an unexpected keyword argument 'scal'",
+    ),
+    "argument a constructor does not take": (
+        ["+algorithm.transforms.gtpo.betaa=0.2"],
+        {},
+        "algorithm.transforms.gtpo: retrain.algorithm.transforms.GTPOWeighting does not take its arguments",
+    ),
+    "squeeze block": (["+squeeze.min_variance_retention=1.5"], {}, "squeeze.min_variance_retention=1.5"),
+    "wandb without a key": (
+        ["logging.wandb_project=retrain-tests"],
+        {"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": "{tmp}", "WANDB_CONFIG_DIR": "{tmp}"},
+        "logging.wandb_project='retrain-tests': wandb cannot start",
+    ),
 }
 
 
@@ -111,7 +133,7 @@ def test_a_users_mistake_reads_as_one_message_with_the_traceback_in_run_log(tmp_
         ],
         cwd=tmp_path,
         check=False,
-        env=env,
+        env={key: value.format(tmp=tmp_path) for key, value in env.items()},
     )
     console = result.stdout + result.stderr
     assert result.returncode == 1, console
@@ -164,3 +186,24 @@ def test_prime_rl_refuses_token_credit_at_preflight_and_passes_a_scalar_algorith
     message = passed.stdout + passed.stderr
     assert passed.returncode == 1 and "cannot run on backend" not in message
     assert "backend.output_dir is required" in message
+
+
+def test_a_mistyped_command_is_named_with_the_commands(tmp_path: Path) -> None:
+    result = run_cli(["statsu"], tmp_path, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        "retrain: unknown command 'statsu'; did you mean `retrain status`? commands: status, squeeze" in result.stderr
+    )
+
+
+def test_the_retrain_script_imports_plugins_from_the_working_directory(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "retrain"
+    if not script.exists():
+        pytest.skip("retrain is not installed as a script beside this interpreter")
+    (tmp_path / "my_advantages.py").write_text(
+        "def centred(rewards):\n    return rewards - rewards.mean(dim=1, keepdim=True)\n"
+    )
+    arguments = ["explain", "experiment=quickstart", "algorithm.advantage._target_=my_advantages.centred"]
+    result = subprocess.run([str(script), *arguments], cwd=tmp_path, env=cli_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr  # as under `python -m retrain`, whose path starts with the cwd
+    assert "my_advantages.centred" in result.stdout

@@ -122,6 +122,14 @@ def test_unknown_key_wrong_type_and_unknown_option_fail_at_compose_time() -> Non
         compose(["algorithm=no_such_algorithm"])
     with pytest.raises(Exception, match="lora_rnk"):
         compose(["model.lora_rnk=8"])
+    with pytest.raises(Exception, match="experiment/quickstrat"):  # not the default run in its place
+        compose(["experiment=quickstrat"])
+
+
+def test_a_mapping_override_replaces_the_verifiers_args() -> None:
+    args = compose(["data=verifiers", "data.id=my_taskset", "data.args={split: train, num_tasks: 12}"]).data.args
+    assert OmegaConf.to_container(args) == {"split": "train", "num_tasks": 12}
+    assert compose(["data=verifiers", "data.id=my_taskset"]).data.args is None  # the environment's own defaults
 
 
 def test_reference_of_the_default_config_is_current() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from retrain.campaign.preemption import requeue_on_preemption
-from retrain.cli import _user_error_behind
+from retrain.cli import FailedJob, _user_error_behind
 from retrain.config import compose
 from retrain.errors import ConfigError
 from retrain.launch import RunDirRefused, claimed_run_dir
@@ -145,6 +146,7 @@ def test_a_plugin_whose_import_fails_names_the_import_error(tmp_path: Path) -> N
     )
     assert sweep.returncode != 0 and MISSING_DEPENDENCY in sweep.stderr, sweep.stderr
     assert f"importing {UNIMPORTABLE} raised ModuleNotFoundError" in sweep.stderr
+    assert "retrain: job #0 (" in sweep.stderr and "Traceback" not in sweep.stderr, sweep.stderr
 
 
 class Run:
@@ -214,3 +216,10 @@ def test_sigterm_checkpoints_after_the_step_and_records_stopped(
     assert "Received SIGTERM: stopping after this step to checkpoint." in output
     assert status_main([str(run_dir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "stopped"  # resumable, not a dead run
+
+
+def test_a_failed_jobs_user_error_survives_the_trip_back_from_a_cluster_node() -> None:
+    refused = RunDirRefused("run dir x holds a run with a different config")
+    failed = pickle.loads(pickle.dumps(FailedJob("retrain: job #3 (x) failed: ...", refused)))
+    assert str(failed) == "retrain: job #3 (x) failed: ..." and isinstance(failed.user_error, RunDirRefused)
+    assert str(failed.user_error) == str(refused)  # what the campaign records of the job (callbacks.on_job_end)

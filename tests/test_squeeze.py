@@ -158,6 +158,14 @@ def test_cli_prints_table_and_writes_a_loadable_adapter(
     payload = json.loads(capsys.readouterr().out)
     assert payload["recommended_rank"] in payload["target_ranks"] and payload["output"] is None
 
+    # an adapter already there is replaced only when asked to
+    before = (out / ADAPTER_WEIGHTS).read_bytes()
+    assert main([str(run_dir), "--compress-to", "2", "--output", str(out)]) == 2
+    assert "holds an adapter already (--force replaces it)" in capsys.readouterr().err
+    assert (out / ADAPTER_WEIGHTS).read_bytes() == before
+    assert main([str(run_dir), "--compress-to", "2", "--output", str(out), "--force"]) == 0
+    assert PeftModel.from_pretrained(tiny_base(), str(out)).peft_config["default"].r == 2
+
 
 def test_bad_input_gets_a_clear_error(adapter: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "nowhere")]) == 2
@@ -169,5 +177,26 @@ def test_bad_input_gets_a_clear_error(adapter: Path, tmp_path: Path, capsys: pyt
     assert "--compress-to needs --output" in capsys.readouterr().err
     with pytest.raises(SqueezeError, match="unknown key.*'retention'"):
         SqueezeSettings.from_mapping({"retention": 0.9})
-    with pytest.raises(SqueezeError, match="min_variance_retention=1.5"):
-        SqueezeSettings(min_variance_retention=1.5)
+    with pytest.raises(SystemExit):
+        main([str(adapter), "--min-variance-retention", "1.5"])
+    assert "argument --min-variance-retention: '1.5' is not a number in (0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"min_variance_retention": 1.5}, "squeeze.min_variance_retention=1.5: must be a number in (0, 1]"),
+        ({"min_variance_retention": "high"}, "squeeze.min_variance_retention='high'"),
+        ({"min_variance_retention": True}, "squeeze.min_variance_retention=True"),
+        ({"target_ranks": [4, 0]}, "squeeze.target_ranks=[4, 0]: must be a list of ranks >= 1"),
+        ({"target_ranks": ["4"]}, "squeeze.target_ranks=['4']"),
+        ({"target_ranks": 4}, "squeeze.target_ranks=4"),
+        ({"compress_to": -1}, "squeeze.compress_to=-1: must be an integer >= 0"),
+        ({"compress_to": 2.5}, "squeeze.compress_to=2.5"),
+        ({"output_dir": 3}, "squeeze.output_dir=3: must be a path"),
+    ],
+)
+def test_a_squeeze_setting_that_cannot_work_is_named(settings: dict[str, object], named: str) -> None:
+    with pytest.raises(SqueezeError) as raised:
+        SqueezeSettings.from_mapping(settings)
+    assert named in str(raised.value)

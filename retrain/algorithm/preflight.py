@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from retrain.algorithm.checks import check_algorithm_output
+from retrain.algorithm.checks import algorithm_what, check_algorithm_output
 from retrain.backend.base import Capabilities
-from retrain.errors import ConfigError
+from retrain.errors import WRONG_ARGUMENTS, ConfigError
 
 PROBE_GROUPS, PROBE_GROUP_SIZE, PROBE_TOKENS = 2, 4, 12
 LATE_STEP = 10**6  # the probe resolves lambda at a late step with the gate open, so SEPA really pools
@@ -73,16 +73,27 @@ def preflight(
     entropies_available = capabilities.returns_entropies and engine_returns_entropies is not False
     if algorithm.needs_entropies and not entropies_available:
         kind = getattr(getattr(algorithm, "uncertainty", None), "name", "its uncertainty kind")
+        lacking = (
+            f"backend '{backend_name}'" if not capabilities.returns_entropies else f"inference engine {engine_name}"
+        )
         raise ConfigError(
             f"algorithm '{name}' uses uncertainty {kind!r}, which needs per-token Shannon "
-            f"entropies, but {serving} cannot return them; set algorithm.uncertainty=surprisal "
+            f"entropies, but {lacking} cannot return them; set algorithm.uncertainty=surprisal "
             "(or predictive_variance), or use backend=local with inference=pytorch"
         )
     probe = copy.deepcopy(algorithm)  # the real algorithm's schedule state stays untouched
     probe.end_step(1.0)
     probe.begin_step(LATE_STEP)
     step = synthetic_step(algorithm.needs_planning, entropies_available)
-    output = probe.compute(**step)
+    try:
+        output = probe.compute(**step)
+    except TypeError as error:
+        if not WRONG_ARGUMENTS.search(str(error)):
+            raise
+        raise ConfigError(  # a `+key=value` typo reaches a part as an argument it does not take
+            f"{algorithm_what(algorithm)} failed on a synthetic step, before training: {error}; "
+            "check the arguments its parts are given (`+algorithm.<part>.<key>=...`)"
+        ) from error
     check_algorithm_output(algorithm, output, PROBE_GROUPS, step["mask"])
     observed = _varies_within_rows(output.token_advantages, step["mask"])
     token_varying = bool(algorithm.token_varying) or observed

@@ -11,11 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from hydra.utils import get_object
 
 from retrain.algorithm.tokens import MAX_UNCERTAINTY, capped
 from retrain.errors import ConfigError
-from retrain.plugins import built_in, declared
+from retrain.plugins import built_in, declared, locate
 
 UncertaintyFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
@@ -83,7 +82,7 @@ def resolve_uncertainty(spec: str) -> UncertaintyKind:
             "nor a dotted path to a function"
         )
     try:
-        fn = get_object(spec)
+        fn = locate(spec)
     except Exception as error:
         raise ConfigError(f"algorithm.uncertainty={spec!r}: cannot import it ({error})") from error
     if not callable(fn):

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from retrain.campaign.manifest import SQUEEZE_FILE
 from retrain.config import container_dict
 from retrain.rundir import RunDir, write_json_atomic
-from retrain.squeeze import SqueezeReport, SqueezeSettings, run_squeeze
+from retrain.squeeze import SqueezeError, SqueezeReport, SqueezeSettings, run_squeeze
 
 log = logging.getLogger("retrain.campaign")
 
@@ -29,7 +29,7 @@ def squeeze_settings(config: DictConfig) -> SqueezeSettings | None:
         return None
     values = container_dict(node, "squeeze") if isinstance(node, DictConfig) else node
     if not isinstance(values, dict):
-        raise ValueError(f"squeeze: expected a mapping of settings, got {values!r}")
+        raise SqueezeError(f"squeeze: expected a mapping of settings, got {values!r}")
     return SqueezeSettings.from_mapping(values)
 
 

@@ -20,6 +20,7 @@ import atexit
 import logging
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,10 @@ from omegaconf import DictConfig
 
 from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_settings
 from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
-from retrain.campaign.plan import planned_jobs
+from retrain.campaign.plan import check_run_dirs_apart, planned_jobs
 from retrain.campaign.report import refresh
 from retrain.config import container_dict
+from retrain.errors import UserError
 from retrain.launch import RunDirRefused, held_elsewhere
 from retrain.rundir import RunDir, write_json_atomic
 
@@ -95,10 +97,15 @@ class CampaignCallback(Callback):
 
     # ---- driver --------------------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        squeeze = squeeze_settings(config)  # a bad squeeze block fails now, not after the first run
+        try:
+            squeeze = squeeze_settings(config)
+            plan = planned_jobs(config)
+            check_run_dirs_apart(config, plan or [])
+        except UserError as error:  # Hydra warns of a callback's exception, then launches every job anyway
+            print(f"retrain: {error}", file=sys.stderr)
+            raise SystemExit(1) from None  # so the sweep stops here, before its first job
         self._sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         launcher = str(config.hydra.launcher.get("_target_", "")).rsplit(".", 1)[-1]
-        plan = planned_jobs(config)
         start_manifest(
             self._sweep_dir,
             plan,
@@ -113,7 +120,7 @@ class CampaignCallback(Callback):
         atexit.register(self._refresh_at_exit)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        campaign = refresh(Path(str(config.hydra.sweep.dir)).resolve())
+        campaign = refresh(Path(str(config.hydra.sweep.dir)).resolve(), driver_exiting=True)
         self._ended = True
         log.info(
             "Campaign %s: %s. Summary: %s", campaign.sweep_dir.name, campaign.state, campaign.sweep_dir / "summary.md"
@@ -123,7 +130,7 @@ class CampaignCallback(Callback):
         if self._ended or self._sweep_dir is None:
             return
         try:
-            refresh(self._sweep_dir)
+            refresh(self._sweep_dir, driver_exiting=True)
         except Exception as error:  # the driver is exiting anyway: report, do not mask its own error
             log.warning("Could not refresh the campaign summary at exit: %s", error)
 
@@ -137,6 +144,7 @@ class CampaignCallback(Callback):
         run_dir = RunDir(Path(str(config.hydra.runtime.output_dir)))
         failed = job_return.status == JobStatus.FAILED
         value = getattr(job_return, "_return_value", None)  # .return_value re-raises a job's exception
+        value = getattr(value, "user_error", None) or value  # a user's mistake comes wrapped (retrain/cli.py)
         if isinstance(value, RunDirRefused) or held_elsewhere(run_dir.path):
             return  # the dir is another run's: its files, the sweep's record of it included, stay as they are
         write_json_atomic(

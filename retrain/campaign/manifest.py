@@ -22,6 +22,7 @@ import yaml
 
 from retrain.campaign.plan import PlannedJob
 from retrain.campaign.runs import RunInfo, process_alive, read_job, read_run, slurm_job_id, slurm_states
+from retrain.errors import ConfigError
 from retrain.rundir import RunDir, read_json, write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -41,12 +42,17 @@ class CampaignSettings:
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
-        if self.last_k < 1:
-            raise ValueError(f"campaign last_k={self.last_k}: must be >= 1")
-        if len(self.entropy_pair) != 2:
-            raise ValueError(f"campaign entropy_pair={self.entropy_pair}: must name exactly two conditions")
+        key = "hydra.callbacks.campaign"
+        if not isinstance(self.baseline, str):
+            raise ConfigError(f"{key}.baseline={self.baseline!r}: must name a condition")
+        if isinstance(self.last_k, bool) or not isinstance(self.last_k, int) or self.last_k < 1:
+            raise ConfigError(f"{key}.last_k={self.last_k!r}: must be an integer >= 1")
+        if len(self.entropy_pair) != 2 or not all(isinstance(name, str) for name in self.entropy_pair):
+            raise ConfigError(f"{key}.entropy_pair={self.entropy_pair!r}: must name exactly two conditions")
+        if isinstance(self.confidence, bool) or not isinstance(self.confidence, (int, float)):
+            raise ConfigError(f"{key}.confidence={self.confidence!r}: must be a number in (0, 1)")
         if not 0.0 < self.confidence < 1.0:
-            raise ValueError(f"campaign confidence={self.confidence}: must be in (0, 1)")
+            raise ConfigError(f"{key}.confidence={self.confidence!r}: must be in (0, 1)")
 
 
 @dataclass
@@ -174,8 +180,10 @@ def submitit_job_ids(sweep_dir: Path) -> dict[int, str]:
     return ids
 
 
-def collect(sweep_dir: Path) -> Campaign:
-    """Read the manifest's static part and every run dir; resolve each run's state."""
+def collect(sweep_dir: Path, driver_exiting: bool = False) -> Campaign:
+    """Read the manifest's static part and every run dir; resolve each run's state.
+
+    `driver_exiting`: the driver itself collects as it ends, still alive but launching nothing more."""
     sweep_dir = sweep_dir.resolve()
     manifest = read_json(sweep_dir / MANIFEST) or {}
     settings = CampaignSettings(**manifest.get("settings", {}))
@@ -195,7 +203,7 @@ def collect(sweep_dir: Path) -> Campaign:
         else:
             runs_by_num[num] = run
     driver = manifest.get("driver") or {}
-    driver_alive = process_alive(driver.get("hostname"), driver.get("pid"))
+    driver_alive = False if driver_exiting else process_alive(driver.get("hostname"), driver.get("pid"))
     runs: list[RunInfo] = []
     for job in plan or []:
         started = runs_by_num.pop(job.num, None)

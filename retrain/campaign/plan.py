@@ -23,6 +23,7 @@ from retrain.secrets import masked_override
 
 CONDITION_KEY = "algorithm"  # the config group whose option is the campaign condition
 SEED_KEY = "training.seed"
+DEFAULT_SUBDIR = "${algorithm.name}_s${training.seed}"  # conf/config.yaml's hydra.sweep.subdir
 
 
 @dataclass
@@ -75,6 +76,48 @@ def planned_jobs(config: DictConfig) -> list[PlannedJob] | None:
         if _reshapes_algorithm(job.overrides):
             job.condition = _composed_condition(config, job.overrides)
     return jobs
+
+
+def check_run_dirs_apart(config: DictConfig, jobs: list[PlannedJob]) -> None:
+    """ConfigError when two planned jobs would share a run dir (`hydra.sweep.subdir`), naming what tells them apart.
+
+    A run dir holds one run: the second job would be refused (another config) or would resume the
+    first's run. The default subdir, `<condition>_s<seed>`, is shared when a sweep varies another key.
+    """
+    raw = str(container_dict(config.hydra.sweep, "hydra.sweep", resolve=False)["subdir"])
+    # the default subdir is the plan's condition and seed; composing 40 jobs' configs to read it takes seconds
+    by_subdir: dict[Any, list[PlannedJob]] = {}
+    for job in jobs:
+        key = (job.condition, job.seed) if raw == DEFAULT_SUBDIR else _subdir(config, job)
+        by_subdir.setdefault(key, []).append(job)
+    for shared in by_subdir.values():
+        if len(shared) > 1:
+            raise _shared_run_dir(config, raw, _subdir(config, shared[0]), shared)
+
+
+def _subdir(config: DictConfig, job: PlannedJob) -> str:
+    job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, list(job.overrides))
+    return str(OmegaConf.select(job_config, "hydra.sweep.subdir"))
+
+
+def _shared_run_dir(config: DictConfig, raw: str, subdir: str, jobs: list[PlannedJob]) -> ConfigError:
+    values: dict[str, set[str]] = {}
+    for job in jobs:
+        for override in job.overrides:
+            key, _, value = override.lstrip("+~").partition("=")
+            values.setdefault(key, set()).add(value)
+    varied = [key for key, seen in values.items() if len(seen) > 1]
+    choices = config.hydra.runtime.get("choices") or {}
+    parts = "_".join(
+        f"${{hydra:runtime.choices.{k}}}" if k in choices else f"{k.rsplit('.', 1)[-1]}${{{k}}}" for k in varied
+    )
+    numbers = ", ".join(f"#{job.num}" for job in jobs)
+    shared = f"jobs {numbers} would share the run dir {subdir} (hydra.sweep.subdir={raw}), which holds one run"
+    if not varied:
+        return ConfigError(f"{shared}; their overrides are the same: the sweep lists a value twice")
+    return ConfigError(
+        f"{shared}; they differ in {', '.join(varied)}: name it in the subdir, e.g. hydra.sweep.subdir='{raw}_{parts}'"
+    )
 
 
 def _reshapes_algorithm(overrides: Sequence[str]) -> bool:

@@ -23,10 +23,10 @@ def write_summary(campaign: Campaign) -> dict[str, Any]:
     return summary
 
 
-def refresh(sweep_dir: Path, with_summary: bool = True) -> Campaign:
+def refresh(sweep_dir: Path, with_summary: bool = True, driver_exiting: bool = False) -> Campaign:
     """Re-derive everything; `with_summary=False` only rewrites the (cheap) manifest."""
     with sweep_lock(sweep_dir):
-        campaign = collect(sweep_dir)
+        campaign = collect(sweep_dir, driver_exiting)
         write_manifest(campaign)
         if with_summary:
             write_summary(campaign)

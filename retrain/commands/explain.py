@@ -100,6 +100,21 @@ def checked_config(cfg: DictConfig) -> None:
     check_known_keys(run_config)
     check_config(run_config)
     check_env_names(run_config)
+    for group in ("reward", "data"):  # imported only once the model has loaded in a run: a typo shows here first
+        check_importable(run_config, group)
+
+
+def check_importable(cfg: DictConfig, group: str) -> None:
+    """ConfigError naming `<group>._target_` when it does not import, with the error its module raised."""
+    from retrain.plugins import import_failure, locate
+
+    target = OmegaConf.select(cfg, f"{group}._target_")
+    if target is None:
+        return
+    try:
+        locate(str(target))
+    except Exception as error:
+        raise ConfigError(f"{group}._target_={target!r} cannot be imported: {import_failure(error)}") from error
 
 
 def without_hydra(cfg: DictConfig) -> DictConfig:

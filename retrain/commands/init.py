@@ -79,8 +79,11 @@ def main(argv: list[str]) -> int:
     target = Path(args.config_dir) / preset.group / f"{name}.yaml"
     if target.exists() and not args.force:
         parser.exit(1, f"retrain init: {target} exists; pass --force to overwrite it\n")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render(args.template, name, args.config_dir), encoding="utf-8")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(render(args.template, name, args.config_dir), encoding="utf-8")
+    except OSError as error:  # --config-dir names a file, or a place this user cannot write
+        parser.exit(1, f"retrain init: cannot write {target}: {error.strerror} (--config-dir {args.config_dir})\n")
     print(f"wrote {target}\nrun it with:\n  {preset.command(args.config_dir, name)}")
     return 0
 

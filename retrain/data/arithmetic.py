@@ -34,7 +34,8 @@ SCHEMAS: dict[str, type] = {"base_arithmetic": ArithmeticDataConfig}
 
 def addition_example(a: int, b: int) -> Example:
     """The example for `a + b`; its id names the problem so logs and dedup can rely on it."""
-    return Example(prompt=PROMPT_TEMPLATE.format(a=a, b=b), reference=str(a + b), id=f"{a}+{b}")
+    question = PROMPT_TEMPLATE.format(a=a, b=b)  # the whole prompt: a judge's `{question}` reads it from extra
+    return Example(prompt=question, reference=str(a + b), id=f"{a}+{b}", extra={"question": question})
 
 
 def draw_problems(count: int, min_value: int, max_value: int, task_seed: int) -> list[tuple[int, int]]:

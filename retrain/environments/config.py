@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 VERIFIERS_VERSION = "0.4.0"  # the verifiers release this integration is written and tested against
@@ -15,7 +15,7 @@ class VerifiersDataConfig:
 
     _target_: str = "retrain.environments.verifiers_env.VerifiersEnvironment"
     id: str = ""  # required: the taskset id (an installed package, e.g. gsm8k or primeintellect/gsm8k)
-    args: Any = field(default_factory=dict)  # the taskset's config keys: a mapping, or a JSON object string
+    args: Any = None  # the taskset's config keys: a mapping or a JSON object string (None: no keys)
     max_turns: int = -1  # model turns per rollout for every agent; -1 = the environment's default
     auto_install: bool = False  # a missing environment is installed with `prime env install <id>`
     runtime: str = "subprocess"  # where the agents' harness programs run (verifiers runtime type)

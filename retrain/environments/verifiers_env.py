@@ -24,7 +24,6 @@ import logging
 import shutil
 import subprocess
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from retrain.data.base import ExampleData
@@ -40,9 +39,6 @@ log = logging.getLogger(__name__)
 API_KEY_VAR = "RETRAIN_ENDPOINT_API_KEY"  # unset: the loopback endpoint takes no key (verifiers sends "EMPTY")
 # verifiers logs several lines per episode (rollout start/done, every intercepted request): warnings only
 CHATTY_LOGGERS = ("verifiers", "aiohttp.access")
-
-
-NO_ARGS: Mapping[str, Any] = MappingProxyType({})  # the schema's `{}`, as an immutable default
 
 
 def parse_args(args: Any) -> dict[str, Any]:
@@ -97,7 +93,7 @@ class VerifiersEnvironment(ExampleData):
         self,
         seed: int,
         id: str = VerifiersDataConfig.id,
-        args: Any = NO_ARGS,
+        args: Any = None,
         max_turns: int = VerifiersDataConfig.max_turns,
         auto_install: bool = VerifiersDataConfig.auto_install,
         runtime: str = VerifiersDataConfig.runtime,

@@ -10,6 +10,7 @@ reads a half-written adapter, and all but the newest few are removed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from retrain.backend.model import ModelSpec
+from retrain.errors import ConfigError
 from retrain.inference.base import EngineResources
 from retrain.types import WeightUpdate
 
@@ -71,7 +73,12 @@ class AdapterPublisher:
         self.base_model = spec.source()[0]
         self._owned_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="retrain-adapters-")) if root is None else Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file in its place, a path without write permission
+            raise ConfigError(f"inference.adapter_root={str(root)!r}: cannot be a directory: {error}") from error
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise ConfigError(f"inference.adapter_root={str(root)!r}: this process cannot write into it")
         self.keep = keep
         self._published: list[Path] = []
 

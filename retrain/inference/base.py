@@ -10,6 +10,7 @@ remote service) is its own engine: it implements this protocol and declares
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -23,6 +24,29 @@ from retrain.types import Rollouts, SamplingParams, WeightUpdate
 if TYPE_CHECKING:
     from retrain.backend.model import ModelSpec
     from retrain.inference.freshness import Probe
+
+
+log = logging.getLogger("retrain")
+
+
+class NucleusLogprobsWarning:
+    """Warns once when a sampler's log-probs are those after top-p: with top_p < 1 they are the
+    renormalised nucleus's, above the trainer's full-distribution ones by -log(nucleus mass)."""
+
+    def __init__(self, sampler: str) -> None:
+        self.sampler = sampler
+        self.warned = False
+
+    def check(self, sampling: SamplingParams) -> None:
+        if sampling.top_p < 1 and sampling.temperature > 0 and not self.warned:
+            self.warned = True
+            log.warning(
+                "training.top_p=%s: %s reports log-probs of the renormalised nucleus, above the trainer's "
+                "full-distribution ones by -log(nucleus mass), so policy/ratio_mean sits below 1 at the first "
+                "update; use top_p=1 for exact ratios",
+                sampling.top_p,
+                self.sampler,
+            )
 
 
 class StaleWeightsError(UserError, RuntimeError):

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from retrain.errors import ConfigError
-from retrain.inference.base import EngineResources, StaleWeightsError
+from retrain.inference.base import EngineResources, NucleusLogprobsWarning, StaleWeightsError
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import OpenAIEngineConfig as Defaults
 from retrain.inference.freshness import Probe
@@ -77,6 +77,7 @@ class OpenAIEngine:
         fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
     ) -> None:
         self.tokenizer = tokenizer
+        self.nucleus_warning = NucleusLogprobsWarning("the server")
         self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
         self.fault_skip_weight_sync = fault_skip_weight_sync
         self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency)
@@ -101,6 +102,7 @@ class OpenAIEngine:
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
     ) -> Rollouts:
+        self.nucleus_warning.check(sampling)
         together = self.features.n and sampling.temperature > 0  # greedy requests take n = 1 on most servers
         bodies = []
         for index, prompt in enumerate(prompt_ids):

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from retrain.inference.base import EngineResources
+from retrain.inference.base import EngineResources, NucleusLogprobsWarning
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import SglangEngineConfig as Defaults
 from retrain.inference.freshness import Probe
@@ -69,6 +69,7 @@ class SglangEngine:
         fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
     ) -> None:
         self.tokenizer = tokenizer
+        self.nucleus_warning = NucleusLogprobsWarning("SGLang")
         self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
         self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency)
         self.url = self.client.base_url
@@ -88,6 +89,7 @@ class SglangEngine:
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
     ) -> Rollouts:
+        self.nucleus_warning.check(sampling)
         bodies = [
             self._body(prompt, group_size, sampling, request_seed(generator_seed, index))
             for index, prompt in enumerate(prompt_ids)

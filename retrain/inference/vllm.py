@@ -32,7 +32,7 @@ import torch
 
 from retrain.errors import ConfigError
 from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_update
-from retrain.inference.base import EngineResources, StaleWeightsError
+from retrain.inference.base import EngineResources, NucleusLogprobsWarning, StaleWeightsError
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import VllmEngineConfig
 from retrain.inference.freshness import PROBE_TOLERANCE_FP32, PROBE_TOLERANCE_HALF, Probe
@@ -196,7 +196,7 @@ class VllmEngine:
         self.lora: Any = None  # the LoRARequest of the served version (None: the base model)
         self._next_lora_id = 1
         self._asleep = False
-        self._warned_top_p = False
+        self.nucleus_warning = NucleusLogprobsWarning("vLLM")
         self.weights_version = 0
         initial = initial_update(resources)
         if initial is not None:  # serve the initial adapter exactly as the backend holds it
@@ -207,13 +207,7 @@ class VllmEngine:
     ) -> Rollouts:
         from vllm import SamplingParams as VllmSampling
 
-        if sampling.top_p < 1 and sampling.temperature > 0 and not self._warned_top_p:
-            self._warned_top_p = True
-            log.warning(
-                "training.top_p=%s: vLLM reports log-probs of the renormalised nucleus, above the trainer's "
-                "full-distribution ones, so policy/ratio_mean sits below 1; use top_p=1 for exact ratios",
-                sampling.top_p,
-            )
+        self.nucleus_warning.check(sampling)
         self._wake()
         # vLLM refuses n > 1 for greedy requests: repeat each prompt G times instead (identical rows)
         greedy = sampling.temperature == 0

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from retrain.errors import ConfigError
-from retrain.inference.base import EngineResources
+from retrain.inference.base import EngineResources, NucleusLogprobsWarning
 from retrain.inference.completions import (
     Completion,
     request_seed,
@@ -92,7 +92,7 @@ class VllmServerEngine:
         except BaseException:
             self.client.close()
             raise
-        self._warned_top_p = False
+        self.nucleus_warning = NucleusLogprobsWarning("the vLLM server")
 
     @property
     def weights_version(self) -> int:
@@ -228,11 +228,4 @@ class VllmServerEngine:
                 "(what the trainer recomputes); start it with --logprobs-mode processed_logprobs "
                 "(launchers/vllm/serve.sh does)"
             )
-        if sampling.top_p < 1 and sampling.temperature > 0 and not self._warned_top_p:
-            self._warned_top_p = True
-            log.warning(
-                "training.top_p=%s: vLLM reports log-probs of the renormalized nucleus, above the trainer's "
-                "full-distribution ones by -log(nucleus mass); the first-update importance ratio is below 1 "
-                "by that factor (policy/ratio_mean). Use top_p=1 for exact ratios.",
-                sampling.top_p,
-            )
+        self.nucleus_warning.check(sampling)

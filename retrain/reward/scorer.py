@@ -190,6 +190,11 @@ class RewardScorer:
             raise ConfigError(f"scoring.max_worker_rss_mb must be 0 (no limit) or more, got {max_worker_rss_mb}")
         if not callable(reward_fn):
             raise ConfigError(f"reward {name or reward_fn!r} is not callable")
+        if isinstance(reward_fn, functools.partial) and inspect.isclass(reward_fn.func):  # each call would build one
+            raise ConfigError(
+                f"reward {plugin_name(reward_fn.func)} is a class: set reward._partial_=false, so that it is built "
+                "once with its arguments and then called per completion"
+            )
         self.name = name or plugin_name(reward_fn)
         self.timeout_s = float(timeout_s)
         self.max_failing_steps = max_failing_steps

@@ -65,8 +65,8 @@ def test_an_uncertainty_that_needs_entropies_is_refused_where_none_come_back(unc
         "cannot return them",
     ):
         preflight(algorithm, TINKER, backend_name="tinker")
-    with pytest.raises(ConfigError, match="backend 'local' with engine 'vllm' cannot return them"):
-        preflight(algorithm, LOCAL, backend_name="local", engine_returns_entropies=False, engine_name="vllm")
+    with pytest.raises(ConfigError, match="but inference engine VllmEngine cannot return them"):  # not the backend
+        preflight(algorithm, LOCAL, backend_name="local", engine_returns_entropies=False, engine_name="VllmEngine")
     assert preflight(algorithm, LOCAL, backend_name="local", engine_returns_entropies=True).needs_entropies
 
 

@@ -52,6 +52,46 @@ def test_campaign_wandb_names_follow_condition_and_seed(tmp_path: Path) -> None:
     assert logging_cfg["wandb_tags"] == ["maxrl_gtpo_hicra", "seed303"]
 
 
+def test_jobs_that_would_share_a_run_dir_stop_the_sweep_before_it_starts(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(
+        ["--multirun", *QUICK, "training.lr=1e-3,1e-4", f"hydra.sweep.dir={sweep_dir}"], tmp_path, check=False
+    )
+    assert result.returncode == 1 and not sweep_dir.exists()
+    assert "retrain: jobs #0, #1 would share the run dir maxrl_gtpo_sepa_s0" in result.stderr, result.stderr
+    assert "they differ in training.lr" in result.stderr and "Traceback" not in result.stderr
+    # the subdir the message suggests tells them apart
+    key, _, value = result.stderr.split("e.g. ", 1)[1].strip().partition("=")
+    suggested = f"{key}={value.strip(chr(39))}"  # as a shell passes it, without the quotes
+    arguments = ["--multirun", *QUICK, "training.lr=-1,-2", f"hydra.sweep.dir={sweep_dir}", suggested]
+    plan = run_cli(arguments, tmp_path, check=False)
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == [
+        "maxrl_gtpo_sepa_s0_lr-1.0",
+        "maxrl_gtpo_sepa_s0_lr-2.0",
+    ]
+    assert plan.returncode == 1 and "retrain: job #0 (" in plan.stderr and "must be > 0" in plan.stderr
+    assert "Traceback" not in plan.stderr, plan.stderr  # each job's user error is one line, the sweep's too
+
+
+def test_a_campaign_setting_that_cannot_work_stops_the_sweep_before_it_starts(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    for setting, message in [
+        ("squeeze.min_variance_retention=high", "squeeze.min_variance_retention='high': must be a number in (0, 1]"),
+        ("+squeeze.retention=0.9", "squeeze: unknown key(s) ['retention']"),
+    ]:
+        arguments = ["--multirun", "+campaign=ablation", *QUICK, "algorithm=grpo_none", "training.seed=1", setting]
+        result = run_cli([*arguments, f"hydra.sweep.dir={sweep_dir}"], tmp_path, check=False)
+        assert result.returncode == 1 and f"retrain: {message}" in result.stderr, result.stderr
+        assert not sweep_dir.exists()  # no job ran, nothing was written
+
+
+def test_campaign_settings_are_overridden_without_a_plus(tmp_path: Path) -> None:
+    result = run_cli(
+        ["--cfg", "hydra", "--package", "hydra.callbacks", "hydra.callbacks.campaign.confidence=0.9"], tmp_path
+    )
+    assert yaml.safe_load(result.stdout)["campaign"]["confidence"] == 0.9
+
+
 @pytest.mark.slow
 def test_basic_multirun_campaign_writes_manifest_and_summary(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
@@ -75,6 +115,7 @@ def test_basic_multirun_campaign_writes_manifest_and_summary(tmp_path: Path) -> 
         assert json.loads((run_dir / "exit.json").read_text())["status"] == "completed"
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     assert manifest["state"] == "done" and manifest["conditions"] == ["grpo_none", "maxrl_gtpo_sepa"]
+    assert manifest["driver"]["alive"] is False  # written by the driver as it ended
     assert manifest["seeds"] == [1, 2] and manifest["launcher"] == "BasicLauncher"
     assert [(r["name"], r["state"]) for r in manifest["runs"]] == [(n, "done") for n in names]
     summary = (sweep_dir / "summary.md").read_text()
@@ -111,9 +152,10 @@ def test_a_failing_run_is_reported_not_hidden(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode != 0  # Hydra fails the sweep, after running every job
+    assert "retrain: job #1 (" in result.stderr and "Traceback" not in result.stderr, result.stderr
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     states = {r["name"]: r for r in manifest["runs"]}
-    assert manifest["state"] == "partial"
+    assert manifest["state"] == "partial" and manifest["driver"]["alive"] is False
     assert states["job0"]["state"] == "done"
     assert states["job1"]["state"] == "failed" and "no_such_reward" in states["job1"]["error"]
     summary = (sweep_dir / "summary.md").read_text()

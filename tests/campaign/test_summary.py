@@ -16,6 +16,7 @@ from retrain.campaign.manifest import MANIFEST, CampaignSettings, collect, start
 from retrain.campaign.plan import expand
 from retrain.campaign.report import refresh
 from retrain.campaign.summary import SUMMARY_JSON, SUMMARY_MD
+from retrain.errors import ConfigError
 from tests.campaign.rundirs import SimulatedRun, dead_pid, simulate_run
 
 CONDITIONS = {"grpo_none": (0.3, 1.0), "maxrl_gtpo_hicra": (0.45, 2.0), "maxrl_gtpo_sepa": (0.55, 0.5)}
@@ -139,3 +140,20 @@ def test_learning_curves_png_has_a_band_per_condition(sweep: tuple[Path, dict[st
     image = matplotlib.image.imread(sweep_dir / "learning_curves.png")
     assert image.shape[0] > 300 and image.shape[1] > 1000  # three panels side by side
     assert "![learning curves](learning_curves.png)" in (sweep_dir / SUMMARY_MD).read_text()
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ({"last_k": "abc"}, "hydra.callbacks.campaign.last_k='abc': must be an integer >= 1"),
+        ({"last_k": 0}, "hydra.callbacks.campaign.last_k=0"),
+        ({"confidence": 1.0}, "hydra.callbacks.campaign.confidence=1.0: must be in (0, 1)"),
+        ({"confidence": "high"}, "hydra.callbacks.campaign.confidence='high'"),
+        ({"entropy_pair": ["a"]}, "hydra.callbacks.campaign.entropy_pair=['a']"),
+        ({"baseline": 3}, "hydra.callbacks.campaign.baseline=3"),
+    ],
+)
+def test_a_comparison_setting_that_cannot_work_is_named(setting: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        CampaignSettings(**setting)  # type: ignore[arg-type]
+    assert named in str(raised.value)

@@ -129,6 +129,15 @@ def test_a_pilot_run_replaces_the_reference(tmp_path: Path) -> None:
     assert report["estimate"]["gpu_hours"] == 0  # on the CPU
 
 
+def test_a_pilot_that_is_no_run_dir_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="pilot .*nowhere: not a run dir \\(no metrics.jsonl there\\)"):
+        read_pilot(tmp_path / "nowhere")
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "manifest.json").write_text("{}")
+    with pytest.raises(ConfigError, match="sweep: a sweep dir: give one of its run dirs"):
+        read_pilot(tmp_path / "sweep")
+
+
 @pytest.mark.skipif(not (REPO / "conf" / "backend" / "prime_rl.yaml").is_file(), reason="no prime_rl backend yet")
 def test_a_failing_preflight_exits_1_with_its_message(tmp_path: Path) -> None:
     result = run_cli(
@@ -181,5 +190,14 @@ def test_wall_time_fills_parallel_slots_in_order() -> None:
 
 
 def test_a_pilot_without_steps_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
     with pytest.raises(ConfigError, match="--pilot .*: no step with step_time_s"):
         read_pilot(tmp_path)
+
+
+def test_a_reward_that_does_not_import_is_named_before_any_run(tmp_path: Path) -> None:
+    result = run_cli(
+        ["explain", "experiment=quickstart", "reward._target_=no_such_module.reward"], tmp_path, check=False
+    )
+    assert result.returncode == 1 and "Error getting object" not in result.stderr  # one line, not Hydra's as well
+    assert "reward._target_='no_such_module.reward' cannot be imported: ModuleNotFoundError" in result.stderr

@@ -80,6 +80,17 @@ def test_refuses_a_name_a_builtin_preset_has(
     assert not (tmp_path / "conf").exists()
 
 
+def test_a_config_dir_that_is_a_file_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "old.toml").write_text("[training]\n")
+    with pytest.raises(SystemExit) as refused:
+        init(tmp_path, monkeypatch, "--template", "quickstart", "--config-dir", "old.toml")
+    error = capsys.readouterr().err
+    assert refused.value.code == 1 and "Traceback" not in error
+    assert "retrain init: cannot write old.toml/experiment/my_quickstart.yaml: Not a directory" in error
+
+
 @pytest.mark.slow
 def test_the_written_quickstart_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert init(tmp_path, monkeypatch, "--template", "quickstart") == 0

@@ -29,6 +29,7 @@ def test_examples_are_well_formed_additions() -> None:
         assert 10 <= a <= 99 and 10 <= b <= 99
         assert example.prompt == f"What is {a}+{b}?"
         assert example.reference == str(a + b)
+        assert example.extra == {"question": example.prompt}  # what reward=judge fills `{question}` with
 
 
 def test_same_seed_gives_same_order_and_other_seed_only_reorders() -> None:

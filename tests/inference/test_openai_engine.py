@@ -125,3 +125,15 @@ def test_a_server_without_logprobs_is_refused_at_start(fresh_model, backend):
     routes["POST /v1/completions"] = without_logprobs
     with serve(routes) as server, pytest.raises(ConfigError, match="answers no log-probs"):
         engine_on(server, backend)
+
+
+def test_nucleus_sampling_warns_once_that_the_ratio_reads_below_one(fresh_model, backend, caplog):
+    tokenizer = tokenizer_of(backend.spec.name_or_path)
+    nucleus = SamplingParams(max_tokens=4, temperature=1.0, top_p=0.9)
+    with serve(openai_routes(fresh_model, tokenizer, **BARE)) as server, caplog.at_level(logging.WARNING, "retrain"):
+        engine = engine_on(server, backend)
+        for _ in range(2):
+            engine.generate(encode(backend, PROMPTS[:2]), 2, nucleus, generator_seed=1)
+        engine.close()
+    warnings = [r.getMessage() for r in caplog.records if "renormalised nucleus" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("training.top_p=0.9: the server reports log-probs"), warnings

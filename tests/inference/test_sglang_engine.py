@@ -152,3 +152,20 @@ def test_an_adapter_the_server_cannot_read_is_named(server, backend, fresh_model
     server.routes["POST /load_lora_adapter"] = unreadable
     with pytest.raises(ConfigError, match="could not load policy-v0 from .*inference.adapter_root"):
         engine_on(server, backend)
+
+
+def test_an_adapter_root_that_cannot_be_a_directory_is_named(server, backend, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match="inference.adapter_root='.*a_file': cannot be a directory: .*File exists"):
+        engine_on(server, backend, adapter_root=str(tmp_path / "a_file"))
+
+
+def test_nucleus_sampling_warns_once_that_the_ratio_reads_below_one(server, backend, caplog):
+    engine = engine_on(server, backend)
+    prompts = encode(backend, PROMPTS)
+    with caplog.at_level(logging.WARNING, logger="retrain"):
+        for _ in range(2):
+            engine.generate(prompts, 2, SamplingParams(max_tokens=4, temperature=1.0, top_p=0.9), generator_seed=1)
+    warnings = [r.getMessage() for r in caplog.records if "renormalised nucleus" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("training.top_p=0.9: SGLang reports log-probs"), warnings
+    engine.close()

@@ -271,6 +271,12 @@ def test_plugins_swap_in_from_the_command_line() -> None:
         assert scorer.score(responses, examples(["12"] * 3)).rewards.tolist() == [0.0, 0.5, 0.0]
 
 
+def test_a_class_reward_left_partial_is_refused_naming_the_fix() -> None:
+    partial = instantiate(compose(["reward._target_=tests.plugins.reward_plugins.ScaledMatchReward"]).reward)
+    with pytest.raises(ConfigError, match="ScaledMatchReward is a class: set reward._partial_=false"):
+        RewardScorer(partial, workers=1)
+
+
 def test_unpicklable_rewards_are_refused_before_any_worker_starts() -> None:
     with pytest.raises(ConfigError, match="cannot be sent to the scoring worker processes"):
         RewardScorer(lambda response, reference, **extra: 1.0, name="my_lambda", workers=1)
