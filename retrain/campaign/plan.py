@@ -15,7 +15,9 @@ from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
 from retrain.config import container_dict, container_list
 from retrain.errors import ConfigError
@@ -89,15 +91,23 @@ def check_run_dirs_apart(config: DictConfig, jobs: list[PlannedJob]) -> None:
     by_subdir: dict[Any, list[PlannedJob]] = {}
     for job in jobs:
         key = (job.condition, job.seed) if raw == DEFAULT_SUBDIR else _subdir(config, job)
-        by_subdir.setdefault(key, []).append(job)
+        if key is not None:
+            by_subdir.setdefault(key, []).append(job)
     for shared in by_subdir.values():
         if len(shared) > 1:
-            raise _shared_run_dir(config, raw, _subdir(config, shared[0]), shared)
+            raise _shared_run_dir(config, raw, str(_subdir(config, shared[0])), shared)
 
 
-def _subdir(config: DictConfig, job: PlannedJob) -> str:
-    job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, list(job.overrides))
-    return str(OmegaConf.select(job_config, "hydra.sweep.subdir"))
+def _subdir(config: DictConfig, job: PlannedJob) -> str | None:
+    """The job's run dir name as its launcher resolves it; None when it needs what only the launch knows
+    (`hydra.job.id`, the `hydra:` resolver), or when the job does not compose."""
+    try:
+        job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, list(job.overrides))
+        with read_write(job_config.hydra.job), open_dict(job_config.hydra.job):
+            job_config.hydra.job.num = job.num  # as the launcher sets it (`job${hydra.job.num}`)
+        return str(OmegaConf.select(job_config, "hydra.sweep.subdir", throw_on_missing=True))
+    except (HydraException, OmegaConfBaseException):  # a job that does not compose fails at its launch, named
+        return None
 
 
 def _shared_run_dir(config: DictConfig, raw: str, subdir: str, jobs: list[PlannedJob]) -> ConfigError:

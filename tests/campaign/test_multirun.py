@@ -71,6 +71,12 @@ def test_jobs_that_would_share_a_run_dir_stop_the_sweep_before_it_starts(tmp_pat
     ]
     assert plan.returncode == 1 and "retrain: job #0 (" in plan.stderr and "must be > 0" in plan.stderr
     assert "Traceback" not in plan.stderr, plan.stderr  # each job's user error is one line, the sweep's too
+    assert "UserWarning" not in plan.stderr and (sweep_dir / "manifest.json").is_file()
+    # a name only the launch resolves (the job's number) is the launcher's to keep apart: no check, no warning
+    numbered = ["--multirun", *QUICK, "training.lr=-1,-2", f"hydra.sweep.dir={tmp_path / 'numbered'}"]
+    result = run_cli([*numbered, "hydra.sweep.subdir=job${hydra.job.num}"], tmp_path, check=False)
+    assert "UserWarning" not in result.stderr and "retrain: job #0 (" in result.stderr, result.stderr
+    assert json.loads((tmp_path / "numbered" / "manifest.json").read_text())["plan"] is not None
 
 
 def test_a_campaign_setting_that_cannot_work_stops_the_sweep_before_it_starts(tmp_path: Path) -> None:
