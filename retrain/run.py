@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from retrain.algorithm.base import Algorithm
@@ -46,7 +46,7 @@ from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.freshness import Probe
 from retrain.launch import claimed_run_dir, record_launch
-from retrain.plugins import checked, import_failure, plugin_name
+from retrain.plugins import checked, import_failure, locate, plugin_name
 from retrain.reward.scorer import RewardScorer
 from retrain.rundir import LOCAL_CHECKPOINT_FILES, STATE_FILE, Checkpoint, RunDir
 from retrain.secrets import check_env_names, shown_config
@@ -230,13 +230,21 @@ def held_out_examples(data: Any, num_examples: int) -> list[Example]:
         raise ConfigError(f"eval.num_examples={num_examples}: {error}") from error
 
 
-def target_class(cfg: DictConfig, group: str) -> type:
-    """The class `<group>._target_` names; one that does not import is a ConfigError saying why."""
+def target_object(cfg: DictConfig, group: str) -> Any:
+    """What `<group>._target_` names (a class or a function); one that does not import is a ConfigError saying why."""
     target = str(cfg[group]._target_)
     try:
-        return get_class(target)
-    except (ImportError, ValueError) as error:  # ValueError: it imports, but is not a class
+        return locate(target)
+    except (ImportError, ValueError) as error:
         raise ConfigError(f"{group}._target_={target!r} cannot be imported: {import_failure(error)}") from error
+
+
+def target_class(cfg: DictConfig, group: str) -> type:
+    """The class `<group>._target_` names; one that does not import, or is no class, is a ConfigError."""
+    found = target_object(cfg, group)
+    if not isinstance(found, type):
+        raise ConfigError(f"{group}._target_={str(cfg[group]._target_)!r} is a {type(found).__name__}, not a class")
+    return found
 
 
 # what may differ when a run dir is entered again: how long it runs, what it logs, where it reports

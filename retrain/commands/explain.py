@@ -93,6 +93,7 @@ def composed(overrides: list[str], config_dir: Path | None = None) -> DictConfig
 def checked_config(cfg: DictConfig) -> None:
     """The checks a run makes before it builds anything (retrain.run.run)."""
     from retrain.config import check_known_keys
+    from retrain.run import target_object
     from retrain.secrets import check_env_names
     from retrain.validation import check_config
 
@@ -101,20 +102,8 @@ def checked_config(cfg: DictConfig) -> None:
     check_config(run_config)
     check_env_names(run_config)
     for group in ("reward", "data"):  # imported only once the model has loaded in a run: a typo shows here first
-        check_importable(run_config, group)
-
-
-def check_importable(cfg: DictConfig, group: str) -> None:
-    """ConfigError naming `<group>._target_` when it does not import, with the error its module raised."""
-    from retrain.plugins import import_failure, locate
-
-    target = OmegaConf.select(cfg, f"{group}._target_")
-    if target is None:
-        return
-    try:
-        locate(str(target))
-    except Exception as error:
-        raise ConfigError(f"{group}._target_={target!r} cannot be imported: {import_failure(error)}") from error
+        if OmegaConf.select(run_config, f"{group}._target_") is not None:
+            target_object(run_config, group)
 
 
 def without_hydra(cfg: DictConfig) -> DictConfig:
