@@ -45,7 +45,10 @@ def test_a_model_on_the_gpu_attends_without_cudnn_and_as_sdpa_does() -> None:
         ours = model(input_ids=ids, attention_mask=mask).logits
         model.base_model.model.set_attn_implementation("sdpa")
         theirs = model(input_ids=ids, attention_mask=mask).logits
-    torch.testing.assert_close(ours, theirs, rtol=2e-2, atol=2e-2)  # bf16: kernels may differ in rounding only
+    # bf16: kernels may differ in rounding only. A padding position attends to nothing, and kernels return
+    # different values there (never read), so only real positions are compared.
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], theirs[real], rtol=2e-2, atol=2e-2)
 
 
 def test_a_deterministic_gpu_run_repeats_bit_for_bit(tmp_path: Path) -> None:
