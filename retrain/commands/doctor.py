@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from retrain.errors import UserError
 
@@ -283,10 +283,17 @@ def device_findings(cfg: DictConfig, torch_info: dict[str, Any]) -> list[Finding
     if not missing:
         return []
     seen = "no CUDA GPU is visible" if visible == 0 else f"only {visible} CUDA GPU(s) are visible"
-    fix = "backend.devices=cpu (slow: for small models and tests), or experiment=quickstart for the CPU demo"
+    fix = "backend.devices=cpu (slow: for small models and tests)"
+    if not _is_the_demo(cfg):
+        fix += ", or experiment=quickstart for the CPU demo"
     if visible:
         fix = f"backend.devices=gpu:0 (a visible GPU), or {fix}"
     return [Finding("gpu", "blocking", f"backend.devices={devices!r} but {seen} (torch {torch_info['version']})", fix)]
+
+
+def _is_the_demo(cfg: DictConfig) -> bool:
+    """The run already is the offline demo: suggesting it would change nothing."""
+    return OmegaConf.select(cfg, "hydra.runtime.choices.experiment") == "quickstart"
 
 
 def extra_findings(cfg: DictConfig, extras: dict[str, Any]) -> list[Finding]:
@@ -365,8 +372,12 @@ def model_findings(cfg: DictConfig, hub: dict[str, Any]) -> list[Finding]:
             "hub",
             "blocking",
             f"model.name_or_path={name!r} is not in the Hugging Face cache ({hub['cache_dir']}) and {why}",
-            f"download it where the Hub answers (huggingface-cli download {name}) into this cache, set "
-            "model.name_or_path=<a local model dir>, or run the offline demo: experiment=quickstart",
+            f"download it where the Hub answers (huggingface-cli download {name}) into this cache"
+            + (
+                ", or set model.name_or_path=<a local model dir>"
+                if _is_the_demo(cfg)
+                else ", set model.name_or_path=<a local model dir>, or run the offline demo: experiment=quickstart"
+            ),
         )
     ]
 

@@ -6,6 +6,7 @@ Also home of what every file-backed source shares: `load_records`, one code path
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -75,7 +76,8 @@ def _readable(path: str, setting: str, local: Path | None, split: str, config_na
     """A malformed record or an unreadable file: a DataError naming the setting, and the file and line
     when a local file of the split shows the cause (an empty file, a malformed line, non-UTF-8 bytes)."""
     try:
-        yield
+        with _datasets_logging_into_log_files():
+            yield
     except UserError:
         raise
     except Exception as exc:  # datasets says StopIteration, ValueError, UnicodeDecodeError, ArrowInvalid, ...
@@ -85,6 +87,22 @@ def _readable(path: str, setting: str, local: Path | None, split: str, config_na
         if isinstance(exc, datasets.exceptions.DatasetGenerationError):
             raise DataError(f"{setting}={path!r}: cannot read the records ({exc.__cause__ or exc})") from exc
         raise
+
+
+@contextmanager
+def _datasets_logging_into_log_files() -> Iterator[None]:
+    """In a run (its run.log open), what `datasets` logs while loading goes to the log files only: its
+    parse errors reached the console twice (its own stderr handler, then the root logger's) ahead of
+    retrain's one line naming the file and line. Outside a run, nothing changes."""
+    files = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
+    library = logging.getLogger("datasets")
+    saved = library.handlers[:], library.propagate
+    if files:
+        library.handlers[:], library.propagate = files, False
+    try:
+        yield
+    finally:
+        library.handlers[:], library.propagate = saved
 
 
 def _pick_config(source: str, config_name: str | None, setting: str) -> str | None:

@@ -49,7 +49,7 @@ def test_doctor_reports_the_machine_and_blocks_the_default_run_without_a_gpu(tmp
     else:
         [finding] = gpu_findings
         assert finding["severity"] == "blocking" and "no CUDA GPU is visible" in finding["message"]
-        assert "backend.devices=cpu" in finding["fix"]
+        assert "backend.devices=cpu" in finding["fix"] and "experiment=quickstart" in finding["fix"]
         assert result.returncode == 1 and report["ok"] is False
 
 
@@ -72,6 +72,18 @@ def test_doctor_says_how_to_run_without_a_gpu(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "BLOCKING: backend.devices='gpu:0' but no CUDA GPU is visible" in result.stdout
     assert "fix: backend.devices=cpu" in result.stdout
+    assert "experiment=quickstart for the CPU demo" not in result.stdout  # it already is the demo
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+def test_doctor_suggests_the_demo_only_to_a_run_that_is_not_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_model = ["model.name_or_path=someone/not-cached", "backend.devices=gpu:0"]
+    fixes = {f["check"]: f["fix"] for f in diagnose(hub_model)["findings"]}
+    demo_fixes = {f["check"]: f["fix"] for f in diagnose(["experiment=quickstart", *hub_model])["findings"]}
+    assert "experiment=quickstart" in fixes["gpu"] and "experiment=quickstart" in fixes["hub"]
+    assert "experiment=quickstart" not in demo_fixes["gpu"] and "experiment=quickstart" not in demo_fixes["hub"]
+    assert demo_fixes["hub"].endswith(", or set model.name_or_path=<a local model dir>")
 
 
 def fake_sinfo(directory: Path, script: str) -> None:

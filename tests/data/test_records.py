@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from pathlib import Path
@@ -34,6 +35,32 @@ def test_an_unreadable_file_is_a_data_error_naming_file_and_line(tmp_path: Path,
     path.write_bytes(content)
     with pytest.raises(DataError, match=rf"data.path='{path}': cannot read the records: {path} {named}"):
         JsonlData(seed=0, path=str(path))
+
+
+def test_in_a_run_datasets_own_parse_errors_go_to_run_log_only(tmp_path: Path) -> None:
+    """retrain's DataError names the file and line; `datasets`' own lines stay off the console (its own
+    stderr handler and the root logger's console handler, both stood in for by a StringIO here)."""
+    path = tmp_path / "problems.jsonl"
+    path.write_bytes(GOOD + b"{oops}\n")
+    root, library = logging.getLogger(), logging.getLogger("datasets")
+    console, own_stderr = io.StringIO(), io.StringIO()
+    handlers = [
+        (root, logging.FileHandler(tmp_path / "run.log")),
+        (root, logging.StreamHandler(console)),
+        (library, logging.StreamHandler(own_stderr)),
+    ]
+    for logger, handler in handlers:
+        logger.addHandler(handler)
+    try:
+        with pytest.raises(DataError, match="line 2: malformed JSON"):
+            JsonlData(seed=0, path=str(path))
+    finally:
+        for logger, handler in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+    assert "Failed to load JSON" in (tmp_path / "run.log").read_text()
+    assert "Failed to load JSON" not in console.getvalue() + own_stderr.getvalue()
+    assert library.propagate  # restored after the load
 
 
 def write_rows(path: Path, rows: list[dict | None]) -> Path:
