@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrain.commands.doctor import EXTRAS, diagnose, slurm_report, wandb_report
+from retrain.commands.doctor import EXTRAS, device_findings, diagnose, model_findings, slurm_report, wandb_report
+from retrain.commands.explain import composed
 from tests.conftest import run_cli
 
 HAS_GPU = torch.cuda.is_available()
@@ -75,15 +76,16 @@ def test_doctor_says_how_to_run_without_a_gpu(tmp_path: Path) -> None:
     assert "experiment=quickstart for the CPU demo" not in result.stdout  # it already is the demo
 
 
-@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
-def test_doctor_suggests_the_demo_only_to_a_run_that_is_not_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_doctor_suggests_the_demo_only_to_a_run_that_is_not_it(tmp_path: Path) -> None:
+    no_gpu = {"installed": True, "gpus": [], "version": torch.__version__}
+    hub_offline = {"offline": True, "reachable": None, "endpoint": "https://huggingface.co", "cache_dir": str(tmp_path)}
     hub_model = ["model.name_or_path=someone/not-cached", "backend.devices=gpu:0"]
-    fixes = {f["check"]: f["fix"] for f in diagnose(hub_model)["findings"]}
-    demo_fixes = {f["check"]: f["fix"] for f in diagnose(["experiment=quickstart", *hub_model])["findings"]}
-    assert "experiment=quickstart" in fixes["gpu"] and "experiment=quickstart" in fixes["hub"]
-    assert "experiment=quickstart" not in demo_fixes["gpu"] and "experiment=quickstart" not in demo_fixes["hub"]
-    assert demo_fixes["hub"].endswith(", or set model.name_or_path=<a local model dir>")
+    for overrides, suggested in [(hub_model, True), (["experiment=quickstart", *hub_model], False)]:
+        cfg = composed(overrides)
+        [gpu] = device_findings(cfg, no_gpu)
+        [hub] = model_findings(cfg, hub_offline)
+        assert ("experiment=quickstart" in gpu.fix) is suggested and ("experiment=quickstart" in hub.fix) is suggested
+    assert hub.fix.endswith(", or set model.name_or_path=<a local model dir>")
 
 
 def fake_sinfo(directory: Path, script: str) -> None:
