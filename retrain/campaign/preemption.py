@@ -95,9 +95,22 @@ def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
         return
     if requeue is not None and warning in received:
         log.warning("Checkpointed (state %s); handing over to submitit to requeue this job.", state)
-        requeue(warning, None)  # submitit: checkpoint the launcher, `scontrol requeue`, exit
+        with _sigterm_ignored():
+            requeue(warning, None)  # submitit: checkpoint the launcher, `scontrol requeue`, exit
     first = received[0]
     name = signal.Signals(first).name
     then = "for SLURM to requeue or cancel this job" if requeue is not None else "start it again to resume"
     log.warning("Checkpointed after %s (state %s); exiting, %s.", name, state, then)
     raise SystemExit(128 + first if first in (signal.SIGTERM, signal.SIGINT) else TERMINATED_EXIT_CODE)
+
+
+@contextmanager
+def _sigterm_ignored() -> Iterator[None]:
+    """Requeueing its own job makes SLURM SIGTERM every process of the job, `scontrol requeue` included: if
+    that lands before scontrol exits, submitit raises CalledProcessError for a requeue that was made, and the
+    sweep fails (seen in CI). An ignored signal stays ignored across exec, so scontrol lives to exit 0."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -88,3 +88,32 @@ def test_a_finished_run_or_no_signal_ends_normally(tmp_path: Path, submitit_job:
     run_guarded(Run(tmp_path), signal.SIGUSR2, "done")
     run_guarded(Run(tmp_path), None, "stopped")
     assert submitit_job == []
+
+
+def test_the_requeue_command_outlives_the_sigterm_that_its_requeue_sends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`scontrol requeue` of the job itself has SLURM SIGTERM every process of the job, scontrol included;
+    CI once saw scontrol die so, and the sweep failed on submitit's CalledProcessError. Here a child that
+    SIGTERMs its parent and itself stands in for scontrol, and submitit's SIGTERM handler is its bypass."""
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    bypassed: list[int] = []
+
+    def submitit_requeue(number: int, frame: object) -> None:
+        subprocess.check_call(["sh", "-c", "kill -TERM $PPID $$"], timeout=30)
+
+    def submitit_bypass(number: int, frame: object) -> None:
+        bypassed.append(number)
+
+    previous = {
+        signal.SIGUSR2: signal.signal(signal.SIGUSR2, submitit_requeue),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, submitit_bypass),
+    }
+    try:
+        with pytest.raises(SystemExit) as exited:
+            run_guarded(Run(tmp_path), signal.SIGUSR2, "stopped")
+        assert exited.value.code == TERMINATED_EXIT_CODE and bypassed == []
+        assert signal.getsignal(signal.SIGTERM) is submitit_bypass  # restored after the hand-over
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
