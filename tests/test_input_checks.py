@@ -75,6 +75,32 @@ def test_a_bad_value_fails_naming_its_key_before_the_model_loads(
     assert re.search(named, message), message
 
 
+PRIME_RL = ["backend=prime_rl", "algorithm=maxrl_none", "backend.output_dir=/runs/prime-rl"]
+TINKER = ["backend=tinker", "algorithm=maxrl_none"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["experiment=quickstart", "backend.micro_batch_size=-1"], r"backend.micro_batch_size=-1: must be >= 0"),
+        ([*PRIME_RL, "backend.zmq_port=65535"], r"backend.zmq_port=65535: must be in 1..65534"),
+        ([*PRIME_RL, "backend.strict_advantages=false"], "backend.strict_advantages=False: must stay true"),
+        ([*PRIME_RL, "backend.sync_wait_s=0"], "backend.sync_wait_s=0.0: must be > 0"),
+        ([*PRIME_RL, "backend.num_train_workers=0"], "backend.num_train_workers=0: must be >= 1"),
+        ([*TINKER, "backend.sampler_ttl_s=60"], r"backend.sampler_ttl_s=60: must be 0 \(never expire\) or >= 3600"),
+        ([*TINKER, "backend.max_retries=-1"], "backend.max_retries=-1: must be >= 0"),
+        ([*TINKER, "backend.max_concurrent_calls=0"], "backend.max_concurrent_calls=0: must be >= 1"),
+    ],
+)
+def test_a_bad_backend_value_fails_naming_its_key_before_data_or_a_tokenizer_loads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, overrides: list[str], named: str
+) -> None:
+    with caplog.at_level(logging.INFO), pytest.raises(ConfigError) as raised:
+        run(compose([*QUICK[1:], *overrides]), tmp_path / "run")
+    assert re.search(named, str(raised.value)), raised.value
+    assert "Loaded " not in caplog.text  # refused while the parts were planned: no data, no tokenizer
+
+
 def test_evaluation_on_data_without_a_held_out_split_fails_at_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from retrain.backend.model import ModelSpec
+from retrain.backend.option_rules import at_least
 from retrain.backend.prime_rl.config import PrimeRlBackendConfig
 from retrain.backend.tinker.config import TinkerBackendConfig
 
@@ -27,7 +28,11 @@ class LocalBackendConfig:
         },
     )
     micro_batch_size: int = field(
-        default=2, metadata={"help": "rows per forward/backward (bounds activation memory); 0 = all rows at once"}
+        default=2,
+        metadata={
+            "help": "rows per forward/backward (bounds activation memory); 0 = all rows at once",
+            "validator": at_least(0, "0 = all rows"),
+        },
     )
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "recompute activations in backward: less memory, ~30% slower"}

@@ -22,6 +22,7 @@ from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
 
 from retrain.backend.base import Capabilities
+from retrain.backend.capabilities import check_arguments
 from retrain.backend.config import LocalBackendConfig
 from retrain.backend.model import ModelSpec, resolve_devices
 from retrain.backend.settings import LossSettings, OptimSettings
@@ -85,8 +86,7 @@ class LocalBackend:
         micro_batch_size: int = LocalBackendConfig.micro_batch_size,
         gradient_checkpointing: bool = LocalBackendConfig.gradient_checkpointing,
     ) -> None:
-        if micro_batch_size < 0:
-            raise ConfigError(f"backend.micro_batch_size must be >= 0 (0 = all rows), got {micro_batch_size}")
+        check_arguments(LocalBackendConfig, micro_batch_size=micro_batch_size)
         self.spec = model
         self.devices = resolve_devices(devices)
         self.device = self.devices.training

@@ -50,7 +50,10 @@ def test_wait_for_broadcast_gives_up_naming_the_directory(tmp_path):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"strict_advantages": False}, "backend.strict_advantages=false is not allowed: PRIME-RL trains on one scalar"),
+        (
+            {"strict_advantages": False},
+            "backend.strict_advantages=False: must stay true: PRIME-RL trains on one scalar",
+        ),
         ({"transport": "nfs"}, "backend.transport='nfs' is not one of: filesystem, zmq"),
         ({"sync_poll_s": 0.0}, "backend.sync_poll_s"),
         ({"inference_url": "localhost:8000"}, "backend.inference_url='localhost:8000' is not an http"),
@@ -62,7 +65,7 @@ def test_bad_options_are_refused_naming_the_key(tmp_path, options, message):
 
 
 def test_an_empty_output_dir_is_refused():
-    with pytest.raises(ConfigError, match="backend.output_dir is empty"):
+    with pytest.raises(ConfigError, match="backend.output_dir is required: the PRIME-RL trainer's output_dir"):
         make_backend("")
 
 

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from retrain.backend.base import Capabilities
+from retrain.backend.capabilities import check_arguments
 from retrain.backend.model import ModelSpec
-from retrain.backend.prime_rl.config import TRANSPORTS
 from retrain.backend.prime_rl.config import PrimeRlBackendConfig as Defaults
 from retrain.backend.prime_rl.transport import FilesystemSender, RolloutSender, ZmqSender
 from retrain.backend.prime_rl.weights import BroadcastModel, broadcast_dir, wait_for_broadcast
@@ -76,11 +76,18 @@ class PrimeRlBackend:
         seq_len: int = Defaults.seq_len,
         num_train_workers: int = Defaults.num_train_workers,
     ) -> None:
-        _check_options(output_dir, transport, zmq_port, zmq_hwm, strict_advantages, sync_wait_s, sync_poll_s)
-        if seq_len <= 0 or num_train_workers < 1:
-            raise ConfigError(
-                f"backend.seq_len (got {seq_len}) and backend.num_train_workers (got {num_train_workers}) must be >= 1"
-            )
+        check_arguments(
+            Defaults,
+            output_dir=output_dir,
+            transport=transport,
+            zmq_port=zmq_port,
+            zmq_hwm=zmq_hwm,
+            strict_advantages=strict_advantages,
+            sync_wait_s=sync_wait_s,
+            sync_poll_s=sync_poll_s,
+            seq_len=seq_len,
+            num_train_workers=num_train_workers,
+        )
         _require_extra("msgspec", *(["zmq"] if transport == "zmq" else []))
         self.spec = model
         self.output_dir = Path(output_dir).expanduser()
@@ -162,38 +169,6 @@ class PrimeRlBackend:
 
     def close(self) -> None:
         self.sender.close()
-
-
-def _check_options(
-    output_dir: str,
-    transport: str,
-    zmq_port: int,
-    zmq_hwm: int,
-    strict_advantages: bool,
-    sync_wait_s: float,
-    sync_poll_s: float,
-) -> None:
-    if not output_dir:
-        raise ConfigError(
-            "backend.output_dir is empty: give the PRIME-RL trainer's output_dir "
-            "(where it reads rollouts/ and writes broadcasts/), e.g. backend.output_dir=/runs/prime-rl"
-        )
-    if not strict_advantages:
-        raise ConfigError(
-            "backend.strict_advantages=false is not allowed: PRIME-RL trains on one scalar advantage per "
-            "sample, so token-level advantages would be averaged away silently; keep it true and use an "
-            "algorithm without token-level credit (e.g. algorithm=maxrl_none)"
-        )
-    if transport not in TRANSPORTS:
-        raise ConfigError(f"backend.transport={transport!r} is not one of: {', '.join(TRANSPORTS)}")
-    if not 0 < zmq_port < 65535:
-        raise ConfigError(f"backend.zmq_port={zmq_port} must be in 1..65534 (zmq_port + 1 is used too)")
-    if zmq_hwm < 1:
-        raise ConfigError(f"backend.zmq_hwm must be >= 1, got {zmq_hwm}")
-    if not sync_wait_s > 0 or not sync_poll_s > 0:
-        raise ConfigError(
-            f"backend.sync_wait_s (got {sync_wait_s}) and backend.sync_poll_s (got {sync_poll_s}) must be > 0"
-        )
 
 
 def _require_extra(*modules: str) -> None:

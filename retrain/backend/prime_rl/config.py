@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from retrain.backend.option_rules import at_least, must_be_true, positive, within
+
 TRANSPORTS = ("filesystem", "zmq")
 
 
@@ -18,7 +20,8 @@ class PrimeRlBackendConfig:
     output_dir: str = field(
         default="",
         metadata={
-            "help": "the PRIME-RL trainer's output_dir: rollouts/ and broadcasts/ live there",
+            "help": "the PRIME-RL trainer's output_dir, where it reads rollouts/ and writes broadcasts/ "
+            "(e.g. backend.output_dir=/runs/prime-rl)",
             "required": True,
         },
     )
@@ -31,20 +34,44 @@ class PrimeRlBackendConfig:
     )
     zmq_host: str = field(default="localhost", metadata={"help": "host the ZMQ data socket binds (transport=zmq)"})
     zmq_port: int = field(
-        default=5555, metadata={"help": "ZMQ data port; the trainer ranks' READY barrier uses zmq_port + 1"}
+        default=5555,
+        metadata={
+            "help": "ZMQ data port; the trainer ranks' READY barrier uses zmq_port + 1",
+            "validator": within(1, 65534, "zmq_port + 1 is used too"),
+        },
     )
-    zmq_hwm: int = field(default=10, metadata={"help": "ZMQ high-water mark (messages in flight per socket)"})
+    zmq_hwm: int = field(
+        default=10, metadata={"help": "ZMQ high-water mark (messages in flight per socket)", "validator": at_least(1)}
+    )
     strict_advantages: bool = field(
         default=True,
-        metadata={"help": "must stay true: PRIME-RL takes one scalar advantage per sample; false is rejected"},
+        metadata={
+            "help": "must stay true: PRIME-RL takes one scalar advantage per sample; false is rejected",
+            "validator": must_be_true(
+                "PRIME-RL trains on one scalar advantage per sample, so token-level advantages would be averaged "
+                "away silently; keep it true and use an algorithm without token-level credit (e.g. "
+                "algorithm=maxrl_none)"
+            ),
+        },
     )
     sync_wait_s: float = field(
-        default=30.0, metadata={"help": "max seconds to wait for a step's broadcast (STABLE) or the trainer's READY"}
+        default=30.0,
+        metadata={
+            "help": "max seconds to wait for a step's broadcast (STABLE) or the trainer's READY",
+            "validator": positive,
+        },
     )
-    sync_poll_s: float = field(default=0.2, metadata={"help": "seconds between checks for the broadcast's STABLE"})
+    sync_poll_s: float = field(
+        default=0.2, metadata={"help": "seconds between checks for the broadcast's STABLE", "validator": positive}
+    )
     seq_len: int = field(
-        default=8192, metadata={"help": "tokens per packed micro-batch: the PRIME-RL orchestrator's seq_len"}
+        default=8192,
+        metadata={
+            "help": "tokens per packed micro-batch: the PRIME-RL orchestrator's seq_len",
+            "validator": at_least(1),
+        },
     )
     num_train_workers: int = field(
-        default=1, metadata={"help": "the PRIME-RL trainer's data-parallel ranks (one rank_R.bin each)"}
+        default=1,
+        metadata={"help": "the PRIME-RL trainer's data-parallel ranks (one rank_R.bin each)", "validator": at_least(1)},
     )

@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 import torch
 
 from retrain.backend.base import Capabilities
+from retrain.backend.capabilities import check_arguments
 from retrain.backend.model import ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.backend.tinker.calls import (
@@ -56,7 +57,6 @@ T = TypeVar("T")
 
 STATE_FILE = "tinker_state.json"
 KEY_PREFIXES = ("tml-", "eyJ")  # what the SDK accepts: an API key, or a JWT credential
-MIN_SAMPLER_TTL_S = 3600  # the service's shortest lifetime for saved weights
 REACH_TIMEOUT_S = 10.0  # a TCP connect to the service's URL at start
 ATTENTION_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
 MLP_MODULES = frozenset({"gate_proj", "up_proj", "down_proj"})
@@ -140,10 +140,13 @@ class TinkerBackend:
         retry_backoff_s: float = TinkerBackendConfig.retry_backoff_s,
         sampler_ttl_s: int = TinkerBackendConfig.sampler_ttl_s,
     ) -> None:
-        if sampler_ttl_s != 0 and sampler_ttl_s < MIN_SAMPLER_TTL_S:
-            raise ConfigError(
-                f"backend.sampler_ttl_s must be 0 (never expire) or >= {MIN_SAMPLER_TTL_S}, got {sampler_ttl_s}"
-            )
+        check_arguments(
+            TinkerBackendConfig,
+            max_concurrent_calls=max_concurrent_calls,
+            max_retries=max_retries,
+            retry_backoff_s=retry_backoff_s,
+            sampler_ttl_s=sampler_ttl_s,
+        )
         layers = lora_layers(model)
         self.sdk = load_sdk()
         api_key = api_key_from_env()

@@ -68,10 +68,6 @@ class RemoteCalls:
     """Runs SDK calls under the concurrency limit, retrying what the SDK calls retryable."""
 
     def __init__(self, sdk: Any, limiter: FileSemaphore, max_retries: int, backoff_s: float, api_key: str) -> None:
-        if max_retries < 0:
-            raise ConfigError(f"backend.max_retries must be >= 0, got {max_retries}")
-        if backoff_s < 0:
-            raise ConfigError(f"backend.retry_backoff_s must be >= 0, got {backoff_s}")
         self.sdk = sdk
         self.limiter = limiter
         self.max_retries = max_retries

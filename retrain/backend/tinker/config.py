@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from retrain.backend.option_rules import at_least, zero_or_at_least
+
+MIN_SAMPLER_TTL_S = 3600  # the service refuses a shorter lifetime
+
 
 @dataclass
 class TinkerBackendConfig:
@@ -20,7 +24,10 @@ class TinkerBackendConfig:
     )
     max_concurrent_calls: int = field(
         default=4,
-        metadata={"help": "Tinker requests in flight at once across every run on this host or shared lock_dir"},
+        metadata={
+            "help": "Tinker requests in flight at once across every run on this host or shared lock_dir",
+            "validator": at_least(1),
+        },
     )
     lock_dir: str = field(
         default="",
@@ -30,12 +37,20 @@ class TinkerBackendConfig:
         },
     )
     max_retries: int = field(
-        default=4, metadata={"help": "retries of a request the SDK reports as retryable (429, 5xx, timeouts)"}
+        default=4,
+        metadata={
+            "help": "retries of a request the SDK reports as retryable (429, 5xx, timeouts)",
+            "validator": at_least(0),
+        },
     )
     retry_backoff_s: float = field(
-        default=2.0, metadata={"help": "first retry delay; doubles on each retry, at most 60 s"}
+        default=2.0,
+        metadata={"help": "first retry delay; doubles on each retry, at most 60 s", "validator": at_least(0)},
     )
     sampler_ttl_s: int = field(
         default=86400,
-        metadata={"help": "lifetime of each step's sampler weights on the service (>= 3600); 0 keeps them forever"},
+        metadata={
+            "help": f"lifetime of each step's sampler weights on the service (>= {MIN_SAMPLER_TTL_S}); 0 keeps them forever",
+            "validator": zero_or_at_least(MIN_SAMPLER_TTL_S, "never expire"),
+        },
     )
