@@ -23,13 +23,8 @@ from retrain.types import Example
 from retrain.validation import check_prompt_lengths, model_context, warn_if_untrainable
 from tests.conftest import run_cli
 
-QUICK = [
-    "experiment=quickstart",
-    "training.max_steps=2",
-    "eval.num_examples=0",
-    "scoring.workers=1",
-    "logging.progress_bar=false",
-]
+SHORT = ["training.max_steps=2", "eval.num_examples=0", "scoring.workers=1", "logging.progress_bar=false"]
+QUICK = ["experiment=quickstart", *SHORT]
 MODEL_LOADS = "Loading train model"
 UNTRAINABLE = "can never train"
 
@@ -96,7 +91,7 @@ def test_a_bad_backend_value_fails_naming_its_key_before_data_or_a_tokenizer_loa
     tmp_path: Path, caplog: pytest.LogCaptureFixture, overrides: list[str], named: str
 ) -> None:
     with caplog.at_level(logging.INFO), pytest.raises(ConfigError) as raised:
-        run(compose([*QUICK[1:], *overrides]), tmp_path / "run")
+        run(compose([*SHORT, *overrides]), tmp_path / "run")
     assert re.search(named, str(raised.value)), raised.value
     assert "Loaded " not in caplog.text  # refused while the parts were planned: no data, no tokenizer
 

@@ -18,7 +18,7 @@ def at_least(low: float, note: str = "") -> Rule:
 
     def rule(value: Any) -> None:
         if not value >= low:
-            raise ValueError(f"must be >= {low}{f' ({note})' if note else ''}")
+            raise ValueError(_noted(f"must be >= {low}", note))
 
     return rule
 
@@ -34,7 +34,7 @@ def within(low: int, high: int, note: str = "") -> Rule:
 
     def rule(value: Any) -> None:
         if not low <= value <= high:
-            raise ValueError(f"must be in {low}..{high}{f' ({note})' if note else ''}")
+            raise ValueError(_noted(f"must be in {low}..{high}", note))
 
     return rule
 
@@ -57,3 +57,7 @@ def must_be_true(why: str) -> Rule:
             raise ValueError(f"must stay true: {why}")
 
     return rule
+
+
+def _noted(rule: str, note: str) -> str:
+    return f"{rule} ({note})" if note else rule
