@@ -1,16 +1,20 @@
-"""Shared test helpers: run the real CLI in a subprocess and read what a run wrote."""
+"""Shared test helpers: run the real CLI (in a subprocess, or in this process) and read what a run wrote."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from hypothesis import settings
 
 # CI explores the same examples every run (a red CI is then reproducible); locally they vary.
@@ -55,6 +59,45 @@ def run_cli(
             f"retrain {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
         )
     return result
+
+
+CliHere = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def cli_here(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> CliHere:
+    """`retrain ...` run by its real entry point in this process: `run_cli` without a new interpreter's
+    5-7 s of imports, for a test of what the console shows and the exit code. Not for a run whose outcome
+    depends on a fresh process (its thread count, its signals, settings read when a library is imported)."""
+
+    def run(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+        from retrain.cli import main
+
+        root = logging.getLogger()
+        handlers, level, environment = list(root.handlers), root.level, dict(os.environ)
+        with monkeypatch.context() as patched:
+            patched.chdir(cwd)
+            patched.setattr(sys, "path", list(sys.path))  # main() puts the working directory on it, as Python would
+            patched.setattr(sys, "argv", ["retrain", *args])
+            capfd.readouterr()
+            try:
+                code = main(args)
+            except SystemExit as exit:
+                code = 0 if exit.code is None else exit.code if isinstance(exit.code, int) else 1
+            finally:  # what Hydra set up for the run: its log handlers (run.log stays open otherwise), its state
+                for handler in set(root.handlers) - set(handlers):
+                    handler.close()
+                root.handlers[:], root.level = handlers, level
+                HydraConfig.instance().cfg = None
+                GlobalHydra.instance().clear()
+                os.environ.clear()  # and what a `.env` file in `cwd` added
+                os.environ.update(environment)
+        out, err = capfd.readouterr()
+        if check and code != 0:
+            raise AssertionError(f"retrain {' '.join(args)} failed ({code}):\n{out[-4000:]}\n{err[-6000:]}")
+        return subprocess.CompletedProcess(["retrain", *args], code, out, err)
+
+    return run
 
 
 def sigkill_once_checkpointed(args: list[str], cwd: Path, checkpoint: Path, timeout: float = 300) -> None:

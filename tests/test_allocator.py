@@ -15,10 +15,10 @@ STEPS = textwrap.dedent(
     from retrain.allocator import keep_freed_memory
     kept = keep_freed_memory() if sys.argv[1] == "keep" else None
     torch.manual_seed(0)
-    layers = [torch.nn.Linear(512, 1536) for _ in range(4)] + [torch.nn.Linear(1536, 512)]
+    layers = [torch.nn.Linear(64, 1536) for _ in range(4)] + [torch.nn.Linear(1536, 64)]
 
-    def step():  # activations of ~12 MB each, freed after the backward, as in a training step
-        x = torch.randn(2048, 512)
+    def step():  # activations of ~12 MB each, freed after the backward, as in a training step (thin layers: little compute)
+        x = torch.randn(2048, 64)
         hidden = sum(torch.nn.functional.silu(layer(x)) for layer in layers[:4])
         layers[4](hidden).square().mean().backward()
 

@@ -8,35 +8,35 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, run_cli
+from tests.conftest import CliHere, cli_env, run_cli
 
 
-def test_help_lists_every_group(tmp_path: Path) -> None:
-    out = run_cli(["--help"], cwd=tmp_path).stdout
+def test_help_lists_every_group(tmp_path: Path, cli_here: CliHere) -> None:
+    out = cli_here(["--help"], cwd=tmp_path).stdout
     for group in ["backend", "model", "algorithm", "inference", "reward", "data", "experiment"]:
         assert f"{group}:" in out, f"--help does not list group {group}"
     assert "maxrl_gtpo_sepa" in out and "quickstart" in out
 
 
-def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
-    out = run_cli(["--cfg", "job", "experiment=quickstart", "training.lr=0.002"], cwd=tmp_path).stdout
+def test_cfg_job_prints_the_composed_config(tmp_path: Path, cli_here: CliHere) -> None:
+    out = cli_here(["--cfg", "job", "experiment=quickstart", "training.lr=0.002"], cwd=tmp_path).stdout
     assert "lr: 0.002" in out
     assert "_target_: retrain.data.arithmetic.ArithmeticData" in out
 
 
-def test_compose_errors_name_the_offending_key_or_option(tmp_path: Path) -> None:
-    unknown = run_cli(["training.lrr=1"], cwd=tmp_path, check=False)
+def test_compose_errors_name_the_offending_key_or_option(tmp_path: Path, cli_here: CliHere) -> None:
+    unknown = cli_here(["training.lrr=1"], cwd=tmp_path, check=False)
     assert unknown.returncode != 0 and "lrr" in unknown.stderr
-    wrong_type = run_cli(["training.batch_size=eight"], cwd=tmp_path, check=False)
+    wrong_type = cli_here(["training.batch_size=eight"], cwd=tmp_path, check=False)
     assert wrong_type.returncode != 0 and "training.batch_size" in wrong_type.stderr
-    unknown_option = run_cli(["algorithm=no_such_algorithm"], cwd=tmp_path, check=False)
+    unknown_option = cli_here(["algorithm=no_such_algorithm"], cwd=tmp_path, check=False)
     assert unknown_option.returncode != 0 and "algorithm/no_such_algorithm" in unknown_option.stderr
     # nothing was trained: no run dir was created for a config that does not compose
     assert not (tmp_path / "outputs").exists()
 
 
-def test_a_typo_added_with_plus_is_refused_before_anything_loads(tmp_path: Path) -> None:
-    result = run_cli(
+def test_a_typo_added_with_plus_is_refused_before_anything_loads(tmp_path: Path, cli_here: CliHere) -> None:
+    result = cli_here(
         ["experiment=quickstart", "+training.lrr=1e-4", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False
     )
     assert result.returncode != 0
@@ -44,8 +44,8 @@ def test_a_typo_added_with_plus_is_refused_before_anything_loads(tmp_path: Path)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_preflight_refuses_token_credit_on_a_backend_that_aggregates_it(tmp_path: Path) -> None:
-    result = run_cli(
+def test_preflight_refuses_token_credit_on_a_backend_that_aggregates_it(tmp_path: Path, cli_here: CliHere) -> None:
+    result = cli_here(
         [
             "experiment=quickstart",
             "algorithm=maxrl_gtpo_sepa",
@@ -118,23 +118,26 @@ USER_ERRORS = {
 
 
 @pytest.mark.parametrize("kind", USER_ERRORS)
-def test_a_users_mistake_reads_as_one_message_with_the_traceback_in_run_log(tmp_path: Path, kind: str) -> None:
+def test_a_users_mistake_reads_as_one_message_with_the_traceback_in_run_log(
+    tmp_path: Path, kind: str, cli_here: CliHere
+) -> None:
     overrides, env, named = USER_ERRORS[kind]
     (tmp_path / "broken.jsonl").write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": \n')
     run_dir = tmp_path / "run"
-    result = run_cli(
-        [
-            "experiment=quickstart",
-            "eval.num_examples=0",
-            "training.max_steps=1",
-            "logging.progress_bar=false",
-            f"hydra.run.dir={run_dir}",
-            *(o.format(tmp=tmp_path) for o in overrides),
-        ],
-        cwd=tmp_path,
-        check=False,
-        env={key: value.format(tmp=tmp_path) for key, value in env.items()},
-    )
+    args = [
+        "experiment=quickstart",
+        "eval.num_examples=0",
+        "training.max_steps=1",
+        "logging.progress_bar=false",
+        f"hydra.run.dir={run_dir}",
+        *(o.format(tmp=tmp_path) for o in overrides),
+    ]
+    if env:  # in a process of its own: wandb and the Hub read their environment once per process
+        result = run_cli(
+            args, tmp_path, env={key: value.format(tmp=tmp_path) for key, value in env.items()}, check=False
+        )
+    else:
+        result = cli_here(args, tmp_path, check=False)
     console = result.stdout + result.stderr
     assert result.returncode == 1, console
     assert "Traceback" not in console, console
@@ -188,8 +191,8 @@ def test_prime_rl_refuses_token_credit_at_preflight_and_passes_a_scalar_algorith
     assert "backend.output_dir is required" in message
 
 
-def test_a_mistyped_command_is_named_with_the_commands(tmp_path: Path) -> None:
-    result = run_cli(["statsu"], tmp_path, check=False)
+def test_a_mistyped_command_is_named_with_the_commands(tmp_path: Path, cli_here: CliHere) -> None:
+    result = cli_here(["statsu"], tmp_path, check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert (
         "retrain: unknown command 'statsu'; did you mean `retrain status`? commands: status, squeeze" in result.stderr

@@ -21,7 +21,7 @@ from retrain.errors import ConfigError, DataError
 from retrain.run import run
 from retrain.types import Example
 from retrain.validation import check_prompt_lengths, model_context, warn_if_untrainable
-from tests.conftest import run_cli
+from tests.conftest import CliHere
 
 SHORT = ["training.max_steps=2", "eval.num_examples=0", "scoring.workers=1", "logging.progress_bar=false"]
 QUICK = ["experiment=quickstart", *SHORT]
@@ -164,8 +164,8 @@ def test_the_warning_comes_once_per_run(tmp_path: Path, caplog: pytest.LogCaptur
     assert sum(UNTRAINABLE in message for message in caplog.messages) == 1
 
 
-def test_the_command_line_says_which_key_in_one_line_and_loads_nothing(tmp_path: Path) -> None:
-    result = run_cli([*QUICK, "training.lr=nan", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False)
+def test_the_command_line_says_which_key_in_one_line_and_loads_nothing(tmp_path: Path, cli_here: CliHere) -> None:
+    result = cli_here([*QUICK, "training.lr=nan", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False)
     console = result.stdout + result.stderr
     assert result.returncode == 1, console
     assert [line for line in console.splitlines() if line.startswith("retrain: ")] == [

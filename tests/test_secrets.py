@@ -12,7 +12,7 @@ from retrain.errors import ConfigError
 from retrain.launch import RunDirRefused, check_same_run
 from retrain.run import config_identity
 from retrain.secrets import MASK, check_env_names, looks_secret, masked_config, masked_override, shown_config
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import CliHere, read_metrics, run_cli
 
 TOKEN, ROTATED = "tok-3f9a1c-first", "tok-77be02-rotated"
 LITERAL_KEY = "sk-literal-5d0e41"  # typed on the command line: masked in every file, wandb's record of argv too
@@ -76,14 +76,14 @@ def test_an_identity_saved_with_a_resolved_token_neither_blocks_the_resume_nor_s
     assert TOKEN not in message and "sk-first" not in message and "sk-gone" not in message
 
 
-def test_a_key_pasted_into_an_env_name_setting_is_refused(tmp_path: Path) -> None:
+def test_a_key_pasted_into_an_env_name_setting_is_refused(tmp_path: Path, cli_here: CliHere) -> None:
     pasted = "sk-proj-Zx81qLw0"
     with pytest.raises(ConfigError, match=r"reward\.api_key_env must name an environment variable"):
         check_env_names(compose(["reward=judge", f"reward.api_key_env={pasted}"]))
     check_env_names(compose(["reward=judge", "reward.api_key_env=MY_JUDGE_KEY"]))
 
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = cli_here(
         ["experiment=quickstart", "reward=judge", f"reward.api_key_env={pasted}", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
         check=False,

@@ -1,7 +1,10 @@
-"""End to end through `python -m retrain`: the real CLI, the tiny model, real files on disk."""
+"""End to end through the real CLI, the tiny model, real files on disk: `python -m retrain` in a process of
+its own where the process matters (reproducibility, a kill, the run-dir contract, settings read at import),
+its entry point in the test's process elsewhere (`cli_here`, without 5-7 s of imports per run)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -10,17 +13,18 @@ from pathlib import Path
 import pytest
 
 from retrain.assets import TINY_MODEL_DIR
-from tests.conftest import read_metrics, run_cli, sigkill_once_checkpointed, without_timing
+from tests.conftest import CliHere, read_metrics, run_cli, sigkill_once_checkpointed, without_timing
 from tests.wandb_records import offline_history
 
 SMALL = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
 
 
-def small_run(tmp_path: Path, name: str, *extra: str, steps: int = 4, one_thread: bool = True) -> Path:
+DEFAULT_THREADS = functools.partial(run_cli, one_thread=False)  # as users run (docs/reproducibility.md)
+
+
+def small_run(tmp_path: Path, name: str, *extra: str, steps: int = 4, cli: CliHere = run_cli) -> Path:
     run_dir = tmp_path / name
-    run_cli(
-        [*SMALL, f"training.max_steps={steps}", f"hydra.run.dir={run_dir}", *extra], cwd=tmp_path, one_thread=one_thread
-    )
+    cli([*SMALL, f"training.max_steps={steps}", f"hydra.run.dir={run_dir}", *extra], cwd=tmp_path)
     return run_dir
 
 
@@ -58,9 +62,9 @@ def test_quickstart_writes_the_run_dir_contract(tmp_path: Path) -> None:
 
 def test_same_seed_gives_identical_metrics(tmp_path: Path) -> None:
     """With the default thread count, as users run (docs/reproducibility.md)."""
-    first = without_timing(read_metrics(small_run(tmp_path, "a", "training.seed=7", one_thread=False)))
-    second = without_timing(read_metrics(small_run(tmp_path, "b", "training.seed=7", one_thread=False)))
-    other = without_timing(read_metrics(small_run(tmp_path, "c", "training.seed=8", one_thread=False)))
+    first = without_timing(read_metrics(small_run(tmp_path, "a", "training.seed=7", cli=DEFAULT_THREADS)))
+    second = without_timing(read_metrics(small_run(tmp_path, "b", "training.seed=7", cli=DEFAULT_THREADS)))
+    other = without_timing(read_metrics(small_run(tmp_path, "c", "training.seed=8", cli=DEFAULT_THREADS)))
     assert first == second
     assert first != other
 
@@ -70,7 +74,7 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
     """With the default thread count, as users run (docs/reproducibility.md)."""
     steps = 6
     reference = without_timing(
-        read_metrics(small_run(tmp_path, "full", "training.save_every=1", steps=steps, one_thread=False))
+        read_metrics(small_run(tmp_path, "full", "training.save_every=1", steps=steps, cli=DEFAULT_THREADS))
     )
 
     run_dir = tmp_path / "killed"
@@ -79,29 +83,29 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
     assert not (run_dir / "final").exists(), "the run finished before it could be killed"
 
     # same run dir, no resume flag: a requeued job resumes by itself
-    run_cli(args, cwd=tmp_path, one_thread=False)
+    DEFAULT_THREADS(args, cwd=tmp_path)
     assert without_timing(read_metrics(run_dir)) == reference
 
     # explicit resume.from=<run dir> into a new run dir continues the same trajectory too
     partial = tmp_path / "partial"
-    small_run(tmp_path, "partial", "training.save_every=1", steps=3, one_thread=False)
+    small_run(tmp_path, "partial", "training.save_every=1", steps=3, cli=DEFAULT_THREADS)
     resumed = small_run(
-        tmp_path, "resumed", "training.save_every=1", f"resume.from={partial}", steps=steps, one_thread=False
+        tmp_path, "resumed", "training.save_every=1", f"resume.from={partial}", steps=steps, cli=DEFAULT_THREADS
     )
     assert without_timing(read_metrics(resumed)) == reference
 
 
-def test_resuming_a_finished_run_is_a_clear_no_op(tmp_path: Path) -> None:
-    run_dir = small_run(tmp_path, "done", steps=2)
+def test_resuming_a_finished_run_is_a_clear_no_op(tmp_path: Path, cli_here: CliHere) -> None:
+    run_dir = small_run(tmp_path, "done", steps=2, cli=cli_here)
     before = read_metrics(run_dir)
-    out = run_cli([*SMALL, "training.max_steps=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path).stdout
+    out = cli_here([*SMALL, "training.max_steps=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path).stdout
     assert "already finished" in out
     assert read_metrics(run_dir) == before
 
 
-def test_a_run_dir_holding_a_different_run_is_not_silently_reused(tmp_path: Path) -> None:
-    run_dir = small_run(tmp_path, "taken", steps=1)
-    result = run_cli(
+def test_a_run_dir_holding_a_different_run_is_not_silently_reused(tmp_path: Path, cli_here: CliHere) -> None:
+    run_dir = small_run(tmp_path, "taken", steps=1, cli=cli_here)
+    result = cli_here(
         [*SMALL, "training.max_steps=2", "training.lr=0.002", f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False
     )
     assert result.returncode != 0
@@ -109,24 +113,28 @@ def test_a_run_dir_holding_a_different_run_is_not_silently_reused(tmp_path: Path
     assert len(read_metrics(run_dir)) == 1
 
 
-def test_a_bf16_run_on_cpu_passes_the_freshness_proof(tmp_path: Path) -> None:
+def test_a_bf16_run_on_cpu_passes_the_freshness_proof(tmp_path: Path, cli_here: CliHere) -> None:
     """This seed's first sync once failed the proof in bf16 ("serves stale weights") with a fresh engine."""
-    run_dir = small_run(tmp_path, "bf16", "model.dtype=bf16", "algorithm=grpo_none", "training.seed=1", steps=3)
+    run_dir = small_run(
+        tmp_path, "bf16", "model.dtype=bf16", "algorithm=grpo_none", "training.seed=1", steps=3, cli=cli_here
+    )
     proven = [record["engine/probe_gap"] for record in read_metrics(run_dir) if "engine/probe_gap" in record]
     assert proven and max(proven) == 0.0  # engine and trainer run the same bf16 forward on the same weights
 
 
-def test_custom_reward_plugin_from_the_command_line(tmp_path: Path) -> None:
+def test_custom_reward_plugin_from_the_command_line(tmp_path: Path, cli_here: CliHere) -> None:
     run_dir = small_run(
-        tmp_path, "plugin", "reward._target_=tests.plugins.training_plugins.digit_count_reward", steps=2
+        tmp_path, "plugin", "reward._target_=tests.plugins.training_plugins.digit_count_reward", steps=2, cli=cli_here
     )
     records = read_metrics(run_dir)
     assert len(records) == 2 and records[0]["reward/errors"] == 0
     assert 0.0 < records[0]["mean_reward"] < 1.0
 
 
-def test_a_crashing_reward_is_counted_and_survived(tmp_path: Path) -> None:
-    run_dir = small_run(tmp_path, "crash", "reward._target_=tests.plugins.training_plugins.flaky_reward", steps=2)
+def test_a_crashing_reward_is_counted_and_survived(tmp_path: Path, cli_here: CliHere) -> None:
+    run_dir = small_run(
+        tmp_path, "crash", "reward._target_=tests.plugins.training_plugins.flaky_reward", steps=2, cli=cli_here
+    )
     records = read_metrics(run_dir)
     assert len(records) == 2
     assert all(r["reward/errors"] > 0 for r in records)
@@ -161,10 +169,16 @@ def long_context_tiny_model(tmp_path: Path) -> Path:
     return copy
 
 
-def test_local_model_dir_and_data_files_work_like_hub_ids(tmp_path: Path, shared_data: Path) -> None:
+def test_local_model_dir_and_data_files_work_like_hub_ids(tmp_path: Path, shared_data: Path, cli_here: CliHere) -> None:
     model = f"model.name_or_path={long_context_tiny_model(tmp_path)}"
     gsm8k = small_run(
-        tmp_path, "gsm8k", "data=gsm8k", f"data.path={shared_data / 'gsm8k' / 'test.jsonl'}", model, steps=1
+        tmp_path,
+        "gsm8k",
+        "data=gsm8k",
+        f"data.path={shared_data / 'gsm8k' / 'test.jsonl'}",
+        model,
+        steps=1,
+        cli=cli_here,
     )
     assert read_metrics(gsm8k)[0]["step"] == 0
     math500 = small_run(
@@ -175,6 +189,7 @@ def test_local_model_dir_and_data_files_work_like_hub_ids(tmp_path: Path, shared
         model,
         "reward=math",
         steps=1,
+        cli=cli_here,
     )
     record = read_metrics(math500)[0]
     assert record["step"] == 0 and record["reward/errors"] == 0
@@ -182,8 +197,8 @@ def test_local_model_dir_and_data_files_work_like_hub_ids(tmp_path: Path, shared
     assert generation["example_id"].startswith("test/")  # a MATH-500 problem, e.g. test/algebra/1.json
 
 
-def test_evaluation_without_held_out_problems_fails_before_the_model_loads(tmp_path: Path) -> None:
-    result = run_cli(
+def test_evaluation_without_held_out_problems_fails_before_the_model_loads(tmp_path: Path, cli_here: CliHere) -> None:
+    result = cli_here(
         [
             *SMALL,
             "training.max_steps=1",

@@ -14,7 +14,7 @@ from retrain.backend.capabilities import (
     describe_backend,
 )
 from retrain.errors import ConfigError
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, CliHere
 
 SEEDS_TABLE = {  # reports_sync_loss, preserves_token_advantages, supports_checkpoint_resume, resume_runtime_dependent
     "local": (True, True, True, False),
@@ -98,13 +98,13 @@ def test_a_subclass_of_a_builtin_is_a_plugin_and_must_declare_its_own():
     assert capabilities_of(Tweaked) == CONSERVATIVE_CAPABILITIES
 
 
-def test_backends_command_prints_the_table_and_json(tmp_path):
-    text = run_cli(["backends"], cwd=tmp_path).stdout
+def test_backends_command_prints_the_table_and_json(tmp_path, cli_here: CliHere):
+    text = cli_here(["backends"], cwd=tmp_path).stdout
     for name in SEEDS_TABLE:
         assert f"\n{name}  (" in f"\n{text}"
     assert "backend.transport: str = 'filesystem' {filesystem|zmq}" in text
     assert all(hook in text for hook in HOOK_NAMES)
-    payload = json.loads(run_cli(["backends", "--json", "--target", f"{HOOKS}.ModuleHookedBackend"], cwd=REPO).stdout)
+    payload = json.loads(cli_here(["backends", "--json", "--target", f"{HOOKS}.ModuleHookedBackend"], cwd=REPO).stdout)
     by_name = {entry["name"]: entry for entry in payload["backends"]}
     assert {
         name: tuple(

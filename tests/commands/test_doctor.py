@@ -14,7 +14,7 @@ import torch
 
 from retrain.commands.doctor import EXTRAS, device_findings, diagnose, model_findings, slurm_report, wandb_report
 from retrain.commands.explain import composed
-from tests.conftest import run_cli
+from tests.conftest import CliHere, run_cli
 
 HAS_GPU = torch.cuda.is_available()
 SECRET = "wandb-key-that-must-never-be-printed"
@@ -54,22 +54,22 @@ def test_doctor_reports_the_machine_and_blocks_the_default_run_without_a_gpu(tmp
         assert result.returncode == 1 and report["ok"] is False
 
 
-def test_doctor_passes_a_run_of_a_users_config_dir_this_machine_can_do(tmp_path: Path) -> None:
+def test_doctor_passes_a_run_of_a_users_config_dir_this_machine_can_do(tmp_path: Path, cli_here: CliHere) -> None:
     presets = tmp_path / "conf" / "experiment"
     presets.mkdir(parents=True)
     (presets / "cpu_demo.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /model: tiny\n  - override /data: arithmetic\n"
         "backend:\n  devices: cpu\n"
     )
-    result = run_cli(["doctor", "--config-dir", "conf", "experiment=cpu_demo"], cwd=tmp_path, check=False, timeout=300)
+    result = cli_here(["doctor", "--config-dir", "conf", "experiment=cpu_demo"], cwd=tmp_path, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "devices cpu, model retrain:tiny_qwen3" in result.stdout
     assert "Ready for this run." in result.stdout and "BLOCKING" not in result.stdout
 
 
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
-def test_doctor_says_how_to_run_without_a_gpu(tmp_path: Path) -> None:
-    result = run_cli(["doctor", "experiment=quickstart", "backend.devices=gpu:0"], cwd=tmp_path, check=False)
+def test_doctor_says_how_to_run_without_a_gpu(tmp_path: Path, cli_here: CliHere) -> None:
+    result = cli_here(["doctor", "experiment=quickstart", "backend.devices=gpu:0"], cwd=tmp_path, check=False)
     assert result.returncode == 1
     assert "BLOCKING: backend.devices='gpu:0' but no CUDA GPU is visible" in result.stdout
     assert "fix: backend.devices=cpu" in result.stdout

@@ -22,7 +22,7 @@ from retrain.commands.explain import launcher_parallelism
 from retrain.commands.explain import main as explain_main
 from retrain.config import compose
 from retrain.errors import ConfigError
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, CliHere, run_cli
 
 # Qwen3-4B's config.json (the architecture fields the parameter count reads)
 QWEN3_4B = {
@@ -139,10 +139,8 @@ def test_a_pilot_that_is_no_run_dir_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not (REPO / "conf" / "backend" / "prime_rl.yaml").is_file(), reason="no prime_rl backend yet")
-def test_a_failing_preflight_exits_1_with_its_message(tmp_path: Path) -> None:
-    result = run_cli(
-        ["explain", "backend=prime_rl", "algorithm=maxrl_gtpo_sepa"], cwd=tmp_path, check=False, timeout=300
-    )
+def test_a_failing_preflight_exits_1_with_its_message(tmp_path: Path, cli_here: CliHere) -> None:
+    result = cli_here(["explain", "backend=prime_rl", "algorithm=maxrl_gtpo_sepa"], cwd=tmp_path, check=False)
     assert result.returncode == 1
     assert "preflight: FAILED" in result.stdout and "backend prime_rl (source=builtin)" in result.stdout
     assert "preflight failed: algorithm 'maxrl_gtpo_sepa' cannot run on backend 'prime_rl'" in result.stderr
@@ -195,8 +193,8 @@ def test_a_pilot_without_steps_is_a_clear_error(tmp_path: Path) -> None:
         read_pilot(tmp_path)
 
 
-def test_a_reward_that_does_not_import_is_named_before_any_run(tmp_path: Path) -> None:
-    result = run_cli(
+def test_a_reward_that_does_not_import_is_named_before_any_run(tmp_path: Path, cli_here: CliHere) -> None:
+    result = cli_here(
         ["explain", "experiment=quickstart", "reward._target_=no_such_module.reward"], tmp_path, check=False
     )
     assert result.returncode == 1 and "Error getting object" not in result.stderr  # one line, not Hydra's as well
