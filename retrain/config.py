@@ -76,6 +76,18 @@ class ScoringConfig:
     max_failing_steps: int = 3  # stop the run when no completion gets a score for this many steps in a row; 0 = never
     max_worker_rss_mb: int = 4096  # replace a worker holding more memory than this between chunks; 0 = no limit
 
+    def __post_init__(self) -> None:
+        from retrain.errors import ConfigError
+
+        if not self.timeout_s > 0:
+            raise ConfigError(f"scoring.timeout_s must be positive, got {self.timeout_s}")
+        if self.workers < 0:
+            raise ConfigError(f"scoring.workers must be 0 (one per core) or more, got {self.workers}")
+        if self.max_failing_steps < 0:
+            raise ConfigError(f"scoring.max_failing_steps must be 0 (never stop) or more, got {self.max_failing_steps}")
+        if self.max_worker_rss_mb < 0:
+            raise ConfigError(f"scoring.max_worker_rss_mb must be 0 (no limit) or more, got {self.max_worker_rss_mb}")
+
 
 @dataclass
 class LoggingConfig:

@@ -40,15 +40,17 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "eval.num_examples": (lambda v: v >= 0, ">= 0 (0 = no evaluation)"),
     "eval.samples": (lambda v: v >= 1, ">= 1"),
+    "training.save_every": (lambda v: v >= 0, ">= 0 (0 = only at the end)"),
 }
+SELF_CHECKED = ("model", "scoring", "inference")  # ModelSpec, ScoringConfig, the engine's schema (inference/config.py)
 PROMPT_CHUNK = 1024  # prompts templated and tokenized per call when their lengths are checked
 PROBE_TOKENS = 4  # tokens per completion of the synthetic step that tells whether an algorithm can learn
 
 
 def check_config(cfg: DictConfig) -> None:
     """ConfigError naming the key of the first value that cannot work: an interpolation that does not
-    resolve, a float that is not finite (anywhere, plugin arguments included), a squeeze setting, or a
-    run-wide value out of its range."""
+    resolve, a float that is not finite (anywhere, plugin arguments included), a squeeze setting, a
+    run-wide value out of its range, or a model, scoring or inference value its schema refuses."""
     check_resolvable(cfg)
     check_finite(cfg)
     squeeze_settings(cfg)  # a campaign's block (its driver checks it first); a wrong value is wrong in any run
@@ -60,6 +62,8 @@ def check_config(cfg: DictConfig) -> None:
     # the optimiser's and the loss's own checks, now rather than after the tokenizer has loaded
     OptimSettings.from_config(training)
     LossSettings.from_config(training)
+    for section in SELF_CHECKED:  # their schemas check their values when built: now, not after data or a model loads
+        OmegaConf.to_object(cfg[section])
 
 
 def check_resolvable(cfg: DictConfig) -> None:

@@ -61,6 +61,7 @@ def refused(tmp_path: Path, caplog: pytest.LogCaptureFixture, *overrides: str) -
         ("algorithm.gtpo.beta=nan", "algorithm.gtpo.beta=nan is not a finite number"),
         ("+reward.scale=nan", "reward.scale=nan is not a finite number"),
         ("training.weight_decay=-1", "training.weight_decay must be >= 0"),
+        ("training.save_every=-1", r"training.save_every must be >= 0 \(0 = only at the end\), got -1"),
     ],
 )
 def test_a_bad_value_fails_naming_its_key_before_the_model_loads(
@@ -94,6 +95,35 @@ def test_a_bad_backend_value_fails_naming_its_key_before_data_or_a_tokenizer_loa
         run(compose([*SHORT, *overrides]), tmp_path / "run")
     assert re.search(named, str(raised.value)), raised.value
     assert "Loaded " not in caplog.text  # refused while the parts were planned: no data, no tokenizer
+
+
+VLLM_SERVER = ["inference=vllm_server", "inference.url=http://127.0.0.1:9"]  # nothing listens: nothing may call it
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["scoring.timeout_s=0"], "scoring.timeout_s must be positive, got 0.0"),
+        (["scoring.workers=-1"], r"scoring.workers must be 0 \(one per core\) or more, got -1"),
+        (["model.lora_rank=0"], "model.lora_rank must be > 0, got 0"),
+        (["model.lora_dropout=1.5"], r"model.lora_dropout must be in \[0, 1\), got 1.5"),
+        (["inference=vllm_server"], "inference.url is empty: give the server's base url"),
+        (["inference=sglang", "inference.url=127.0.0.1:30000"], "inference.url='127.0.0.1:30000' is not an http"),
+        ([*VLLM_SERVER, "inference.timeout_s=0"], "inference.timeout_s must be > 0, got 0.0"),
+        ([*VLLM_SERVER, "inference.max_concurrency=0"], "inference.max_concurrency must be >= 1, got 0"),
+        (["inference=vllm", "inference.dtype=int3"], "inference.dtype='int3' is not one of"),
+        (["inference=vllm", "inference.gpu_memory_utilization=1.5"], r"gpu_memory_utilization must be in \(0, 1\]"),
+        (["inference=vllm", "inference.max_model_len=-1"], "inference.max_model_len must be >= 0"),
+    ],
+)
+def test_a_bad_model_scoring_or_engine_value_fails_naming_its_key_before_data_loads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, overrides: list[str], named: str
+) -> None:
+    """Their parts are built after the data (scoring), or after the model too (an engine): their schemas check them first."""
+    with caplog.at_level(logging.INFO), pytest.raises(ConfigError) as raised:
+        run(compose([*QUICK, *overrides]), tmp_path / "run")
+    assert re.search(named, str(raised.value)), raised.value
+    assert "Loaded " not in caplog.text
 
 
 def test_evaluation_on_data_without_a_held_out_split_fails_at_start(

@@ -1,12 +1,41 @@
 """Schemas of the `inference` config group (conf/inference/*.yaml).
 
 Every engine is a partial, completed by the composition root as
-`engine(tokenizer=<the run's tokenizer>, resources=backend.engine_resources())`.
+`engine(tokenizer=<the run's tokenizer>, resources=backend.engine_resources())`. Each schema checks its
+values when the config is checked (retrain/validation.py), before data, a tokenizer or a model loads;
+what depends on the device (an attention kernel on CPU) is checked when the engine starts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from retrain.errors import ConfigError
+
+# inference.dtype / kv_cache_dtype / attention_kernel -> vLLM's names (None: vLLM's own choice)
+VLLM_WEIGHT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+VLLM_QUANTIZED_DTYPES = {"fp8": "fp8"}  # served with on-the-fly quantization of the base weights
+VLLM_KV_CACHE_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp8": "fp8", "int8": "int8_per_token_head"}
+VLLM_ATTENTION_BACKENDS = {"default": None, "flash": "FLASH_ATTN", "triton": "TRITON_ATTN", "cutlass": "CUTLASS_MLA"}
+
+
+def check_url(url: str, key: str = "inference.url") -> str:
+    """`url` without a trailing slash; a clear error naming `key` when it is empty or not http(s)."""
+    if not url:
+        raise ConfigError(f"{key} is empty: give the server's base url, e.g. {key}=http://127.0.0.1:8000")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{key}={url!r} is not an http(s) url, e.g. http://127.0.0.1:8000")
+    return url.rstrip("/")
+
+
+def check_request_limits(timeout_s: float, max_retries: int, max_concurrency: int) -> None:
+    """The limits of an inference server's client (`inference.*`), for the schema and the client alike."""
+    if not timeout_s > 0:
+        raise ConfigError(f"inference.timeout_s must be > 0, got {timeout_s}")
+    if max_retries < 0:
+        raise ConfigError(f"inference.max_retries must be >= 0, got {max_retries}")
+    if max_concurrency < 1:
+        raise ConfigError(f"inference.max_concurrency must be >= 1, got {max_concurrency}")
 
 
 @dataclass
@@ -46,6 +75,31 @@ class VllmEngineConfig(EngineConfig):
     enforce_eager: bool = False  # skip CUDA-graph capture and torch.compile (faster start, slower decode)
     merge_lora: bool = False  # push W + s·B·A into vLLM's weights instead of serving an adapter (no LoRA kernels)
 
+    def __post_init__(self) -> None:
+        if self.dtype == "fp4":
+            raise ConfigError(
+                "inference.dtype=fp4: vLLM serves fp4 only from a checkpoint quantized ahead of time "
+                "(e.g. NVFP4 with ModelOpt); point model.name_or_path at one and keep inference.dtype=auto"
+            )
+        if self.dtype != "auto" and self.dtype not in {**VLLM_WEIGHT_DTYPES, **VLLM_QUANTIZED_DTYPES}:
+            raise ConfigError(f"inference.dtype={self.dtype!r} is not one of auto, bf16, fp16, fp32, fp8, fp4")
+        if self.kv_cache_dtype not in VLLM_KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"inference.kv_cache_dtype={self.kv_cache_dtype!r} is not one of {', '.join(VLLM_KV_CACHE_DTYPES)}"
+            )
+        if self.attention_kernel == "tk":
+            raise ConfigError("inference.attention_kernel=tk: vLLM has no ThunderKittens attention backend")
+        if self.attention_kernel not in VLLM_ATTENTION_BACKENDS:
+            raise ConfigError(
+                f"inference.attention_kernel={self.attention_kernel!r} is not one of default, flash, triton, tk, cutlass"
+            )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"inference.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len < 0:
+            raise ConfigError(f"inference.max_model_len must be >= 0 (0 = the model's limit), got {self.max_model_len}")
+        if self.max_lora_rank < 0:
+            raise ConfigError(f"inference.max_lora_rank must be >= 0 (0 = model.lora_rank), got {self.max_lora_rank}")
+
 
 @dataclass
 class HttpEngineConfig(EngineConfig):
@@ -56,6 +110,10 @@ class HttpEngineConfig(EngineConfig):
     timeout_s: float = 600.0  # per request: a step's longest generation must fit
     max_retries: int = 5  # on 429/5xx and failed connections, with exponential backoff and jitter
     max_concurrency: int = 64  # requests in flight at once
+
+    def __post_init__(self) -> None:
+        check_url(self.url)
+        check_request_limits(self.timeout_s, self.max_retries, self.max_concurrency)
 
 
 @dataclass

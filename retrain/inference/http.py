@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from retrain.errors import ConfigError, UserError
+from retrain.errors import UserError
+from retrain.inference.config import check_request_limits, check_url
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +59,6 @@ def excerpt(text: str) -> str:
     """The start of a response body, on one line, for an error message."""
     flat = " ".join(text.split())
     return flat if len(flat) <= BODY_EXCERPT_CHARS else flat[:BODY_EXCERPT_CHARS] + "…"
-
-
-def check_url(url: str, key: str = "inference.url") -> str:
-    """`url` without a trailing slash; a clear error naming `key` when it is empty or not http(s)."""
-    if not url:
-        raise ConfigError(f"{key} is empty: give the server's base url, e.g. {key}=http://127.0.0.1:8000")
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{key}={url!r} is not an http(s) url, e.g. http://127.0.0.1:8000")
-    return url.rstrip("/")
 
 
 def api_key_from_env(variable: str) -> str | None:
@@ -117,12 +109,7 @@ class HttpClient:
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
     ) -> None:
-        if timeout_s <= 0:
-            raise ConfigError(f"inference.timeout_s must be > 0, got {timeout_s}")
-        if max_retries < 0:
-            raise ConfigError(f"inference.max_retries must be >= 0, got {max_retries}")
-        if max_concurrency < 1:
-            raise ConfigError(f"inference.max_concurrency must be >= 1, got {max_concurrency}")
+        check_request_limits(timeout_s, max_retries, max_concurrency)
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.max_retries = max_retries

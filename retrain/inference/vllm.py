@@ -34,7 +34,13 @@ from retrain.errors import ConfigError
 from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_update
 from retrain.inference.base import EngineResources, NucleusLogprobsWarning, StaleWeightsError
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
-from retrain.inference.config import VllmEngineConfig
+from retrain.inference.config import (
+    VLLM_ATTENTION_BACKENDS,
+    VLLM_KV_CACHE_DTYPES,
+    VLLM_QUANTIZED_DTYPES,
+    VLLM_WEIGHT_DTYPES,
+    VllmEngineConfig,
+)
 from retrain.inference.freshness import PROBE_TOLERANCE_FP32, PROBE_TOLERANCE_HALF, Probe
 from retrain.inference.merged_lora import mergeable_adapter, merged_checkpoint
 from retrain.plugins import built_in
@@ -43,10 +49,6 @@ from retrain.types import Rollouts, SamplingParams, WeightUpdate
 log = logging.getLogger(__name__)
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
-WEIGHT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-QUANTIZED_DTYPES = {"fp8": "fp8"}  # served with on-the-fly quantization of the base weights
-KV_CACHE_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp8": "fp8", "int8": "int8_per_token_head"}
-ATTENTION_BACKENDS = {"default": None, "flash": "FLASH_ATTN", "triton": "TRITON_ATTN", "cutlass": "CUTLASS_MLA"}
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine core runs in this process
 CPU_ENV = {"TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}  # fast start, 1 GiB KV cache
 
@@ -78,36 +80,17 @@ def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> di
         arguments["max_lora_rank"] = _max_lora_rank(config.max_lora_rank, spec.lora_rank)
     if device.type == "cpu":  # vLLM 0.32 on CPU crashes when a seeded request's prefill is split into chunks
         arguments["enable_chunked_prefill"] = False
-    if config.max_model_len < 0:
-        raise ConfigError(f"inference.max_model_len must be >= 0 (0 = the model's limit), got {config.max_model_len}")
     if config.max_model_len:
         arguments["max_model_len"] = config.max_model_len
-    if config.dtype == "auto":
-        arguments["dtype"] = str(spec.torch_dtype(device)).removeprefix("torch.")
-    elif config.dtype in WEIGHT_DTYPES:
-        arguments["dtype"] = WEIGHT_DTYPES[config.dtype]
-    elif config.dtype in QUANTIZED_DTYPES:
+    if config.dtype in VLLM_QUANTIZED_DTYPES:
         arguments["dtype"] = "bfloat16"
-        arguments["quantization"] = QUANTIZED_DTYPES[config.dtype]
-    elif config.dtype == "fp4":
-        raise ConfigError(
-            "inference.dtype=fp4: vLLM serves fp4 only from a checkpoint quantized ahead of time "
-            "(e.g. NVFP4 with ModelOpt); point model.name_or_path at one and keep inference.dtype=auto"
+        arguments["quantization"] = VLLM_QUANTIZED_DTYPES[config.dtype]
+    else:  # the names were checked with the config (VllmEngineConfig)
+        arguments["dtype"] = VLLM_WEIGHT_DTYPES.get(config.dtype) or str(spec.torch_dtype(device)).removeprefix(
+            "torch."
         )
-    else:
-        raise ConfigError(f"inference.dtype={config.dtype!r} is not one of auto, bf16, fp16, fp32, fp8, fp4")
-    if config.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ConfigError(
-            f"inference.kv_cache_dtype={config.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}"
-        )
-    arguments["kv_cache_dtype"] = KV_CACHE_DTYPES[config.kv_cache_dtype]
-    if config.attention_kernel == "tk":
-        raise ConfigError("inference.attention_kernel=tk: vLLM has no ThunderKittens attention backend")
-    if config.attention_kernel not in ATTENTION_BACKENDS:
-        raise ConfigError(
-            f"inference.attention_kernel={config.attention_kernel!r} is not one of default, flash, triton, tk, cutlass"
-        )
-    backend = ATTENTION_BACKENDS[config.attention_kernel]
+    arguments["kv_cache_dtype"] = VLLM_KV_CACHE_DTYPES[config.kv_cache_dtype]
+    backend = VLLM_ATTENTION_BACKENDS[config.attention_kernel]
     if backend is not None:
         if device.type == "cpu":
             raise ConfigError(
@@ -116,10 +99,6 @@ def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> di
             )
         arguments["attention_backend"] = backend
     if device.type == "cuda":
-        if not 0 < config.gpu_memory_utilization <= 1:
-            raise ConfigError(
-                f"inference.gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}"
-            )
         arguments["gpu_memory_utilization"] = config.gpu_memory_utilization
         arguments["enable_sleep_mode"] = config.sleep_mode
     return arguments

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 import torch
 
+from retrain.config import ScoringConfig
 from retrain.errors import ConfigError, RewardFailureError, RewardOutputError, RewardWorkerError
 from retrain.plugins import plugin_name
 from retrain.reward import worker as worker_module
@@ -180,14 +181,7 @@ class RewardScorer:
         max_failing_steps: int = 3,
         max_worker_rss_mb: int = 4096,
     ) -> None:
-        if not timeout_s > 0:
-            raise ConfigError(f"scoring.timeout_s must be positive, got {timeout_s}")
-        if workers < 0:
-            raise ConfigError(f"scoring.workers must be 0 (one per core) or more, got {workers}")
-        if max_failing_steps < 0:
-            raise ConfigError(f"scoring.max_failing_steps must be 0 (never stop) or more, got {max_failing_steps}")
-        if max_worker_rss_mb < 0:
-            raise ConfigError(f"scoring.max_worker_rss_mb must be 0 (no limit) or more, got {max_worker_rss_mb}")
+        ScoringConfig(timeout_s, workers, max_failing_steps, max_worker_rss_mb)  # its checks, as for the config
         if not callable(reward_fn):
             raise ConfigError(f"reward {name or reward_fn!r} is not callable")
         if isinstance(reward_fn, functools.partial) and inspect.isclass(reward_fn.func):  # each call would build one

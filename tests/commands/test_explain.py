@@ -154,6 +154,8 @@ def test_bad_overrides_fail_naming_the_key(capsys: pytest.CaptureFixture[str]) -
     assert "add -m (--multirun)" in capsys.readouterr().err
     assert explain_main(["-m", "training.lr=interval(0.1,1)"]) == 1
     assert "the basic sweeper sweeps only" in capsys.readouterr().err
+    assert explain_main(["inference=vllm_server"]) == 1  # a value the engine's schema refuses
+    assert "inference.url is empty" in capsys.readouterr().err
 
 
 # ---- the estimate's formulas (docs/capacity-planning.md) ----------------------------------------------

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from retrain.errors import ConfigError
-from retrain.inference.http import HttpClient, HttpError, check_url
+from retrain.inference.config import check_url
+from retrain.inference.http import HttpClient, HttpError
 from tests.inference.loopback import ok, serve
 
 

@@ -33,8 +33,8 @@ from retrain.backend.prime_rl.weights import BroadcastModel, broadcast_dir, wait
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.errors import ConfigError
 from retrain.inference.base import EngineResources, InferenceEngine
+from retrain.inference.config import check_url
 from retrain.inference.freshness import PROBE_TOLERANCE_HALF, Probe
-from retrain.inference.http import check_url
 from retrain.plugins import built_in
 from retrain.types import TrainBatch, TrainResult, WeightUpdate
 
