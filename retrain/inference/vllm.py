@@ -85,10 +85,10 @@ def engine_arguments(config: VllmEngineConfig, resources: EngineResources) -> di
     if config.dtype in VLLM_QUANTIZED_DTYPES:
         arguments["dtype"] = "bfloat16"
         arguments["quantization"] = VLLM_QUANTIZED_DTYPES[config.dtype]
-    else:  # the names were checked with the config (VllmEngineConfig)
-        arguments["dtype"] = VLLM_WEIGHT_DTYPES.get(config.dtype) or str(spec.torch_dtype(device)).removeprefix(
-            "torch."
-        )
+    elif config.dtype == "auto":
+        arguments["dtype"] = str(spec.torch_dtype(device)).removeprefix("torch.")
+    else:  # a name VllmEngineConfig checked with the config
+        arguments["dtype"] = VLLM_WEIGHT_DTYPES[config.dtype]
     arguments["kv_cache_dtype"] = VLLM_KV_CACHE_DTYPES[config.kv_cache_dtype]
     backend = VLLM_ATTENTION_BACKENDS[config.attention_kernel]
     if backend is not None:
