@@ -93,10 +93,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     seed = resolve_seed(training.seed, resume)
     training = replace(training, seed=seed)
     backpressure: BackpressureConfig = OmegaConf.to_object(cfg.backpressure)  # type: ignore[assignment]  # checked now
-    data = instantiate(cfg.data, seed=seed)
-    log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
-    evaluation: EvalConfig = OmegaConf.to_object(cfg.eval)  # type: ignore[assignment]
-    eval_examples = held_out_examples(data, evaluation.num_examples)
+    # the reward first: its mistakes (arguments, a worker that cannot load it) before a data set's download
     scorer = RewardScorer(
         instantiate(cfg.reward),
         timeout_s=cfg.scoring.timeout_s,
@@ -105,6 +102,10 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
         max_worker_rss_mb=cfg.scoring.max_worker_rss_mb,
     )
     parts.callback(scorer.close)
+    data = instantiate(cfg.data, seed=seed)
+    log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
+    evaluation: EvalConfig = OmegaConf.to_object(cfg.eval)  # type: ignore[assignment]
+    eval_examples = held_out_examples(data, evaluation.num_examples)
 
     model: ModelSpec = instantiate(cfg.model)
     tokenizer = model.load_tokenizer()

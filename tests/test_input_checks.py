@@ -193,3 +193,14 @@ def test_the_command_line_says_which_key_in_one_line_and_loads_nothing(tmp_path:
         f"retrain: training.lr=nan is not a finite number (traceback in {tmp_path / 'run' / 'run.log'})"
     ]
     assert MODEL_LOADS not in console and "Traceback" not in console
+
+
+def test_a_rewards_mistake_is_reported_before_the_data_loads(tmp_path: Path, cli_here: CliHere) -> None:
+    """The reward is built first (a data set may take minutes to download): its own checks, then its workers."""
+    run_dir = tmp_path / "run"
+    result = cli_here(
+        [*QUICK, "reward=judge", "reward.base_url=localhost:8000", f"hydra.run.dir={run_dir}"], tmp_path, check=False
+    )
+    console = result.stdout + result.stderr
+    assert result.returncode == 1 and "retrain: reward.base_url must be an http(s) URL, got 'localhost:8000'" in console
+    assert "Loaded " not in console, console
