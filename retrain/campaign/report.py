@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from retrain.campaign.manifest import Campaign, collect, sweep_lock, write_manifest
-from retrain.campaign.plots import CURVES_PNG, plot_learning_curves
-from retrain.campaign.summary import SUMMARY_JSON, SUMMARY_MD, build_summary, render_markdown
 from retrain.rundir import write_json_atomic
 
 
 def write_summary(campaign: Campaign) -> dict[str, Any]:
+    # here: every run loads this module (the campaign callback), only a sweep's summary needs matplotlib and scipy
+    from retrain.campaign.plots import CURVES_PNG, plot_learning_curves
+    from retrain.campaign.summary import SUMMARY_JSON, SUMMARY_MD, build_summary, render_markdown
+
     png = plot_learning_curves(
         campaign.runs, campaign.conditions, campaign.sweep_dir / CURVES_PNG, title=campaign.sweep_dir.name
     )
