@@ -54,9 +54,14 @@ def run_cli(
     result = subprocess.run(
         [sys.executable, "-m", "retrain", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
     )
-    if check and result.returncode != 0:
+    return checked(result) if check else result
+
+
+def checked(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    """`result`, or an AssertionError with the end of its output when the command failed."""
+    if result.returncode != 0:
         raise AssertionError(
-            f"retrain {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
+            f"{' '.join(result.args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
         )
     return result
 
@@ -92,10 +97,8 @@ def cli_here(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch)
                 GlobalHydra.instance().clear()
                 os.environ.clear()  # and what a `.env` file in `cwd` added
                 os.environ.update(environment)
-        out, err = capfd.readouterr()
-        if check and code != 0:
-            raise AssertionError(f"retrain {' '.join(args)} failed ({code}):\n{out[-4000:]}\n{err[-6000:]}")
-        return subprocess.CompletedProcess(["retrain", *args], code, out, err)
+        result = subprocess.CompletedProcess(["retrain", *args], code, *capfd.readouterr())
+        return checked(result) if check else result
 
     return run
 
