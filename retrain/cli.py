@@ -4,8 +4,9 @@ An error the user caused (a `retrain.errors.UserError`: config, data, plugin, Hu
 its message on one line and exit code 1; its traceback goes to the run's log file only, unless the
 run dir was refused (another run's, retrain/launch.py): then nothing goes into it. In a `--multirun`
 the failed job reports the same way and the sweep goes on; Hydra ends it with the first failed job's
-message, on one line too (a `FailedJob`). Any other error is a bug in retrain and keeps Hydra's report,
-traceback included.
+message, on one line too (a `FailedJob`). A mistake Hydra finds while composing the config (a key's
+typo, a wrong type, a missing option) reads as one line too (retrain/compose_errors.py). Any other error
+is a bug in retrain and keeps Hydra's report, traceback included.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ from __future__ import annotations
 import difflib
 import importlib
 import logging
+import os
 import re
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import hydra
 from dotenv import load_dotenv
@@ -24,6 +29,7 @@ from hydra.errors import CompactHydraException, InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from retrain.compose_errors import COMPOSE_ERRORS, compose_error_line
 from retrain.config import config_dir, register_configs
 from retrain.errors import WRONG_ARGUMENTS, ConfigError, UserError
 
@@ -166,5 +172,34 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     register_configs()
     sys.argv = [sys.argv[0], *args]
-    hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(_hydra_entry)()
+    with _compose_mistakes_in_one_line():
+        hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(_hydra_entry)()
     return 0
+
+
+@contextmanager
+def _compose_mistakes_in_one_line() -> Iterator[None]:
+    """A mistake Hydra meets while composing (a key's typo, a wrong type, an option that does not
+    exist) ends the command as retrain's own mistakes do: one line, exit 1. Hydra reports them in
+    `run_and_report`, around everything `hydra.main` does; HYDRA_FULL_ERROR=1 keeps its traceback."""
+    from hydra._internal import utils as hydra_internals  # hydra-core is pinned to 1.3.x (pyproject)
+
+    hydras_report = hydra_internals.run_and_report
+
+    def run_and_report(func: Callable[[], Any]) -> Any:
+        def composing() -> Any:
+            try:
+                return func()
+            except COMPOSE_ERRORS as error:
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                print(f"retrain: {compose_error_line(error)}", file=sys.stderr)
+                raise SystemExit(1) from None
+
+        return hydras_report(composing)
+
+    hydra_internals.run_and_report = run_and_report
+    try:
+        yield
+    finally:
+        hydra_internals.run_and_report = hydras_report

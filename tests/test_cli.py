@@ -24,15 +24,41 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path, cli_here: CliHere) -
     assert "_target_: retrain.data.arithmetic.ArithmeticData" in out
 
 
-def test_compose_errors_name_the_offending_key_or_option(tmp_path: Path, cli_here: CliHere) -> None:
-    unknown = cli_here(["training.lrr=1"], cwd=tmp_path, check=False)
-    assert unknown.returncode != 0 and "lrr" in unknown.stderr
-    wrong_type = cli_here(["training.batch_size=eight"], cwd=tmp_path, check=False)
-    assert wrong_type.returncode != 0 and "training.batch_size" in wrong_type.stderr
-    unknown_option = cli_here(["algorithm=no_such_algorithm"], cwd=tmp_path, check=False)
-    assert unknown_option.returncode != 0 and "algorithm/no_such_algorithm" in unknown_option.stderr
+@pytest.mark.parametrize(
+    ("arguments", "line"),
+    [
+        (["training.lrr=1"], "retrain: unknown config key 'training.lrr'; did you mean 'training.lr'? (known: "),
+        (["training.batch_size=eight"], "retrain: training.batch_size=eight: Value 'eight' of type 'str' could not"),
+        (["algorithm=no_such_algorithm"], "retrain: algorithm=no_such_algorithm: no such option (options: "),
+        (["--cfg", "job", "trainig.lr=1"], "retrain: unknown config key 'trainig'; did you mean 'training'?"),
+        (["--multirun", "training.lrr=1"], "retrain: unknown config key 'training.lrr'; did you mean 'training.lr'?"),
+    ],
+)
+def test_compose_errors_read_as_one_line_naming_the_key_or_option(
+    tmp_path: Path, cli_here: CliHere, arguments: list[str], line: str
+) -> None:
+    result = cli_here(arguments, cwd=tmp_path, check=False)
+    assert result.returncode == 1 and result.stderr.startswith(line), result.stderr
+    assert result.stderr.count("\n") == 1 and not result.stdout  # not Hydra's lines and HYDRA_FULL_ERROR advice
     # nothing was trained: no run dir was created for a config that does not compose
-    assert not (tmp_path / "outputs").exists()
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
+def test_hydra_full_error_keeps_the_traceback_of_a_compose_error(
+    tmp_path: Path, cli_here: CliHere, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hydra.errors import ConfigCompositionException
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(ConfigCompositionException, match="training.lrr"):
+        cli_here(["training.lrr=1"], cwd=tmp_path)
+
+
+def test_a_typo_in_the_key_a_sweep_varies_is_named_before_the_sweep_starts(tmp_path: Path, cli_here: CliHere) -> None:
+    """Not "jobs #0, #1 would share the run dir": the jobs do not compose."""
+    result = cli_here(["--multirun", "trainig.lr=1e-3,1e-4", f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path, False)
+    assert result.returncode == 1 and not (tmp_path / "sweep").exists()
+    assert result.stderr.startswith("retrain: job #0: unknown config key 'trainig'; did you mean 'training'?")
 
 
 def test_a_typo_added_with_plus_is_refused_before_anything_loads(tmp_path: Path, cli_here: CliHere) -> None:

@@ -19,6 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
+from retrain.compose_errors import COMPOSE_ERRORS, compose_error_line
 from retrain.config import container_dict, container_list
 from retrain.errors import ConfigError
 from retrain.secrets import masked_override
@@ -95,19 +96,28 @@ def check_run_dirs_apart(config: DictConfig, jobs: list[PlannedJob]) -> None:
             by_subdir.setdefault(key, []).append(job)
     for shared in by_subdir.values():
         if len(shared) > 1:
-            raise _shared_run_dir(config, raw, str(_subdir(config, shared[0])), shared)
+            try:
+                subdir = _job_subdir(config, shared[0])
+            except COMPOSE_ERRORS as error:  # a typo in the key the sweep varies: the typo is the mistake
+                raise ConfigError(f"job #{shared[0].num}: {compose_error_line(error)}") from None
+            raise _shared_run_dir(config, raw, subdir, shared)
 
 
 def _subdir(config: DictConfig, job: PlannedJob) -> str | None:
-    """The job's run dir name as its launcher resolves it; None when it needs what only the launch knows
-    (`hydra.job.id`, the `hydra:` resolver), or when the job does not compose."""
+    """The job's run dir name; None when it needs what only the launch knows (`hydra.job.id`, the
+    `hydra:` resolver), or when the job does not compose."""
     try:
-        job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, list(job.overrides))
-        with read_write(job_config.hydra.job), open_dict(job_config.hydra.job):
-            job_config.hydra.job.num = job.num  # as the launcher sets it (`job${hydra.job.num}`)
-        return str(OmegaConf.select(job_config, "hydra.sweep.subdir", throw_on_missing=True))
+        return _job_subdir(config, job)
     except (HydraException, OmegaConfBaseException):  # a job that does not compose fails at its launch, named
         return None
+
+
+def _job_subdir(config: DictConfig, job: PlannedJob) -> str:
+    """The job's run dir name as its launcher resolves it."""
+    job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, list(job.overrides))
+    with read_write(job_config.hydra.job), open_dict(job_config.hydra.job):
+        job_config.hydra.job.num = job.num  # as the launcher sets it (`job${hydra.job.num}`)
+    return str(OmegaConf.select(job_config, "hydra.sweep.subdir", throw_on_missing=True))
 
 
 def _shared_run_dir(config: DictConfig, raw: str, subdir: str, jobs: list[PlannedJob]) -> ConfigError:

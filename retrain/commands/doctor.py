@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
+from retrain.compose_errors import config_mistake
 from retrain.errors import UserError
 
 # pip extra -> the top-level modules it provides (pyproject.toml's optional dependencies)
@@ -86,24 +87,27 @@ def diagnose(overrides: list[str], config_dir: Path | None = None) -> dict[str, 
             "slurm": slurm.result(),
             "env_file": env_file_report(Path.cwd() / ".env"),
         }
-    findings: list[Finding] = []
-    try:
-        from retrain.commands.explain import composed
-
-        cfg = composed(overrides, config_dir)
-        report["run"] = run_report(cfg, overrides)
-        findings += run_findings(cfg, report)
-    except (UserError, ValueError) as error:  # a ConfigError, or Hydra refusing an override
-        report["run"] = {"overrides": overrides, "error": str(error)}
-        findings.append(Finding("config", "blocking", f"the config does not compose: {error}", "fix the override"))
-    except Exception as error:
-        if type(error).__module__.split(".")[0] not in ("hydra", "omegaconf"):
-            raise
-        report["run"] = {"overrides": overrides, "error": str(error)}
-        findings.append(Finding("config", "blocking", f"the config does not compose: {error}", "fix the override"))
+    findings = config_findings(overrides, config_dir, report)
     report["findings"] = [asdict(finding) for finding in findings]
     report["ok"] = not any(finding.severity == "blocking" for finding in findings)
     return report
+
+
+def config_findings(overrides: list[str], config_dir: Path | None, report: dict[str, Any]) -> list[Finding]:
+    """The findings of the run the overrides compose, its part of the report put in `report["run"]`;
+    a config that does not compose is one blocking finding."""
+    from retrain.commands.explain import composed
+
+    try:
+        cfg = composed(overrides, config_dir)
+        report["run"] = run_report(cfg, overrides)
+        return run_findings(cfg, report)
+    except Exception as error:
+        mistake = config_mistake(error)
+        if mistake is None:
+            raise
+        report["run"] = {"overrides": overrides, "error": mistake}
+        return [Finding("config", "blocking", f"the config does not compose: {mistake}", "fix the override")]
 
 
 # ---- the machine ---------------------------------------------------------------------------------

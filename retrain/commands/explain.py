@@ -26,7 +26,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from retrain.capacity import REFERENCE_GPU, REFERENCE_STEP_S, Pilot, Workload, read_pilot, run_estimate, step_time
 from retrain.capacity import wall_hours as campaign_wall_hours
-from retrain.errors import ConfigError, UserError
+from retrain.compose_errors import config_mistake
+from retrain.errors import ConfigError
 
 PART_GROUPS = ("backend", "model", "algorithm", "inference", "reward", "data")
 SEQUENTIAL_LAUNCHERS = ("BasicLauncher",)  # Hydra's default runs the jobs one after another
@@ -51,13 +52,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         report = explain(args.overrides, args.multirun, args.config_dir, args.pilot, args.gpu)
-    except (UserError, ValueError) as error:  # a ConfigError, or Hydra/OmegaConf refusing an override
-        print(f"retrain explain: {error}", file=sys.stderr)
-        return 1
     except Exception as error:
-        if type(error).__module__.split(".")[0] not in ("hydra", "omegaconf"):
+        mistake = config_mistake(error)
+        if mistake is None:
             raise
-        print(f"retrain explain: {error}", file=sys.stderr)
+        print(f"retrain explain: {mistake}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=2, default=str) if args.json else render(report))
     failures = [

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrain.commands.doctor import EXTRAS, device_findings, diagnose, model_findings, slurm_report, wandb_report
+from retrain.commands.doctor import (
+    EXTRAS,
+    config_findings,
+    device_findings,
+    diagnose,
+    model_findings,
+    slurm_report,
+    wandb_report,
+)
 from retrain.commands.explain import composed
 from tests.conftest import CliHere, run_cli
 
@@ -74,6 +82,18 @@ def test_doctor_says_how_to_run_without_a_gpu(tmp_path: Path, cli_here: CliHere)
     assert "BLOCKING: backend.devices='gpu:0' but no CUDA GPU is visible" in result.stdout
     assert "fix: backend.devices=cpu" in result.stdout
     assert "experiment=quickstart for the CPU demo" not in result.stdout  # it already is the demo
+
+
+def test_doctor_names_a_config_typo_in_one_line() -> None:
+    report: dict[str, object] = {}
+    [finding] = config_findings(["experiment=quickstart", "trainig.lr=1"], None, report)
+    assert finding.severity == "blocking" and finding.message.startswith(
+        "the config does not compose: unknown config key 'trainig'; did you mean 'training'? (known: algorithm,"
+    )
+    assert report["run"] == {
+        "overrides": ["experiment=quickstart", "trainig.lr=1"],
+        "error": finding.message.removeprefix("the config does not compose: "),
+    }
 
 
 def test_doctor_suggests_the_demo_only_to_a_run_that_is_not_it(tmp_path: Path) -> None:

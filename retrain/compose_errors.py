@@ -1,0 +1,80 @@
+"""A mistake Hydra finds while composing the config, as the one line retrain prints for any mistake.
+
+Hydra reports these over several lines, ending with advice about HYDRA_FULL_ERROR. For a mistyped key
+it advises `+key=value`, which only moves the typo on to retrain's own check. Here each kind reads as
+one line naming the override, with the key or option a typo most likely meant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from retrain.errors import UserError
+
+COMPOSE_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException)
+MERGING = re.compile(r"Error merging override (?P<override>.+)")
+SCHEMA_PREFIX = "base_"  # a group's schemas (retrain/config.py registers them): not options to pick
+LISTED_OPTIONS = 12  # more than this, and only the closest is named (--help lists them all)
+
+
+def compose_error_line(error: BaseException) -> str | None:
+    """The one-line message for a compose-time mistake, or None when `error` is not one."""
+    if isinstance(error, OverrideParseException):
+        return f"cannot parse the override {error.override!r}: {_joined(error.message)}"
+    if isinstance(error, MissingConfigException):
+        return _missing_option(error)
+    if not isinstance(error, ConfigCompositionException):
+        return None
+    cause = error.__cause__
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and isinstance(cause.parent_node, DictConfig):
+        return _unknown_key(cause)
+    merging = MERGING.match(str(error))
+    if merging is not None and isinstance(cause, OmegaConfBaseException):
+        return f"{merging['override']}: {_first_line(str(cause))}"
+    return _joined(str(error))
+
+
+def config_mistake(error: Exception) -> str | None:
+    """What a command that composes a config says of `error`: a ConfigError's message, or Hydra's or
+    OmegaConf's refusal of an override as one line; None for anything else (a bug, kept as raised)."""
+    if isinstance(error, (UserError, ValueError)) or type(error).__module__.split(".")[0] in ("hydra", "omegaconf"):
+        return compose_error_line(error) or str(error)
+    return None
+
+
+def _unknown_key(cause: ConfigKeyError | ConfigAttributeError) -> str:
+    full_key = str(cause.full_key)
+    known = sorted(str(key) for key in cause.parent_node if not str(key).startswith("_") and key != "hydra")
+    close = difflib.get_close_matches(str(cause.key), known, n=1)
+    parent = full_key.rpartition(".")[0]
+    hint = f"; did you mean {f'{parent}.{close[0]}' if parent else close[0]!r}?" if close else ""
+    if not dataclasses.is_dataclass(cause.object_type):  # no schema: a plugin's arguments, which may grow
+        hint += f"; a new argument is added with +{full_key}=..."
+    return f"unknown config key {full_key!r}{hint}" + (f" (known: {', '.join(known)})" if known else "")
+
+
+def _missing_option(error: MissingConfigException) -> str:
+    if not error.options or not error.missing_cfg_file:
+        return _first_line(str(error))
+    group, _, option = error.missing_cfg_file.rpartition("/")
+    options = [name for name in error.options if not name.startswith(SCHEMA_PREFIX)]
+    close = difflib.get_close_matches(option, options, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    if close and len(options) > LISTED_OPTIONS:
+        return f"{group}={option}: no such option{hint} (`python -m retrain --help` lists all {len(options)})"
+    return f"{group}={option}: no such option{hint} (options: {', '.join(options)})"
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0].strip() if text.strip() else text
+
+
+def _joined(text: str) -> str:
+    """Hydra's lines joined, without the ones that only point (a caret under the input)."""
+    return "; ".join(line.strip() for line in text.splitlines() if re.search(r"\w", line))

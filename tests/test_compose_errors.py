@@ -1,0 +1,81 @@
+"""Hydra's compose-time mistakes, as retrain's one line: composed by the real Hydra, from the real config."""
+
+from __future__ import annotations
+
+import pytest
+
+from retrain.compose_errors import compose_error_line
+from retrain.config import compose
+
+TRAINING_KEYS = (
+    "batch_size, betas, clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, lr, "
+    "max_grad_norm, max_steps, max_tokens, save_every, seed, temperature, top_p, weight_decay"
+)
+
+
+def composed_mistake(*overrides: str) -> str:
+    with pytest.raises(Exception) as raised:
+        compose(["experiment=quickstart", *overrides])
+    line = compose_error_line(raised.value)
+    assert line is not None and "\n" not in line, line
+    return line
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("training.lrr=1", f"unknown config key 'training.lrr'; did you mean 'training.lr'? (known: {TRAINING_KEYS})"),
+        ("trainig.lr=1", "unknown config key 'trainig'; did you mean 'training'? (known: algorithm, backend,"),
+        ("backend.devicez=cpu", "unknown config key 'backend.devicez'; did you mean 'backend.devices'?"),
+        ("algorithm.sepa.step=9", "unknown config key 'algorithm.sepa.step'; did you mean 'algorithm.sepa.steps'?"),
+        ("training.colour=red", f"unknown config key 'training.colour' (known: {TRAINING_KEYS})"),
+    ],
+)
+def test_an_unknown_key_is_named_with_the_key_it_most_likely_meant(override: str, line: str) -> None:
+    assert composed_mistake(override).startswith(line)
+
+
+def test_a_node_without_a_schema_says_how_to_add_an_argument() -> None:
+    """A transform's node holds only its `_target_`: a new argument is a `+`, as Hydra advises there."""
+    assert composed_mistake("algorithm.transforms.sepa.lam=1") == (
+        "unknown config key 'algorithm.transforms.sepa.lam'; a new argument is added with +algorithm.transforms.sepa.lam=..."
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("training.lr=fast", "training.lr=fast: Value 'fast' of type 'str' could not be converted to Float"),
+        ("model.lora_rank=x", "model.lora_rank=x: Value 'x' of type 'str' could not be converted to Integer"),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_the_override(override: str, line: str) -> None:
+    assert composed_mistake(override) == line
+
+
+def test_a_missing_option_names_the_closest_one() -> None:
+    assert composed_mistake("algorithm=maxrl_gtpo_sepaa") == (
+        "algorithm=maxrl_gtpo_sepaa: no such option; did you mean maxrl_gtpo_sepa? "
+        "(`python -m retrain --help` lists all 30)"
+    )
+    assert composed_mistake("experiment=quickstrat") == (
+        "experiment=quickstrat: no such option; did you mean quickstart? (options: quickstart)"
+    )
+
+
+def test_a_missing_option_with_nothing_close_lists_the_options() -> None:
+    line = composed_mistake("inference=zzz")
+    assert line.startswith("inference=zzz: no such option (options: ") and "vllm_server" in line
+
+
+def test_an_override_that_does_not_parse_or_is_ambiguous_reads_as_one_line() -> None:
+    assert composed_mistake("training.lr=[1,").startswith(
+        "cannot parse the override 'training.lr=[1,': no viable alternative at input '[1,'; See https://hydra.cc/"
+    )
+    assert composed_mistake("training.lr=1,2").startswith(
+        "Ambiguous value for argument 'training.lr=1,2'; 1. To use it as a list, use key=[value1,value2]; "
+    )
+
+
+def test_other_errors_are_not_compose_mistakes() -> None:
+    assert compose_error_line(ValueError("training.lr must be > 0")) is None
