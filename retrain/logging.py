@@ -122,6 +122,28 @@ def wandb_key(key: str) -> str:
     return key if key.startswith(("train/", "eval/")) else f"train/{key}"
 
 
+def check_wandb_login(project: str) -> None:
+    """A run that logs to wandb learns before its data and model load that wandb has no usable API key;
+    `wandb.init` would say so only once the model has loaded. wandb's own login looks (the environment,
+    ~/.netrc, a prompt on a terminal) without asking the server; offline and disabled runs need no key."""
+    if not project:
+        return
+    import wandb
+
+    if wandb.setup().settings.mode in ("offline", "dryrun", "disabled"):
+        return
+    try:
+        wandb.login(verify=False)
+    except wandb.errors.Error as error:
+        raise wandb_cannot_start(project, error) from error
+
+
+def wandb_cannot_start(project: str, error: Exception) -> ConfigError:
+    return ConfigError(
+        f"logging.wandb_project={project!r}: wandb cannot start: {error} (or log offline: WANDB_MODE=offline)"
+    )
+
+
 class WandbSink:
     """Logs each step to wandb under the seeds' `train/` prefixes; resumes the same wandb run."""
 
@@ -152,10 +174,8 @@ class WandbSink:
                 id=run_id,
                 resume="allow",
             )
-        except wandb.errors.UsageError as error:  # no API key, a malformed name: the user's to fix, not a crash
-            raise ConfigError(
-                f"logging.wandb_project={project!r}: wandb cannot start: {error} (or log offline: WANDB_MODE=offline)"
-            ) from error
+        except wandb.errors.Error as error:  # no or a wrong API key, a malformed name, no server: not a crash
+            raise wandb_cannot_start(project, error) from error
 
     @property
     def run_id(self) -> str:

@@ -46,6 +46,7 @@ from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.freshness import Probe
 from retrain.launch import claimed_run_dir, record_launch
+from retrain.logging import check_wandb_login
 from retrain.plugins import checked, import_failure, locate, plugin_name
 from retrain.reward.scorer import RewardScorer
 from retrain.rundir import LOCAL_CHECKPOINT_FILES, STATE_FILE, Checkpoint, RunDir
@@ -87,6 +88,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     plan.preflight()  # first: what an algorithm cannot do on this backend, before what the backend still lacks
     plan.check_options()
     warn_if_untrainable(algorithm, training)
+    check_wandb_login(str(cfg.logging.wandb_project))
 
     resume = find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls))
     identity = config_identity(cfg)  # checked against the run dir's when it was claimed (retrain/launch.py)

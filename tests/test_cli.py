@@ -138,9 +138,15 @@ USER_ERRORS = {
     "wandb without a key": (
         ["logging.wandb_project=retrain-tests"],
         {"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": "{tmp}", "WANDB_CONFIG_DIR": "{tmp}"},
-        "logging.wandb_project='retrain-tests': wandb cannot start",
+        "logging.wandb_project='retrain-tests': wandb cannot start: No API key configured",
+    ),
+    "wandb with a malformed key": (
+        ["logging.wandb_project=retrain-tests"],
+        {"WANDB_MODE": "online", "WANDB_API_KEY": "abc", "HOME": "{tmp}", "WANDB_CONFIG_DIR": "{tmp}"},
+        "logging.wandb_project='retrain-tests': wandb cannot start: WANDB_API_KEY invalid",
     ),
 }
+BEFORE_THE_DATA_LOADS = {"wandb without a key", "wandb with a malformed key"}  # not after minutes of a model's loading
 
 
 @pytest.mark.parametrize("kind", USER_ERRORS)
@@ -172,6 +178,8 @@ def test_a_users_mistake_reads_as_one_message_with_the_traceback_in_run_log(
     assert f"traceback in {run_dir / 'run.log'}" in messages[0]
     log = (run_dir / "run.log").read_text()
     assert messages[0] in log and "Traceback (most recent call last)" in log, log
+    if kind in BEFORE_THE_DATA_LOADS:
+        assert "Loaded " not in log and "ready" not in log, log
 
 
 def test_a_dotenv_file_in_the_working_directory_is_loaded_and_the_environment_wins(tmp_path: Path) -> None:
