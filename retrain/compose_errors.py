@@ -19,6 +19,7 @@ from retrain.errors import UserError
 
 COMPOSE_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException)
 MERGING = re.compile(r"Error merging override (?P<override>.+)")
+IN_FILE = re.compile(r"In '(?P<path>[^']+)': \w+ raised while composing config")
 SCHEMA_PREFIX = "base_"  # a group's schemas (retrain/config.py registers them): not options to pick
 LISTED_OPTIONS = 12  # more than this, and only the closest is named (--help lists them all)
 
@@ -31,13 +32,17 @@ def compose_error_line(error: BaseException) -> str | None:
         return _missing_option(error)
     if not isinstance(error, ConfigCompositionException):
         return None
-    cause = error.__cause__
+    cause = error.__cause__ or error.__context__  # Hydra raises a config file's error without `from`
+    if not isinstance(cause, OmegaConfBaseException):
+        return _joined(str(error))
+    in_file = IN_FILE.match(str(error))
+    where = f"{in_file['path']}: " if in_file else ""  # a config file (a preset) set it, not an override
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and isinstance(cause.parent_node, DictConfig):
-        return _unknown_key(cause)
+        return where + _unknown_key(cause)
     merging = MERGING.match(str(error))
-    if merging is not None and isinstance(cause, OmegaConfBaseException):
+    if merging is not None:
         return f"{merging['override']}: {_first_line(str(cause))}"
-    return _joined(str(error))
+    return f"{where}{cause.full_key}: {_first_line(str(cause))}" if cause.full_key else _joined(str(error))
 
 
 def config_mistake(error: Exception) -> str | None:

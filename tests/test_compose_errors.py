@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from retrain.compose_errors import compose_error_line
@@ -74,6 +76,23 @@ def test_an_override_that_does_not_parse_or_is_ambiguous_reads_as_one_line() -> 
     )
     assert composed_mistake("training.lr=1,2").startswith(
         "Ambiguous value for argument 'training.lr=1,2'; 1. To use it as a list, use key=[value1,value2]; "
+    )
+
+
+def test_a_key_a_preset_sets_is_named_with_the_preset() -> None:
+    """The CPU demo's preset sets `backend.devices`, which the Tinker backend does not have."""
+    assert composed_mistake("backend=tinker").startswith(
+        "experiment/quickstart: unknown config key 'backend.devices' (known: base_url, lock_dir,"
+    )
+
+
+def test_a_wrong_value_in_a_users_preset_is_named_with_the_preset(tmp_path: Path) -> None:
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\ntraining:\n  lr: fast\n")
+    with pytest.raises(Exception) as raised:
+        compose([f"hydra.searchpath=[file://{tmp_path}]", "experiment=mine"])
+    assert compose_error_line(raised.value) == (
+        "experiment/mine: training.lr: Value 'fast' of type 'str' could not be converted to Float"
     )
 
 
