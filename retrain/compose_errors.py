@@ -11,13 +11,18 @@ import dataclasses
 import difflib
 import re
 
-from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.errors import (
+    ConfigCompositionException,
+    MissingConfigException,
+    OverrideParseException,
+    SearchPathException,
+)
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from retrain.errors import UserError
 
-COMPOSE_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException)
+COMPOSE_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException, SearchPathException)
 MERGING = re.compile(r"Error merging override (?P<override>.+)")
 IN_FILE = re.compile(r"In '(?P<path>[^']+)': \w+ raised while composing config")
 SCHEMA_PREFIX = "base_"  # a group's schemas (retrain/config.py registers them): not options to pick
@@ -30,6 +35,8 @@ def compose_error_line(error: BaseException) -> str | None:
         return f"cannot parse the override {error.override!r}: {_joined(error.message)}"
     if isinstance(error, MissingConfigException):
         return _missing_option(error)
+    if isinstance(error, SearchPathException):  # `--config-dir` names no directory
+        return _joined(str(error))
     if not isinstance(error, ConfigCompositionException):
         return None
     cause = error.__cause__ or error.__context__  # Hydra raises a config file's error without `from`

@@ -32,6 +32,7 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path, cli_here: CliHere) -
         (["algorithm=no_such_algorithm"], "retrain: algorithm=no_such_algorithm: no such option (options: "),
         (["--cfg", "job", "trainig.lr=1"], "retrain: unknown config key 'trainig'; did you mean 'training'?"),
         (["--multirun", "training.lrr=1"], "retrain: unknown config key 'training.lrr'; did you mean 'training.lr'?"),
+        (["--config-dir", "nosuch"], "retrain: Additional config directory '"),
     ],
 )
 def test_compose_errors_read_as_one_line_naming_the_key_or_option(
