@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
 @contextmanager
 def _compose_mistakes_in_one_line() -> Iterator[None]:
     """A mistake Hydra meets while composing (a key's typo, a wrong type, an option that does not
-    exist) ends the command as retrain's own mistakes do: one line, exit 1. Hydra reports them in
+    exist, a run dir's interpolation that does not resolve) ends the command as retrain's own mistakes
+    do: one line, exit 1. Hydra reports them in
     `run_and_report`, around everything `hydra.main` does; HYDRA_FULL_ERROR=1 keeps its traceback."""
     from hydra._internal import utils as hydra_internals  # hydra-core is pinned to 1.3.x (pyproject)
 
@@ -191,9 +192,10 @@ def _compose_mistakes_in_one_line() -> Iterator[None]:
             try:
                 return func()
             except COMPOSE_ERRORS as error:
-                if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                line = compose_error_line(error)
+                if line is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
-                print(f"retrain: {compose_error_line(error)}", file=sys.stderr)
+                print(f"retrain: {line}", file=sys.stderr)
                 raise SystemExit(1) from None
 
         return hydras_report(composing)

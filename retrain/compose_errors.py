@@ -18,11 +18,22 @@ from hydra.errors import (
     SearchPathException,
 )
 from omegaconf import DictConfig
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    InterpolationResolutionError,
+    OmegaConfBaseException,
+)
 
 from retrain.errors import UserError
 
-COMPOSE_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException, SearchPathException)
+COMPOSE_ERRORS = (
+    ConfigCompositionException,
+    MissingConfigException,
+    OverrideParseException,
+    SearchPathException,
+    InterpolationResolutionError,  # only in the `hydra` node (its run dir); retrain checks the rest itself
+)
 MERGING = re.compile(r"Error merging override (?P<override>.+)")
 IN_FILE = re.compile(r"In '(?P<path>[^']+)': \w+ raised while composing config")
 SCHEMA_PREFIX = "base_"  # a group's schemas (retrain/config.py registers them): not options to pick
@@ -37,6 +48,8 @@ def compose_error_line(error: BaseException) -> str | None:
         return _missing_option(error)
     if isinstance(error, SearchPathException):  # `--config-dir` names no directory
         return _joined(str(error))
+    if isinstance(error, InterpolationResolutionError):
+        return unresolvable(error) if str(error.full_key).startswith("hydra.") else None
     if not isinstance(error, ConfigCompositionException):
         return None
     cause = error.__cause__ or error.__context__  # Hydra raises a config file's error without `from`
@@ -50,6 +63,13 @@ def compose_error_line(error: BaseException) -> str | None:
     if merging is not None:
         return f"{merging['override']}: {_first_line(str(cause))}"
     return f"{where}{cause.full_key}: {_first_line(str(cause))}" if cause.full_key else _joined(str(error))
+
+
+def unresolvable(error: InterpolationResolutionError) -> str:
+    """`${oc.env:TOKEN}` with TOKEN unset, `${nosuch}`: the key whose interpolation cannot resolve, and why."""
+    # "KeyError raised while resolving interpolation: "Environment variable 'TOKEN' not found"\n    full_key: ..."
+    reason = str(error.msg or error).splitlines()[0].split("resolving interpolation: ", 1)[-1].strip('"')
+    return f"{error.full_key}: its interpolation cannot be resolved: {reason}"
 
 
 def config_mistake(error: Exception) -> str | None:

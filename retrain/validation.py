@@ -24,6 +24,7 @@ from retrain.algorithm.base import Algorithm
 from retrain.backend.model import ChatPrompts, ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.campaign.autosqueeze import squeeze_settings
+from retrain.compose_errors import unresolvable
 from retrain.config import TrainingConfig
 from retrain.errors import ConfigError, DataError
 from retrain.hub import hub_fetch
@@ -72,9 +73,7 @@ def check_resolvable(cfg: DictConfig) -> None:
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except InterpolationResolutionError as error:
-        # "KeyError raised while resolving interpolation: "Environment variable 'TOKEN' not found"\n    full_key: ..."
-        reason = str(error.msg or error).splitlines()[0].split("resolving interpolation: ", 1)[-1].strip('"')
-        raise ConfigError(f"{error.full_key}: its interpolation cannot be resolved: {reason}") from error
+        raise ConfigError(unresolvable(error)) from error
 
 
 def check_finite(node: DictConfig | ListConfig, prefix: str = "") -> None:

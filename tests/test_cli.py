@@ -33,6 +33,11 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path, cli_here: CliHere) -
         (["--cfg", "job", "trainig.lr=1"], "retrain: unknown config key 'trainig'; did you mean 'training'?"),
         (["--multirun", "training.lrr=1"], "retrain: unknown config key 'training.lrr'; did you mean 'training.lr'?"),
         (["--config-dir", "nosuch"], "retrain: Additional config directory '"),
+        (["hydra.run.dir=${nosuch}"], "retrain: hydra.run.dir: its interpolation cannot be resolved: Interpolation"),
+        (
+            ["--multirun", "hydra.sweep.dir=${oc.env:RETRAIN_TEST_UNSET}"],
+            "retrain: hydra.sweep.dir: its interpolation cannot be resolved: Environment variable 'RETRAIN_TEST_UNSET'",
+        ),
     ],
 )
 def test_compose_errors_read_as_one_line_naming_the_key_or_option(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from retrain.compose_errors import compose_error_line
 from retrain.config import compose
@@ -98,3 +100,16 @@ def test_a_wrong_value_in_a_users_preset_is_named_with_the_preset(tmp_path: Path
 
 def test_other_errors_are_not_compose_mistakes() -> None:
     assert compose_error_line(ValueError("training.lr must be > 0")) is None
+
+
+def test_an_unresolvable_interpolation_is_hydras_only_in_the_hydra_node() -> None:
+    """retrain checks its own keys' interpolations (retrain/validation.py); Hydra resolves its run dir itself."""
+    config = OmegaConf.create({"hydra": {"run": {"dir": "${nosuch}"}}, "training": {"lr": "${nosuch}"}})
+    with pytest.raises(InterpolationResolutionError) as in_hydra:
+        str(config.hydra.run.dir)
+    assert compose_error_line(in_hydra.value) == (
+        "hydra.run.dir: its interpolation cannot be resolved: Interpolation key 'nosuch' not found"
+    )
+    with pytest.raises(InterpolationResolutionError) as in_training:
+        str(config.training.lr)
+    assert compose_error_line(in_training.value) is None

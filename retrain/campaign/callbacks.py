@@ -30,13 +30,15 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import InterpolationResolutionError
 
 from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_settings
 from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
 from retrain.campaign.plan import check_run_dirs_apart, planned_jobs
 from retrain.campaign.report import refresh
+from retrain.compose_errors import unresolvable
 from retrain.config import container_dict
-from retrain.errors import UserError
+from retrain.errors import ConfigError, UserError
 from retrain.launch import RunDirRefused, held_elsewhere
 from retrain.rundir import RunDir, write_json_atomic
 
@@ -48,6 +50,14 @@ def sweep_dir_of(config: DictConfig) -> Path:
     output_dir = Path(str(config.hydra.runtime.output_dir))
     depth = len(Path(str(config.hydra.sweep.subdir)).parts)
     return output_dir.parents[depth - 1]
+
+
+def _resolved_sweep_dir(config: DictConfig) -> Path:
+    """The sweep dir; a ConfigError naming it when its interpolation cannot resolve (`${oc.env:UNSET}`)."""
+    try:
+        return Path(str(config.hydra.sweep.dir)).resolve()
+    except InterpolationResolutionError as error:
+        raise ConfigError(unresolvable(error)) from error
 
 
 def _multirun(config: DictConfig) -> bool:
@@ -98,13 +108,13 @@ class CampaignCallback(Callback):
     # ---- driver --------------------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
+            self._sweep_dir = _resolved_sweep_dir(config)
             squeeze = squeeze_settings(config)
             plan = planned_jobs(config)
             check_run_dirs_apart(config, plan or [])
         except UserError as error:  # Hydra warns of a callback's exception, then launches every job anyway
             print(f"retrain: {error}", file=sys.stderr)
             raise SystemExit(1) from None  # so the sweep stops here, before its first job
-        self._sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         launcher = str(config.hydra.launcher.get("_target_", "")).rsplit(".", 1)[-1]
         start_manifest(
             self._sweep_dir,
