@@ -134,7 +134,7 @@ def check_wandb_login(project: str) -> None:
         return
     try:
         wandb.login(verify=False)
-    except wandb.errors.Error as error:
+    except (wandb.errors.Error, ValueError) as error:  # ValueError: a malformed key, in older wandb
         raise wandb_cannot_start(project, error) from error
 
 
@@ -174,7 +174,7 @@ class WandbSink:
                 id=run_id,
                 resume="allow",
             )
-        except wandb.errors.Error as error:  # no or a wrong API key, a malformed name, no server: not a crash
+        except (wandb.errors.Error, ValueError) as error:  # no or a wrong key, a malformed name, no server
             raise wandb_cannot_start(project, error) from error
 
     @property

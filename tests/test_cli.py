@@ -144,12 +144,12 @@ USER_ERRORS = {
     "wandb without a key": (
         ["logging.wandb_project=retrain-tests"],
         {"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": "{tmp}", "WANDB_CONFIG_DIR": "{tmp}"},
-        "logging.wandb_project='retrain-tests': wandb cannot start: No API key configured",
+        "logging.wandb_project='retrain-tests': wandb cannot start: ",  # then wandb's words, which change
     ),
     "wandb with a malformed key": (
         ["logging.wandb_project=retrain-tests"],
         {"WANDB_MODE": "online", "WANDB_API_KEY": "abc", "HOME": "{tmp}", "WANDB_CONFIG_DIR": "{tmp}"},
-        "logging.wandb_project='retrain-tests': wandb cannot start: WANDB_API_KEY invalid",
+        "logging.wandb_project='retrain-tests': wandb cannot start: ",
     ),
 }
 BEFORE_THE_DATA_LOADS = {"wandb without a key", "wandb with a malformed key"}  # not after minutes of a model's loading
