@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +30,7 @@ from hydra.errors import CompactHydraException, InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from retrain.compose_errors import COMPOSE_ERRORS, compose_error_line
+from retrain.compose_errors import COMPOSE_ERRORS, compose_error_line, output_dir_unwritable
 from retrain.config import config_dir, register_configs
 from retrain.errors import WRONG_ARGUMENTS, ConfigError, UserError
 
@@ -89,19 +90,25 @@ class FailedJob(CompactHydraException):
 
 def _user_error_behind(error: BaseException | None) -> UserError | None:
     """The UserError an error is, or was raised from (Hydra wraps errors raised in instantiate)."""
+    from retrain.plugins import PluginError, raised_in_plugin  # here: `retrain status` starts without torch
+
     while error is not None:
         if isinstance(error, UserError):
             return error
-        unlocatable = _unlocatable_target(error)
-        if unlocatable is not None:
-            return unlocatable
+        plugin = raised_in_plugin(error)
+        if plugin is not None:
+            return PluginError(f"{plugin} raised {type(error).__name__}: {error}")
+        mistake = _target_mistake(error)
+        if mistake is not None:
+            return mistake
         error = error.__cause__
     return None
 
 
-def _unlocatable_target(error: BaseException) -> ConfigError | None:
+def _target_mistake(error: BaseException) -> UserError | None:
     """A `_target_` that does not import (a typo, a module not on the path), or that does not take
-    the arguments its config node gives (a `+key=value` typo), is a config mistake."""
+    the arguments its config node gives (a `+key=value` typo), is a config mistake; a plugin's that
+    raises as it is built is the plugin's."""
     if not isinstance(error, InstantiationException):
         return None
     match = UNLOCATABLE_TARGET.match(str(error))
@@ -111,11 +118,17 @@ def _unlocatable_target(error: BaseException) -> ConfigError | None:
         key = f"{match['key']}._target_" if match["key"] else "_target_"
         return ConfigError(f"{key}={match['target']!r} cannot be imported: {import_failure(error)}")
     match = FAILED_CALL.match(str(error))
-    if match is None or not isinstance(error.__cause__, TypeError) or not WRONG_ARGUMENTS.search(str(error.__cause__)):
+    cause = error.__cause__
+    if match is None or not isinstance(cause, Exception):
         return None
-    return ConfigError(
-        f"{match['key'] or 'a config node'}: {match['target']} does not take its arguments: {error.__cause__}"
-    )
+    if isinstance(cause, TypeError) and WRONG_ARGUMENTS.search(str(cause)):
+        return ConfigError(f"{match['key'] or 'a config node'}: {match['target']} does not take its arguments: {cause}")
+    if match["target"].split(".")[0] == "retrain":  # our own part raising as it is built: a bug in retrain
+        return None
+    from retrain.plugins import PluginError  # here: `retrain status` starts without torch
+
+    key = f"{match['key']}._target_" if match["key"] else "_target_"
+    return PluginError(f"{key}={match['target']!r} raised {type(cause).__name__} as it was built: {cause}")
 
 
 def _stop_logging_into(run_dir: Path) -> None:
@@ -171,10 +184,54 @@ def main(argv: list[str] | None = None) -> int:
         print(f"retrain: unknown command {args[0]!r}; {hint}commands: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
     register_configs()
-    sys.argv = [sys.argv[0], *args]
+    sys.argv = [sys.argv[0], *flags_before_overrides(args)]
     with _compose_mistakes_in_one_line():
         hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(_hydra_entry)()
     return 0
+
+
+def flags_before_overrides(args: list[str]) -> list[str]:
+    """Hydra's flags (with their values) ahead of the overrides, each kept in its order. Hydra's argparse
+    takes the overrides as one positional list, so `experiment=quickstart -m training.seed=1,2` would
+    otherwise refuse `training.seed=1,2` with a usage text."""
+    from hydra._internal.utils import get_args_parser  # hydra-core is pinned to 1.3.x (pyproject)
+
+    options = get_args_parser()._option_string_actions
+    flags: list[str] = []
+    overrides: list[str] = []
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        name, has_value = token.split("=", 1)[0], "=" in token
+        action = options.get(name) if token.startswith("-") else None
+        if action is None:
+            overrides.append(token)
+            continue
+        flags.append(token)
+        takes_next = action.nargs is None or (
+            action.nargs == "?" and index < len(args) and args[index] in (action.choices or ())
+        )
+        if takes_next and not has_value and index < len(args):
+            flags.append(args[index])
+            index += 1
+    return [*flags, *overrides]
+
+
+def _raised_in_task(error: BaseException) -> bool:
+    """Whether `error` came out of the run itself (`_hydra_entry`), not Hydra's setup around it."""
+    return any(frame.f_code is _hydra_entry.__code__ for frame, _ in traceback.walk_tb(error.__traceback__))
+
+
+def _output_dir_keys(error: OSError) -> str:
+    """The keys that set the directory Hydra was creating or writing when it failed, read from its
+    `run_job` (the run's dir, or a sweep job's dir and subdir)."""
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        if frame.f_code.co_name == "run_job" and frame.f_globals.get("__name__") == "hydra.core.utils":
+            return " + ".join(
+                str(key) for key in (frame.f_locals.get("job_dir_key"), frame.f_locals.get("job_subdir_key")) if key
+            )
+    return "hydra.run.dir or hydra.sweep.dir"
 
 
 @contextmanager
@@ -196,6 +253,11 @@ def _compose_mistakes_in_one_line() -> Iterator[None]:
                 if line is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
                 print(f"retrain: {line}", file=sys.stderr)
+                raise SystemExit(1) from None
+            except OSError as error:
+                if _raised_in_task(error) or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                print(f"retrain: {output_dir_unwritable(_output_dir_keys(error), error)}", file=sys.stderr)
                 raise SystemExit(1) from None
 
         return hydras_report(composing)

@@ -72,6 +72,13 @@ def unresolvable(error: InterpolationResolutionError) -> str:
     return f"{error.full_key}: its interpolation cannot be resolved: {reason}"
 
 
+def output_dir_unwritable(key: str, error: OSError) -> str:
+    """A run's or a sweep's directory that cannot be created or written (a file in its way, no
+    permission, a full disk), named with the key that sets it."""
+    where = f": {error.filename!r}" if error.filename else ""
+    return f"cannot write the output dir ({key}): {error.strerror or error}{where}"
+
+
 def config_mistake(error: Exception) -> str | None:
     """What a command that composes a config says of `error`: a ConfigError's message, or Hydra's or
     OmegaConf's refusal of an override as one line; None for anything else (a bug, kept as raised)."""

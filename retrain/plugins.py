@@ -61,6 +61,9 @@ def plugin_name(part: Any) -> str:
     return f"{target.__module__}.{target.__qualname__}"
 
 
+RAISED_IN = "raised in the plugin "  # the note an exception out of a Checked part carries
+
+
 class Checked:
     """A plugin, with the outputs of its contract methods checked; everything else passes through.
 
@@ -92,7 +95,12 @@ class Checked:
         return checked_method
 
     def _run(self, method: str, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self.checks[method](function(*args, **kwargs), self.what, args, kwargs)
+        try:
+            output = function(*args, **kwargs)
+        except Exception as error:
+            _note_raised_in(error, self.what)
+            raise
+        return self.checks[method](output, self.what, args, kwargs)
 
     def __repr__(self) -> str:
         return f"Checked({self.plugin!r})"
@@ -107,6 +115,23 @@ def checked(part: T, checks: Mapping[str, Check], what: str) -> T:
 
 class PluginOutputError(UserError, ValueError):
     """A pluggable part (advantage, uncertainty, transform, algorithm, engine, backend) returned unusable output."""
+
+
+class PluginError(UserError, RuntimeError):
+    """A pluggable part raised: the bug is in the plugin, whose traceback goes to the run's log."""
+
+
+def _note_raised_in(error: Exception, what: str) -> None:
+    """Name the plugin an exception came out of, keeping its type (the OOM and retry handlers above
+    still catch what they catch); the innermost plugin is the one named."""
+    if not isinstance(error, UserError) and raised_in_plugin(error) is None:
+        error.add_note(f"{RAISED_IN}{what}")
+
+
+def raised_in_plugin(error: BaseException) -> str | None:
+    """The plugin `error` came out of (see Checked), or None."""
+    notes = getattr(error, "__notes__", None) or []
+    return next((note[len(RAISED_IN) :] for note in notes if note.startswith(RAISED_IN)), None)
 
 
 def check_shape(value: Any, shape: tuple[int, ...], *, what: str) -> torch.Tensor:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from retrain.backend.model import bundled_asset_dir
+from retrain.cli import flags_before_overrides
 from tests.conftest import CliHere, cli_env, run_cli
 
 
@@ -22,6 +25,25 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path, cli_here: CliHere) -
     out = cli_here(["--cfg", "job", "experiment=quickstart", "training.lr=0.002"], cwd=tmp_path).stdout
     assert "lr: 0.002" in out
     assert "_target_: retrain.data.arithmetic.ArithmeticData" in out
+
+
+def test_flags_may_come_between_the_overrides(tmp_path: Path, cli_here: CliHere) -> None:
+    out = cli_here(["experiment=quickstart", "--cfg", "job", "training.lr=0.002", "-p", "training"], tmp_path).stdout
+    assert "lr: 0.002" in out and "_target_: retrain.data" not in out  # both overrides, and the package flag
+
+
+@pytest.mark.parametrize(
+    ("arguments", "reordered"),
+    [
+        (["a=1", "-m", "b=2"], ["-m", "a=1", "b=2"]),
+        (["a=1", "-cn", "mine", "b=2", "--cfg=job"], ["-cn", "mine", "--cfg=job", "a=1", "b=2"]),
+        (["a=1", "--info", "defaults", "b=2"], ["--info", "defaults", "a=1", "b=2"]),  # a value among its choices
+        (["a=1", "--info", "b=2"], ["--info", "a=1", "b=2"]),  # an override is not --info's value
+        (["training.lr=-1", "~key", "+key=2"], ["training.lr=-1", "~key", "+key=2"]),
+    ],
+)
+def test_flags_are_moved_ahead_of_the_overrides_in_their_order(arguments: list[str], reordered: list[str]) -> None:
+    assert flags_before_overrides(arguments) == reordered
 
 
 @pytest.mark.parametrize(
@@ -140,6 +162,31 @@ USER_ERRORS = {
         {},
         "algorithm.transforms.gtpo: retrain.algorithm.transforms.GTPOWeighting does not take its arguments",
     ),
+    "plugin that raises": (
+        ["algorithm.advantage._target_=tests.plugins.algorithm_plugins.failing_advantage"],
+        {},
+        "episode advantage tests.plugins.algorithm_plugins.failing_advantage raised IndexError: index 9 is out",
+    ),
+    "plugin that raises as it is built": (
+        [f"data._target_={ERRORS}.DataNeedingAFile"],
+        {},
+        f"data._target_='{ERRORS}.DataNeedingAFile' raised FileNotFoundError as it was built: [Errno 2] ",
+    ),
+    "model directory without config.json": (
+        ["model.name_or_path={tmp}/empty"],
+        {},
+        "/empty' holds no config.json, so it is not a model's directory (it holds: nothing)",
+    ),
+    "model directory without a tokenizer": (
+        ["model.name_or_path={tmp}/config_only"],
+        {},
+        "/config_only' holds no tokenizer file (none of tokenizer.json, ",
+    ),
+    "model weights cut short": (
+        ["model.name_or_path={tmp}/cut_short"],
+        {},
+        "/cut_short': cannot load its weights: Error while deserializing header",
+    ),
     "squeeze block": (["+squeeze.min_variance_retention=1.5"], {}, "squeeze.min_variance_retention=1.5"),
     "wandb without a key": (
         ["logging.wandb_project=retrain-tests"],
@@ -161,6 +208,7 @@ def test_a_users_mistake_reads_as_one_message_with_the_traceback_in_run_log(
 ) -> None:
     overrides, env, named = USER_ERRORS[kind]
     (tmp_path / "broken.jsonl").write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": \n')
+    _broken_model_dirs(tmp_path)
     run_dir = tmp_path / "run"
     args = [
         "experiment=quickstart",
@@ -186,6 +234,47 @@ def test_a_users_mistake_reads_as_one_message_with_the_traceback_in_run_log(
     assert messages[0] in log and "Traceback (most recent call last)" in log, log
     if kind in BEFORE_THE_DATA_LOADS:
         assert "Loaded " not in log and "ready" not in log, log
+
+
+def _broken_model_dirs(root: Path) -> None:
+    """Model directories as a failed download or copy leaves them: empty, without a tokenizer, weights cut short."""
+    tiny = bundled_asset_dir("tiny_qwen3")
+    (root / "empty").mkdir()
+    (root / "config_only").mkdir()
+    shutil.copy(tiny / "config.json", root / "config_only")
+    shutil.copytree(tiny, root / "cut_short")
+    weights = root / "cut_short" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+
+
+@pytest.mark.parametrize(
+    ("arguments", "line"),
+    [
+        (["hydra.run.dir={blocker}"], "retrain: cannot write the output dir (hydra.run.dir): File exists: '{blocker}'"),
+        (
+            ["hydra.run.dir={blocker}/run"],
+            "retrain: cannot write the output dir (hydra.run.dir): Not a directory: '{blocker}/run'",
+        ),
+        (
+            ["--multirun", "hydra.sweep.dir={blocker}"],
+            "retrain: cannot write the output dir (hydra.sweep.dir): File exists: '{blocker}'",
+        ),
+        (
+            ["--multirun", "hydra.sweep.dir={tmp}/sweep", "hydra.sweep.subdir=../a_file"],
+            "retrain: cannot write the output dir (hydra.sweep.dir + hydra.sweep.subdir): File exists: ",
+        ),
+    ],
+)
+def test_an_output_dir_that_cannot_be_made_is_one_line_naming_its_key(
+    tmp_path: Path, cli_here: CliHere, arguments: list[str], line: str
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    names = {"blocker": blocker, "tmp": tmp_path}
+    args = ["experiment=quickstart", "training.max_steps=1", *(a.format(**names) for a in arguments)]
+    result = cli_here(args, tmp_path, check=False)
+    assert result.returncode == 1 and result.stderr.startswith(line.format(**names)), result.stderr
+    assert result.stderr.count("\n") == 1 and blocker.read_text() == "not a directory"
 
 
 def test_a_dotenv_file_in_the_working_directory_is_loaded_and_the_environment_wins(tmp_path: Path) -> None:

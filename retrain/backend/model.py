@@ -11,13 +11,14 @@ where they are used, so composing a config stays quick.
 from __future__ import annotations
 
 import warnings
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from retrain.errors import ConfigError
+from retrain.errors import ConfigError, UserError
 from retrain.hub import hub_fetch, local_path
 
 if TYPE_CHECKING:
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 ASSET_PREFIX = "retrain:"
 # the attention and MLP projections of Qwen/Llama-style decoders
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# a local model directory holds at least one of these (fast, config, sentencepiece, BPE, WordPiece)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+MAX_LISTED = 8  # entries of a directory named in an error
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # model.dtype -> torch dtype name
 
 
@@ -78,13 +82,24 @@ class ModelSpec:
             return self.name_or_path, True
         if not local.is_dir():
             raise ConfigError(f"model.name_or_path={self.name_or_path!r} is a file; give the model's directory")
+        if not (local / "config.json").is_file():
+            held = sorted(entry.name for entry in local.iterdir())
+            raise ConfigError(
+                f"model.name_or_path={self.name_or_path!r} holds no config.json, so it is not a model's directory "
+                f"(it holds: {', '.join(held[:MAX_LISTED]) or 'nothing'}{', ...' if len(held) > MAX_LISTED else ''})"
+            )
         return str(local), False
 
     def load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
 
         path, from_hub = self.source()
-        with self._fetching(from_hub):
+        if not from_hub and not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+            # transformers would build an empty tokenizer from config.json alone
+            raise ConfigError(
+                f"model.name_or_path={self.name_or_path!r} holds no tokenizer file (none of {', '.join(TOKENIZER_FILES)})"
+            )
+        with self._loading(from_hub, "tokenizer"):
             tokenizer = AutoTokenizer.from_pretrained(path, revision=self.revision)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -100,7 +115,7 @@ class ModelSpec:
         from retrain.backend.attention import use_fast_sdpa
 
         path, from_hub = self.source()
-        with self._fetching(from_hub):
+        with self._loading(from_hub, "weights"):
             base = AutoModelForCausalLM.from_pretrained(path, revision=self.revision, dtype=self.torch_dtype(device))
         base.to(device)  # type: ignore[arg-type]  # transformers' annotation of `to` is wrong
         use_fast_sdpa(base)
@@ -124,9 +139,24 @@ class ModelSpec:
                     f"model.target_modules={self.target_modules} do not fit {self.name_or_path}: {error}"
                 ) from error
 
-    def _fetching(self, from_hub: bool) -> AbstractContextManager[None]:
-        """Hub downloads fail fast, naming the model and the offline demo, when the Hub is unreachable."""
-        return hub_fetch(self.name_or_path, "model", "model.name_or_path") if from_hub else nullcontext()
+    def _loading(self, from_hub: bool, what: str) -> AbstractContextManager[None]:
+        """Hub downloads fail fast, naming the model and the offline demo, when the Hub is unreachable;
+        a local directory transformers cannot read is named with transformers' first line of why."""
+        if from_hub:
+            return hub_fetch(self.name_or_path, "model", "model.name_or_path")
+        return self._readable(what)
+
+    @contextmanager
+    def _readable(self, what: str) -> Iterator[None]:
+        from safetensors import SafetensorError
+
+        try:
+            yield
+        except (OSError, ValueError, SafetensorError) as error:
+            if isinstance(error, UserError):
+                raise
+            why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ConfigError(f"model.name_or_path={self.name_or_path!r}: cannot load its {what}: {why}") from error
 
 
 class ChatPrompts:

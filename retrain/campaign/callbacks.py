@@ -36,7 +36,7 @@ from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_setting
 from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
 from retrain.campaign.plan import check_run_dirs_apart, planned_jobs
 from retrain.campaign.report import refresh
-from retrain.compose_errors import unresolvable
+from retrain.compose_errors import output_dir_unwritable, unresolvable
 from retrain.config import container_dict
 from retrain.errors import ConfigError, UserError
 from retrain.launch import RunDirRefused, held_elsewhere
@@ -58,6 +58,15 @@ def _resolved_sweep_dir(config: DictConfig) -> Path:
         return Path(str(config.hydra.sweep.dir)).resolve()
     except InterpolationResolutionError as error:
         raise ConfigError(unresolvable(error)) from error
+
+
+def _make(sweep_dir: Path) -> None:
+    """Create the sweep dir now, so that a file in its way or a missing permission is one line, not
+    the launcher's traceback after this callback's warning."""
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(output_dir_unwritable("hydra.sweep.dir", error)) from error
 
 
 def _multirun(config: DictConfig) -> bool:
@@ -112,6 +121,7 @@ class CampaignCallback(Callback):
             squeeze = squeeze_settings(config)
             plan = planned_jobs(config)
             check_run_dirs_apart(config, plan or [])
+            _make(self._sweep_dir)
         except UserError as error:  # Hydra warns of a callback's exception, then launches every job anyway
             print(f"retrain: {error}", file=sys.stderr)
             raise SystemExit(1) from None  # so the sweep stops here, before its first job

@@ -12,7 +12,7 @@ import torch
 from retrain.algorithm import advantages, pipeline, transforms
 from retrain.algorithm.base import Algorithm
 from retrain.algorithm.checks import check_algorithm_output, checked_algorithm
-from retrain.plugins import Checked, PluginOutputError, is_built_in, plugin_name
+from retrain.plugins import Checked, PluginOutputError, is_built_in, plugin_name, raised_in_plugin
 from tests.algorithm.helpers import build, run, synthetic_step
 from tests.algorithm.reference import gtpo
 from tests.plugins import algorithm_plugins
@@ -149,6 +149,29 @@ def test_a_broken_plugin_is_named_in_the_error(overrides, message):
     algorithm = build("maxrl_gtpo", *overrides)
     with pytest.raises(PluginOutputError, match=message):
         run(algorithm, synthetic_step(groups=3, group_size=4, tokens=16, seed=12))
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "named"),
+    [
+        (f"algorithm.advantage._target_={PLUGINS}.failing_advantage", IndexError, f"episode advantage {PLUGINS}."),
+        (f"+algorithm.transforms.bad={{_target_:{PLUGINS}.FailingTransform}}", KeyError, "transform algorithm.trans"),
+    ],
+)
+def test_an_exception_out_of_a_plugin_keeps_its_type_and_names_the_plugin(override, error, named):
+    algorithm = build("maxrl_gtpo", override)
+    with pytest.raises(error) as raised:
+        run(algorithm, synthetic_step(groups=3, group_size=4, tokens=16, seed=12))
+    plugin = raised_in_plugin(raised.value)
+    assert plugin is not None and plugin.startswith(named), plugin
+
+
+def test_a_plugin_inside_a_plugin_is_named_not_the_outer_one():
+    inner = Checked(algorithm_plugins.failing_advantage, {"__call__": lambda out, *_: out}, "inner")
+    outer = Checked(lambda rewards: inner(rewards), {"__call__": lambda out, *_: out}, "outer")
+    with pytest.raises(IndexError) as raised:
+        outer(torch.zeros(2, 4))
+    assert raised_in_plugin(raised.value) == "inner"
 
 
 def test_a_broken_whole_algorithm_is_named_when_its_output_is_checked():

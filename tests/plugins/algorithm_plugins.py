@@ -196,3 +196,15 @@ class SubclassedPipeline(Algorithm):
     def compute(self, rewards, logprobs, mask, entropies=None, planning=None):  # type: ignore[override]
         output = super().compute(rewards, logprobs, mask, entropies, planning)
         return replace(output, token_advantages=output.token_advantages[:, 0])
+
+
+def failing_advantage(rewards: torch.Tensor) -> torch.Tensor:
+    """Bug: indexes a column the rewards do not have."""
+    raise IndexError("index 9 is out of bounds for dimension 1")
+
+
+class FailingTransform:
+    """A token transform whose own helper raises (a plugin's bug, not retrain's)."""
+
+    def __call__(self, batch: TokenBatch) -> TokenBatch:
+        raise KeyError("planning")

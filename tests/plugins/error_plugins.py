@@ -22,3 +22,11 @@ class UnloadableReward:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _refuse_to_load, ()
+
+
+class DataNeedingAFile:
+    """A data source whose constructor reads a file that is not there (a plugin's mistake, not retrain's)."""
+
+    def __init__(self, seed: int = 0, path: str = "/no/such/problems.jsonl", **options: Any) -> None:
+        with open(path) as records:
+            records.read()
