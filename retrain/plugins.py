@@ -9,9 +9,11 @@ plugin, instead of surfacing steps later as a silent broadcast or a diverged ada
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -180,11 +182,26 @@ def import_failure(error: BaseException) -> str:
     frame = innermost.tb_frame if innermost is not None else None
     module = str(frame.f_globals.get("__name__", "")) if frame is not None else ""
     if frame is None or module.startswith(("hydra.", "importlib")) or frame.f_code.co_filename.startswith("<"):
-        return f"{type(root).__name__}: {root}"  # raised by the lookup itself: the module or the name is missing
+        return _missing_name(root) or f"{type(root).__name__}: {root}"  # raised by the lookup itself
     return (
         f"importing {module} raised {type(root).__name__}: {root} "
         f"({frame.f_code.co_filename}, line {innermost.tb_lineno})"  # type: ignore[union-attr]
     )
+
+
+def _missing_name(error: BaseException) -> str | None:
+    """For `module.nme` where the module imports but holds no `nme`: Hydra's lookup last tries it as a
+    submodule, and "No module named 'module.nme'; 'module' is not a package" misleads. Say what is
+    missing instead, with the closest name the module does hold."""
+    if not isinstance(error, ModuleNotFoundError) or not error.name or "." not in error.name:
+        return None
+    parent, _, name = error.name.rpartition(".")
+    module = sys.modules.get(parent)
+    if module is None:
+        return None
+    public = [held for held in dir(module) if not held.startswith("_")]
+    close = difflib.get_close_matches(name, public, n=1)
+    return f"module {parent!r} has no {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
 
 
 def declared(part: Any, attribute: str, default: Any) -> Any:

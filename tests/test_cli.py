@@ -130,6 +130,12 @@ USER_ERRORS = {
         {},
         f"reward._target_='{ERRORS}.no_such_reward'",
     ),
+    "a name its module does not hold": (
+        ["algorithm.advantage._target_=tests.plugins.algorithm_plugins.sign_advantag"],
+        {},
+        "cannot be imported: module 'tests.plugins.algorithm_plugins' has no 'sign_advantag'; did you mean "
+        "'sign_advantage'?",
+    ),
     "unreadable data": (["data=jsonl", "data.path={tmp}/broken.jsonl"], {}, "broken.jsonl': cannot read the records"),
     "hub": (
         ["model.name_or_path=retrain-tests/no-such-model"],
