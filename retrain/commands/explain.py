@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from retrain.capacity import REFERENCE_GPU, REFERENCE_STEP_S, Pilot, Workload, read_pilot, run_estimate, step_time
 from retrain.capacity import wall_hours as campaign_wall_hours
@@ -218,11 +218,18 @@ def describe_condition(cfg: DictConfig) -> dict[str, Any]:
 # ---- the run matrix and the estimate ---------------------------------------------------------------
 
 
+UNSET_VARIABLE = "KeyError raised while resolving interpolation"  # OmegaConf's words for `${oc.env:UNSET}`
+
+
 def resolved(cfg: DictConfig, key: str) -> str:
-    """A `hydra.*` path as this launch resolves it; as written when it needs what only a launcher sets."""
+    """A `hydra.*` path as this launch resolves it; as written when it needs what only a launcher sets.
+    An interpolation the run cannot resolve either (a key or an environment variable that does not
+    exist) raises, and is reported as the run would report it."""
     try:
         return str(OmegaConf.select(cfg, key, throw_on_resolution_failure=True))
-    except OmegaConfBaseException:  # e.g. `${hydra.job.num}` in a subdir: set per job by the launcher
+    except OmegaConfBaseException as error:  # e.g. `${hydra.job.num}` in a subdir: set per job by the launcher
+        if isinstance(error, InterpolationKeyError) or str(error).startswith(UNSET_VARIABLE):
+            raise
         from retrain.config import container_dict
 
         parent, _, leaf = key.rpartition(".")

@@ -164,6 +164,32 @@ def test_bad_overrides_fail_naming_the_key(capsys: pytest.CaptureFixture[str]) -
     )
 
 
+@pytest.mark.parametrize(
+    ("arguments", "line"),
+    [
+        (
+            ["hydra.run.dir=${nosuch}"],
+            "hydra.run.dir: its interpolation cannot be resolved: Interpolation key 'nosuch'",
+        ),
+        (
+            ["-m", "hydra.sweep.dir=/x/${oc.env:RETRAIN_TEST_UNSET}"],
+            "hydra.sweep.dir: its interpolation cannot be resolved: Environment variable 'RETRAIN_TEST_UNSET' not found",
+        ),
+        (["-m", "hydra.sweep.subdir=${training.seedd}"], "hydra.sweep.subdir: its interpolation cannot be resolved: "),
+    ],
+)
+def test_a_run_dir_the_run_could_not_resolve_either_is_named(
+    arguments: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert explain_main(arguments) == 1
+    assert capsys.readouterr().err.startswith(f"retrain explain: {line}")
+
+
+def test_a_run_dir_that_only_the_launcher_can_resolve_is_shown_as_written(tmp_path: Path) -> None:
+    report = explain(tmp_path, "-m", "training.seed=1,2", "hydra.sweep.subdir=${hydra:job.num}_${hydra.job.num}")
+    assert [run["run_dir"].endswith("/${hydra:job.num}_${hydra.job.num}") for run in report["runs"]] == [True, True]
+
+
 # ---- the estimate's formulas (docs/capacity-planning.md) ----------------------------------------------
 
 
