@@ -111,10 +111,10 @@ def _target_mistake(error: BaseException) -> UserError | None:
     raises as it is built is the plugin's."""
     if not isinstance(error, InstantiationException):
         return None
+    from retrain.plugins import PluginError, import_failure  # here: `retrain status` starts without torch
+
     match = UNLOCATABLE_TARGET.match(str(error))
     if match is not None:
-        from retrain.plugins import import_failure  # here: `retrain status` starts without torch
-
         key = f"{match['key']}._target_" if match["key"] else "_target_"
         return ConfigError(f"{key}={match['target']!r} cannot be imported: {import_failure(error)}")
     match = FAILED_CALL.match(str(error))
@@ -125,8 +125,6 @@ def _target_mistake(error: BaseException) -> UserError | None:
         return ConfigError(f"{match['key'] or 'a config node'}: {match['target']} does not take its arguments: {cause}")
     if match["target"].split(".")[0] == "retrain":  # our own part raising as it is built: a bug in retrain
         return None
-    from retrain.plugins import PluginError  # here: `retrain status` starts without torch
-
     key = f"{match['key']}._target_" if match["key"] else "_target_"
     return PluginError(f"{key}={match['target']!r} raised {type(cause).__name__} as it was built: {cause}")
 

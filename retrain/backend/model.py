@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -139,15 +139,14 @@ class ModelSpec:
                     f"model.target_modules={self.target_modules} do not fit {self.name_or_path}: {error}"
                 ) from error
 
-    def _loading(self, from_hub: bool, what: str) -> AbstractContextManager[None]:
+    @contextmanager
+    def _loading(self, from_hub: bool, what: str) -> Iterator[None]:
         """Hub downloads fail fast, naming the model and the offline demo, when the Hub is unreachable;
         a local directory transformers cannot read is named with transformers' first line of why."""
         if from_hub:
-            return hub_fetch(self.name_or_path, "model", "model.name_or_path")
-        return self._readable(what)
-
-    @contextmanager
-    def _readable(self, what: str) -> Iterator[None]:
+            with hub_fetch(self.name_or_path, "model", "model.name_or_path"):
+                yield
+            return
         from safetensors import SafetensorError
 
         try:
