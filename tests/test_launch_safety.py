@@ -30,7 +30,7 @@ from retrain.launch import RunDirRefused, claimed_run_dir
 from retrain.run import target_class
 from retrain.rundir import RunDir
 from retrain.status import main as status_main
-from tests.conftest import cli_env, read_metrics, run_cli
+from tests.conftest import CliHere, cli_env, read_metrics, run_cli
 
 SMALL = [
     "experiment=quickstart",
@@ -63,14 +63,14 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
     return {p.relative_to(root).as_posix(): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
 
 
-def relaunch(run_dir: Path, *overrides: str, multirun: bool = False) -> subprocess.CompletedProcess[str]:
+def relaunch(cli: CliHere, run_dir: Path, *overrides: str, multirun: bool = False) -> subprocess.CompletedProcess[str]:
     """The same command again into `run_dir`: directly, or as the one job of a sweep that resolves to it."""
     where = (
         ["--multirun", f"hydra.sweep.dir={run_dir.parent}", f"hydra.sweep.subdir={run_dir.name}"]
         if multirun
         else [f"hydra.run.dir={run_dir}"]
     )
-    return run_cli([*where, *SMALL, "training.max_steps=1", *overrides], cwd=run_dir.parent.parent, check=False)
+    return cli([*where, *SMALL, "training.max_steps=1", *overrides], run_dir.parent.parent, check=False)
 
 
 @contextmanager
@@ -81,12 +81,14 @@ def held(run_dir: Path) -> Iterator[None]:
         yield
 
 
-def test_a_launch_into_a_run_dir_in_use_leaves_it_byte_for_byte_untouched(trained: Path, tmp_path: Path) -> None:
+def test_a_launch_into_a_run_dir_in_use_leaves_it_byte_for_byte_untouched(
+    trained: Path, tmp_path: Path, cli_here: CliHere
+) -> None:
     run_dir = copy_of(trained, tmp_path)
     before = snapshot(run_dir)
     with held(run_dir):
-        single = relaunch(run_dir)
-        sweep = relaunch(run_dir, multirun=True)
+        single = relaunch(cli_here, run_dir)
+        sweep = relaunch(cli_here, run_dir, multirun=True)
     assert single.returncode == 1 and "is in use by another retrain process" in single.stdout, single.stdout
     assert "Traceback" not in single.stdout + single.stderr
     assert sweep.returncode != 0 and "is in use by another retrain process" in sweep.stderr, sweep.stderr
@@ -94,13 +96,15 @@ def test_a_launch_into_a_run_dir_in_use_leaves_it_byte_for_byte_untouched(traine
     assert snapshot(run_dir) == before
 
 
-def test_a_run_dir_whose_run_has_no_checkpoint_yet_refuses_another_config(trained: Path, tmp_path: Path) -> None:
+def test_a_run_dir_whose_run_has_no_checkpoint_yet_refuses_another_config(
+    trained: Path, tmp_path: Path, cli_here: CliHere
+) -> None:
     run_dir = copy_of(trained, tmp_path)
     for checkpoint in (run_dir / "final", run_dir / "checkpoints"):  # killed before its first checkpoint
         shutil.rmtree(checkpoint, ignore_errors=True)
     before = snapshot(run_dir)
-    single = relaunch(run_dir, "training.lr=0.5")
-    sweep = relaunch(run_dir, "training.lr=0.5", multirun=True)
+    single = relaunch(cli_here, run_dir, "training.lr=0.5")
+    sweep = relaunch(cli_here, run_dir, "training.lr=0.5", multirun=True)
     for result, console in ((single, single.stdout), (sweep, sweep.stderr)):
         assert result.returncode != 0 and "holds a run with a different config" in console, console
         assert "training.lr: 0.001 -> 0.5" in console
@@ -126,7 +130,7 @@ def test_the_identity_recorded_at_start_decides_who_may_continue(tmp_path: Path)
         pass
 
 
-def test_a_plugin_whose_import_fails_names_the_import_error(tmp_path: Path) -> None:
+def test_a_plugin_whose_import_fails_names_the_import_error(tmp_path: Path, cli_here: CliHere) -> None:
     with pytest.raises(InstantiationException) as located:
         instantiate(OmegaConf.create({"reward": {"_target_": f"{UNIMPORTABLE}.reward"}}).reward)
     assert "Error locating target" in str(located.value)  # all that Hydra says
@@ -139,9 +143,9 @@ def test_a_plugin_whose_import_fails_names_the_import_error(tmp_path: Path) -> N
     assert MISSING_DEPENDENCY in str(backend.value)
 
     # a --multirun job's error is printed by Hydra itself: the real import error, not "Error locating target"
-    sweep = run_cli(
+    sweep = cli_here(
         ["--multirun", *SMALL, f"reward._target_={UNIMPORTABLE}.reward", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-        cwd=tmp_path,
+        tmp_path,
         check=False,
     )
     assert sweep.returncode != 0 and MISSING_DEPENDENCY in sweep.stderr, sweep.stderr

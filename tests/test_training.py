@@ -28,8 +28,8 @@ def small_run(tmp_path: Path, name: str, *extra: str, steps: int = 4, cli: CliHe
     return run_dir
 
 
-def test_quickstart_writes_the_run_dir_contract(tmp_path: Path) -> None:
-    run_dir = small_run(tmp_path, "run", "training.save_every=2")
+def test_quickstart_writes_the_run_dir_contract(tmp_path: Path, cli_here: CliHere) -> None:
+    run_dir = small_run(tmp_path, "run", "training.save_every=2", cli=cli_here)
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     for key in [

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from retrain.campaign.plan import expand
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import CliHere, read_metrics, run_cli
 
 QUICK = [
     "experiment=quickstart",
@@ -52,9 +52,9 @@ def test_campaign_wandb_names_follow_condition_and_seed(tmp_path: Path) -> None:
     assert logging_cfg["wandb_tags"] == ["maxrl_gtpo_hicra", "seed303"]
 
 
-def test_jobs_that_would_share_a_run_dir_stop_the_sweep_before_it_starts(tmp_path: Path) -> None:
+def test_jobs_that_would_share_a_run_dir_stop_the_sweep_before_it_starts(tmp_path: Path, cli_here: CliHere) -> None:
     sweep_dir = tmp_path / "sweep"
-    result = run_cli(
+    result = cli_here(
         ["--multirun", *QUICK, "training.lr=1e-3,1e-4", f"hydra.sweep.dir={sweep_dir}"], tmp_path, check=False
     )
     assert result.returncode == 1 and not sweep_dir.exists()
@@ -64,7 +64,7 @@ def test_jobs_that_would_share_a_run_dir_stop_the_sweep_before_it_starts(tmp_pat
     key, _, value = result.stderr.split("e.g. ", 1)[1].strip().partition("=")
     suggested = f"{key}={value.strip(chr(39))}"  # as a shell passes it, without the quotes
     arguments = ["--multirun", *QUICK, "training.lr=-1,-2", f"hydra.sweep.dir={sweep_dir}", suggested]
-    plan = run_cli(arguments, tmp_path, check=False)
+    plan = cli_here(arguments, tmp_path, check=False)
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == [
         "maxrl_gtpo_sepa_s0_lr-1.0",
         "maxrl_gtpo_sepa_s0_lr-2.0",
@@ -74,19 +74,21 @@ def test_jobs_that_would_share_a_run_dir_stop_the_sweep_before_it_starts(tmp_pat
     assert "UserWarning" not in plan.stderr and (sweep_dir / "manifest.json").is_file()
     # a name only the launch resolves (the job's number) is the launcher's to keep apart: no check, no warning
     numbered = ["--multirun", *QUICK, "training.lr=-1,-2", f"hydra.sweep.dir={tmp_path / 'numbered'}"]
-    result = run_cli([*numbered, "hydra.sweep.subdir=job${hydra.job.num}"], tmp_path, check=False)
+    result = cli_here([*numbered, "hydra.sweep.subdir=job${hydra.job.num}"], tmp_path, check=False)
     assert "UserWarning" not in result.stderr and "retrain: job #0 (" in result.stderr, result.stderr
     assert json.loads((tmp_path / "numbered" / "manifest.json").read_text())["plan"] is not None
 
 
-def test_a_campaign_setting_that_cannot_work_stops_the_sweep_before_it_starts(tmp_path: Path) -> None:
+def test_a_campaign_setting_that_cannot_work_stops_the_sweep_before_it_starts(
+    tmp_path: Path, cli_here: CliHere
+) -> None:
     sweep_dir = tmp_path / "sweep"
     for setting, message in [
         ("squeeze.min_variance_retention=high", "squeeze.min_variance_retention='high': must be a number in (0, 1]"),
         ("+squeeze.retention=0.9", "squeeze: unknown key(s) ['retention']"),
     ]:
         arguments = ["--multirun", "+campaign=ablation", *QUICK, "algorithm=grpo_none", "training.seed=1", setting]
-        result = run_cli([*arguments, f"hydra.sweep.dir={sweep_dir}"], tmp_path, check=False)
+        result = cli_here([*arguments, f"hydra.sweep.dir={sweep_dir}"], tmp_path, check=False)
         assert result.returncode == 1 and f"retrain: {message}" in result.stderr, result.stderr
         assert not sweep_dir.exists()  # no job ran, nothing was written
 

@@ -185,8 +185,10 @@ def test_a_run_dir_the_run_could_not_resolve_either_is_named(
     assert capsys.readouterr().err.startswith(f"retrain explain: {line}")
 
 
-def test_a_run_dir_that_only_the_launcher_can_resolve_is_shown_as_written(tmp_path: Path) -> None:
-    report = explain(tmp_path, "-m", "training.seed=1,2", "hydra.sweep.subdir=${hydra:job.num}_${hydra.job.num}")
+def test_a_run_dir_that_only_the_launcher_can_resolve_is_shown_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    subdir = "hydra.sweep.subdir=${hydra:job.num}_${hydra.job.num}"
+    assert explain_main(["--json", "-m", "training.seed=1,2", subdir]) == 0
+    report = json.loads(capsys.readouterr().out)
     assert [run["run_dir"].endswith("/${hydra:job.num}_${hydra.job.num}") for run in report["runs"]] == [True, True]
 
 
