@@ -25,8 +25,8 @@ if os.environ.get("CI"):
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """How many worker processes `-n auto` (pyproject's addopts) starts. Two for the default suite: most of a test
-    is one core's imports and Python. None for any run that selects the slow tests (`-m slow`): each keeps both
-    cores busy, and the SLURM ones time jobs on a one-node cluster (docs/slurm.md)."""
+    is one core's imports and Python. None (one process) for any other `-m`, such as `-m slow`: a slow test keeps
+    both cores busy, and the SLURM ones time jobs on a one-node cluster (docs/slurm.md)."""
     return 2 if config.option.markexpr == "not slow" else 0
 
 
