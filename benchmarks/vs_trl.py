@@ -1,8 +1,8 @@
 """retrain against TRL's GRPOTrainer: step time on the same work, side by side (a script, not a test).
 
     pip install -e ".[bench]"     # trl 1.16; install your torch first, as the README says
-    python benchmarks/vs_trl.py [--rounds 5] [--workloads quickstart small64] [--steps N --warmup K] [--threads N]
-                                [--vllm] [--trl-defaults] [-- OVERRIDE ...]
+    python benchmarks/vs_trl.py [--rounds 5] [--workloads quickstart small64 small64_gsm8k]
+                                [--steps N --warmup K] [--threads N] [--vllm] [--trl-defaults] [-- OVERRIDE ...]
 
     python benchmarks/vs_trl.py --workloads quickstart small64 -- backend.devices=gpu:0    # both on a GPU
 
@@ -12,6 +12,11 @@ Workloads:
   small64     a random-init ~25M-parameter Qwen3 (hidden 512, 8 layers, 8 heads, 4 KV heads, the tiny
               byte tokenizer; benchmarks/_small64.py writes it once per run, seed 0) on the same prompts,
               B=4, G=8, 64 new tokens, lr 1e-5, and a reward that varies on a random model (vowel share).
+  small64_gsm8k
+              small64 on real questions: 256 of GSM8K's, shipped in benchmarks/data/gsm8k, 322 tokens
+              each on average once chat-templated, against quickstart's 31. The share of a step's tokens that are
+              prompt decides what retrain's prompt sharing saves: small64 shows a short-prompt case, this a
+              long-prompt one (byte tokens make prompts ~4x longer than a BPE tokenizer would).
 
 Each round runs retrain, then TRL, each in its own process (A B A B ...). retrain runs through its
 real CLI with `algorithm=grpo_none`, and its step times are read from metrics.jsonl (`step_time_s`);
@@ -40,7 +45,8 @@ What differs unavoidably:
   and scores plugins (small64's vowel share) in worker processes (timeout and crash isolation).
   Completions are sampled from different random streams, so lengths match only on average.
 - Each side's own sampler: retrain's in-process engine (prompt prefix shared by a group) against
-  transformers' generate on the repeated prompts, as TRL does without vLLM.
+  transformers' generate on the repeated prompts, as TRL does without vLLM. TRL left-pads every row to
+  the batch's longest prompt, in sampling and in training; retrain pads nothing it computes on.
 
 --vllm samples with vLLM on both sides, in bf16 (what TRL's vLLM serves a float32 model in), from merged weights:
 retrain with `inference=vllm inference.dtype=bf16 inference.merge_lora=true` (in-process vllm.LLM, the merged
@@ -85,21 +91,25 @@ class Workload:
     warmup: int
 
 
+# lr 1e-5 keeps the random policy where it starts: at quickstart's 1e-3 it drifts within a few steps, and each
+# side's completion lengths (the work of a step) go wherever its own samples push them.
+SMALL64 = [
+    "experiment=quickstart",
+    f"model.name_or_path={MODEL_SLOT}",
+    "training.batch_size=4",
+    "training.max_tokens=64",
+    "training.lr=1e-5",
+    "reward._target_=_small64.vowel_share",
+]
+GSM8K_QUESTIONS = BENCHMARKS / "data" / "gsm8k"  # 256 questions of GSM8K's train split, shipped: see its README
+
 WORKLOADS = {
     "quickstart": Workload(["experiment=quickstart"], steps=40, warmup=5),
-    # lr 1e-5 keeps the random policy where it starts: at quickstart's 1e-3 it drifts within a few steps, and
-    # each side's completion lengths (the work of a step) go wherever its own samples push them.
-    "small64": Workload(
-        [
-            "experiment=quickstart",
-            f"model.name_or_path={MODEL_SLOT}",
-            "training.batch_size=4",
-            "training.max_tokens=64",
-            "training.lr=1e-5",
-            "reward._target_=_small64.vowel_share",
-        ],
-        steps=12,
-        warmup=3,
+    "small64": Workload(SMALL64, steps=12, warmup=3),
+    # The same on real questions, ~10x longer than quickstart's: prompts take most of the step's tokens, and retrain
+    # processes each once per group where TRL does once per row.
+    "small64_gsm8k": Workload(
+        [*SMALL64, "data=gsm8k", f"data.path={GSM8K_QUESTIONS}", "data.held_out_split=''"], steps=12, warmup=3
     ),
 }
 

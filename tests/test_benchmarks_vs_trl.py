@@ -69,3 +69,19 @@ def test_round_line_shows_both_samplers_gap_when_both_sample_with_vllm() -> None
         "rows trained 100% vs 100% | sampler-trainer |dlogp| max 3.0e-06 vs 4.0e-03"
     )
     assert "sampler" not in round_line("quickstart", 1, retrain, Measured([0.5, 0.5], [6.0, 6.0], [1.0, 1.0]), 1)
+
+
+def test_small64_gsm8k_questions_all_load_and_fit_the_small64_model(tmp_path: Path) -> None:
+    """The shipped questions pass what `python -m retrain` checks before it samples (every prompt leaves
+    room for the 64 new tokens in small64's context), so the workload never stops at its start."""
+    from benchmarks._small64 import write_model
+    from benchmarks.vs_trl import GSM8K_QUESTIONS
+    from retrain.backend.model import ModelSpec
+    from retrain.data.gsm8k import Gsm8kData
+    from retrain.validation import check_prompt_lengths
+
+    data = Gsm8kData(seed=0, path=str(GSM8K_QUESTIONS), held_out_split="")
+    examples = data.next_batch(len(data))
+    model = ModelSpec(name_or_path=str(write_model(tmp_path / "small64")))
+    check_prompt_lengths(examples, model.load_tokenizer(), model, max_tokens=64)
+    assert len(examples) == 256 and len({example.prompt for example in examples}) == 256
