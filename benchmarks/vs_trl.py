@@ -45,8 +45,8 @@ What differs unavoidably:
   and scores plugins (small64's vowel share) in worker processes (timeout and crash isolation).
   Completions are sampled from different random streams, so lengths match only on average.
 - Each side's own sampler: retrain's in-process engine (prompt prefix shared by a group) against
-  transformers' generate on the repeated prompts, as TRL does without vLLM. TRL left-pads every row to
-  the batch's longest prompt, in sampling and in training; retrain pads nothing it computes on.
+  transformers' generate on the repeated prompts, as TRL does without vLLM. Both left-pad prompts to the
+  batch's longest, TRL in every row, retrain once per group.
 
 --vllm samples with vLLM on both sides, in bf16 (what TRL's vLLM serves a float32 model in), from merged weights:
 retrain with `inference=vllm inference.dtype=bf16 inference.merge_lora=true` (in-process vllm.LLM, the merged
