@@ -1,5 +1,5 @@
-"""benchmarks/vs_trl.py reads both sides' step records and aggregates their ratios as it says
-(the benchmark itself runs by hand: it trains for minutes)."""
+"""benchmarks/vs_trl.py reads both sides' step records and aggregates their ratios as it says, and its
+shipped questions fit its model (the benchmark itself runs by hand: it trains for minutes)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.vs_trl import Measured, retrain_measured, round_line, steady, summary_line, trl_measured
+from benchmarks._small64 import write_model
+from benchmarks.vs_trl import (
+    GSM8K_QUESTIONS,
+    Measured,
+    retrain_measured,
+    round_line,
+    steady,
+    summary_line,
+    trl_measured,
+)
+from retrain.backend.model import ModelSpec
+from retrain.data.gsm8k import Gsm8kData
+from retrain.validation import check_prompt_lengths
 
 
 def test_retrain_metrics_are_read_in_step_order(tmp_path: Path) -> None:
@@ -74,12 +86,6 @@ def test_round_line_shows_both_samplers_gap_when_both_sample_with_vllm() -> None
 def test_small64_gsm8k_questions_all_load_and_fit_the_small64_model(tmp_path: Path) -> None:
     """The shipped questions pass what `python -m retrain` checks before it samples (every prompt leaves
     room for the 64 new tokens in small64's context), so the workload never stops at its start."""
-    from benchmarks._small64 import write_model
-    from benchmarks.vs_trl import GSM8K_QUESTIONS
-    from retrain.backend.model import ModelSpec
-    from retrain.data.gsm8k import Gsm8kData
-    from retrain.validation import check_prompt_lengths
-
     data = Gsm8kData(seed=0, path=str(GSM8K_QUESTIONS), held_out_split="")
     examples = data.next_batch(len(data))
     model = ModelSpec(name_or_path=str(write_model(tmp_path / "small64")))
