@@ -35,7 +35,7 @@ from peft import LoraConfig
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from retrain.backend.model import resolve_device
+from retrain.backend.devices import resolve_device
 from retrain.config import compose
 from retrain.inference.vllm import CPU_ENV, IN_PROCESS_ENV
 

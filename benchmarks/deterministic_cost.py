@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from vs_trl import WORKLOADS, benchmark_env, run_logged, steady, workload_overrides
 
-from retrain.rundir import RunDir
+from retrain.housekeeping.rundir import RunDir
 
 COMMON = ["training.save_every=0", "eval.num_examples=0", "logging.progress_bar=false", "logging.console_groups=0"]
 DETERMINISTIC = "training.deterministic=true"

@@ -126,7 +126,7 @@ def params_from_config(config: Mapping[str, Any]) -> float | None:
 
 
 def _local_model_config(name_or_path: str, revision: str | None) -> dict[str, Any] | None:
-    from retrain.backend.model import ASSET_PREFIX, bundled_asset_dir
+    from retrain.model.spec import ASSET_PREFIX, bundled_asset_dir
 
     path: Path | None
     if name_or_path.startswith(ASSET_PREFIX):
@@ -153,7 +153,7 @@ def _local_model_config(name_or_path: str, revision: str | None) -> dict[str, An
 def read_pilot(run_dir: Path) -> Pilot:
     """The median `step_time_s` of a run dir's metrics.jsonl, and the workload its config describes."""
     from retrain.errors import ConfigError
-    from retrain.rundir import RunDir
+    from retrain.housekeeping.rundir import RunDir
 
     files = RunDir(run_dir)
     if not files.metrics.is_file():

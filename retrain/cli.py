@@ -2,7 +2,7 @@
 
 An error the user caused (a `retrain.errors.UserError`: config, data, plugin, Hub) ends a run with
 its message on one line and exit code 1; its traceback goes to the run's log file only, unless the
-run dir was refused (another run's, retrain/launch.py): then nothing goes into it. In a `--multirun`
+run dir was refused (another run's, retrain/housekeeping/launch.py): then nothing goes into it. In a `--multirun`
 the failed job reports the same way and the sweep goes on; Hydra ends it with the first failed job's
 message, on one line too (a `FailedJob`). A mistake Hydra finds while composing the config (a key's
 typo, a wrong type, a missing option) reads as one line too (retrain/compose_errors.py). Any other error
@@ -58,9 +58,9 @@ FAILED_CALL = re.compile(r"Error in call to target '(?P<target>[^']*)'.*?(?:\nfu
 
 
 def _hydra_entry(cfg: DictConfig) -> None:
-    from retrain.launch import RunDirRefused
+    from retrain.housekeeping.launch import RunDirRefused
+    from retrain.housekeeping.secrets import masked_override
     from retrain.run import run
-    from retrain.secrets import masked_override
 
     sys.argv[1:] = [masked_override(arg) for arg in sys.argv[1:]]  # parsed already; what wandb records of it
     try:

@@ -26,7 +26,7 @@ from retrain.algorithm.config import LABEL_RESOLVER, NAME_RESOLVER, Conditions
 # config group -> module whose SCHEMAS type that group's options
 GROUP_SCHEMA_MODULES: dict[str, str] = {
     "backend": "retrain.backend.config",
-    "model": "retrain.backend.config",
+    "model": "retrain.model.config",
     "inference": "retrain.inference.config",
     "algorithm": "retrain.algorithm.config",
     "reward": "retrain.reward.config",
@@ -39,7 +39,7 @@ class TrainingConfig:
     """Run-wide optimisation and sampling knobs (seeds' [training] and [optimizer]).
 
     The only home of their defaults: OptimSettings, LossSettings and SamplingParams are built from
-    this section (`from_config`), the batch size by the batching part (retrain/batching.py).
+    this section (`from_config`), the batch size by the batching part (retrain/training/batching.py).
     """
 
     seed: int = -1  # -1: draw a seed at start (recorded in the run's state, so resume is exact)
@@ -113,7 +113,7 @@ class EvalConfig:
 
 @dataclass
 class BackpressureConfig:
-    """Adaptive batch size from measured throughput, the USL controller of retrain/backpressure.py (seeds'
+    """Adaptive batch size from measured throughput, the USL controller of retrain/training/backpressure.py (seeds'
     [backpressure]; docs/backpressure.md). Off: every step samples `training.batch_size` prompts."""
 
     enabled: bool = False
@@ -237,8 +237,7 @@ def register_configs() -> None:
     for group, module_name in GROUP_SCHEMA_MODULES.items():
         schemas: dict[str, type] = importlib.import_module(module_name).SCHEMAS
         for name, node in schemas.items():
-            if _schema_group(name, group, module_name):
-                store.store(group=group, name=name, node=node)
+            store.store(group=group, name=name, node=node)
     for name, preset in algorithm_conditions().presets().items():  # algorithm=maxrl_gtpo_sepa, ...
         store.store(group="algorithm", name=name, node=preset)
 
@@ -263,13 +262,6 @@ def register_resolvers() -> None:
 def algorithm_conditions() -> Conditions:
     """The named conditions of conf/algorithm/ and the namer of composed algorithms."""
     return Conditions(Path(config_dir()) / "algorithm")
-
-
-def _schema_group(name: str, group: str, module_name: str) -> bool:
-    """backend/config.py types two groups (backend and model): route each schema by its name."""
-    if module_name != "retrain.backend.config":
-        return True
-    return name.startswith("base_model") == (group == "model")
 
 
 def config_dir() -> str:

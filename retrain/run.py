@@ -24,12 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from retrain.algorithm.base import Algorithm
 from retrain.algorithm.checks import checked_algorithm
 from retrain.algorithm.preflight import ProbeReport, preflight
-from retrain.allocator import keep_freed_memory
 from retrain.backend.base import BACKEND_CHECKS, Backend, Capabilities
 from retrain.backend.capabilities import BackendInfo, describe_backend
-from retrain.backend.model import ChatPrompts, ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
-from retrain.batching import build_batching
 from retrain.campaign.preemption import requeue_on_preemption
 from retrain.config import (
     BackpressureConfig,
@@ -39,19 +36,22 @@ from retrain.config import (
     check_known_keys,
     container_dict,
 )
-from retrain.determinism import reproducible_torch
 from retrain.environments.base import RolloutEnvironment
 from retrain.errors import CheckpointError, ConfigError
+from retrain.housekeeping.allocator import keep_freed_memory
+from retrain.housekeeping.determinism import reproducible_torch
+from retrain.housekeeping.launch import claimed_run_dir, record_launch
+from retrain.housekeeping.rundir import LOCAL_CHECKPOINT_FILES, STATE_FILE, Checkpoint, RunDir
+from retrain.housekeeping.secrets import check_env_names, shown_config
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
-from retrain.inference.freshness import Probe
-from retrain.launch import claimed_run_dir, record_launch
-from retrain.logging import check_wandb_login
+from retrain.model.probe import Probe
+from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.plugins import checked, import_failure, locate, plugin_name
 from retrain.reward.scorer import RewardScorer
-from retrain.rundir import LOCAL_CHECKPOINT_FILES, STATE_FILE, Checkpoint, RunDir
-from retrain.secrets import check_env_names, shown_config
-from retrain.trainer import PlanningDetection, Trainer
+from retrain.training.batching import build_batching
+from retrain.training.metrics_log import check_wandb_login
+from retrain.training.trainer import PlanningDetection, Trainer
 from retrain.types import Example
 from retrain.validation import check_config, check_prompt_lengths, warn_if_untrainable
 
@@ -91,7 +91,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     check_wandb_login(str(cfg.logging.wandb_project))
 
     resume = find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls))
-    identity = config_identity(cfg)  # checked against the run dir's when it was claimed (retrain/launch.py)
+    identity = config_identity(
+        cfg
+    )  # checked against the run dir's when it was claimed (retrain/housekeeping/launch.py)
     seed = resolve_seed(training.seed, resume)
     training = replace(training, seed=seed)
     backpressure: BackpressureConfig = OmegaConf.to_object(cfg.backpressure)  # type: ignore[assignment]  # checked now
@@ -262,7 +264,7 @@ NOT_IDENTITY_KEYS = {
 def config_identity(cfg: DictConfig) -> dict[str, Any]:
     """The settings that define a run's trajectory, flattened to dotted keys.
 
-    As shown (retrain.secrets): an environment variable's value and a secret never enter it, so
+    As shown (retrain.housekeeping.secrets): an environment variable's value and a secret never enter it, so
     rotating a key never makes a run dir refuse its own run.
     """
     container = shown_config(cfg)

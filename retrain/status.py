@@ -24,7 +24,7 @@ from retrain.campaign.report import refresh
 from retrain.campaign.runs import UNREADABLE, RunInfo, describe_age, read_run
 from retrain.campaign.stats import run_scores
 from retrain.campaign.summary import build_summary, render_markdown
-from retrain.rundir import RunDir
+from retrain.housekeeping.rundir import RunDir
 
 SWEEP_MARKERS = (MANIFEST, "multirun.yaml")
 LAST_K = 10

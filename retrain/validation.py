@@ -21,13 +21,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from retrain.algorithm.base import Algorithm
-from retrain.backend.model import ChatPrompts, ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.campaign.autosqueeze import squeeze_settings
 from retrain.compose_errors import unresolvable
 from retrain.config import TrainingConfig
 from retrain.errors import ConfigError, DataError
 from retrain.hub import hub_fetch
+from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.types import Example
 
 log = logging.getLogger("retrain")

@@ -12,7 +12,7 @@ import pytest
 STEPS = textwrap.dedent(
     """
     import resource, sys, torch
-    from retrain.allocator import keep_freed_memory
+    from retrain.housekeeping.allocator import keep_freed_memory
     kept = keep_freed_memory() if sys.argv[1] == "keep" else None
     torch.manual_seed(0)
     layers = [torch.nn.Linear(64, 1536) for _ in range(4)] + [torch.nn.Linear(1536, 64)]

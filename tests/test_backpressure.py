@@ -11,7 +11,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from retrain.backpressure import (
+from retrain.config import BackpressureConfig, check_known_keys, compose
+from retrain.errors import ConfigError
+from retrain.run import config_identity
+from retrain.training.backpressure import (
     BackpressureController,
     Roofline,
     fit_usl,
@@ -19,10 +22,7 @@ from retrain.backpressure import (
     usl_throughput,
     warmup_batch_sizes,
 )
-from retrain.batching import Batching, FixedBatching, build_batching
-from retrain.config import BackpressureConfig, check_known_keys, compose
-from retrain.errors import ConfigError
-from retrain.run import config_identity
+from retrain.training.batching import Batching, FixedBatching, build_batching
 
 # a machine whose throughput follows the USL: p* = sqrt(0.95 / 0.002) ≈ 21.8 concurrent completions
 SIGMA, KAPPA, LAM = 0.05, 0.002, 300.0
@@ -178,7 +178,7 @@ def test_the_ema_smooths_throughput_at_one_concurrency_and_restarts_at_a_new_one
 
 
 def test_without_three_batch_sizes_there_is_no_fit_and_the_size_holds(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="retrain.backpressure"):
+    with caplog.at_level(logging.WARNING, logger="retrain.training.backpressure"):
         bp = controller(batch_size=8, warmup_steps=0)
     assert "cannot be fitted" in caplog.text
     metrics = run_steps(bp, range(5))
@@ -211,7 +211,7 @@ def test_a_resumed_controller_continues_exactly() -> None:
 
 def test_checkpoints_cross_between_fixed_and_adaptive_batching(caplog: pytest.LogCaptureFixture) -> None:
     bp = controller(batch_size=16)
-    with caplog.at_level(logging.INFO, logger="retrain.backpressure"):
+    with caplog.at_level(logging.INFO, logger="retrain.training.backpressure"):
         bp.load_state_dict(FixedBatching(8).state_dict())
     assert "starts fresh" in caplog.text and bp.batch_size(20) == 16
     run_steps(bp, range(11))

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from retrain.batching import Batching, FixedBatching
 from retrain.errors import ConfigError
+from retrain.training.batching import Batching, FixedBatching
 
 
 def test_fixed_batching_serves_the_configured_size_whatever_a_step_measured() -> None:
@@ -27,7 +27,7 @@ def test_fixed_batching_state_round_trips_through_json() -> None:
 
 def test_a_run_resumed_with_a_new_batch_size_uses_it_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     resumed = FixedBatching(4)
-    with caplog.at_level(logging.INFO, logger="retrain.batching"):
+    with caplog.at_level(logging.INFO, logger="retrain.training.batching"):
         resumed.load_state_dict({"batch_size": 8})
     assert resumed.batch_size(3) == 4 and "the checkpoint's run used 8" in caplog.text
 

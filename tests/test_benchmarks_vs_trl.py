@@ -18,8 +18,8 @@ from benchmarks.vs_trl import (
     summary_line,
     trl_measured,
 )
-from retrain.backend.model import ModelSpec
 from retrain.data.gsm8k import Gsm8kData
+from retrain.model.spec import ModelSpec
 from retrain.validation import check_prompt_lengths
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from retrain.rundir import RunDir
+from retrain.housekeeping.rundir import RunDir
 
 
 def write_adapter(directory: Path) -> None:

@@ -20,8 +20,8 @@ import torch
 
 from retrain.config import compose
 from retrain.errors import CheckpointError
+from retrain.housekeeping.rundir import ADAPTER_WEIGHTS, STATE_FILE, RunDir
 from retrain.run import build_trainer
-from retrain.rundir import ADAPTER_WEIGHTS, STATE_FILE, RunDir
 from tests.conftest import read_metrics, run_cli, without_timing
 
 QUICK = [

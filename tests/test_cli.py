@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from retrain.backend.model import bundled_asset_dir
 from retrain.cli import flags_before_overrides
+from retrain.model.spec import bundled_asset_dir
 from tests.conftest import CliHere, cli_env, run_cli
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from retrain.determinism import CUBLAS_WORKSPACE_CONFIG, reproducible_torch
+from retrain.housekeeping.determinism import CUBLAS_WORKSPACE_CONFIG, reproducible_torch
 
 
 def deterministic_mode() -> tuple[bool, bool]:

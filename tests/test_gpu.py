@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from retrain.assets import TINY_MODEL_DIR
-from retrain.backend.attention import CUDA_SDPA
-from retrain.backend.model import ModelSpec
-from retrain.inference.lean_decoder import LeanForward, causal_lm_logits
-from retrain.inference.merged_lora import lean_lora, plain_lora_layers
-from retrain.inference.rows import positions_from_mask
+from retrain.model.attention import CUDA_SDPA
+from retrain.model.lean_decoder import LeanForward, causal_lm_logits
+from retrain.model.merged_lora import lean_lora, plain_lora_layers
+from retrain.model.rows import positions_from_mask
+from retrain.model.spec import ModelSpec
 from tests.conftest import read_metrics, run_cli, sigkill_once_checkpointed, without_timing
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -35,7 +35,7 @@ def gpu_run(tmp_path: Path, name: str, *extra: str, steps: int = STEPS) -> list[
 
 
 def test_a_model_on_the_gpu_attends_without_cudnn_and_as_sdpa_does() -> None:
-    """cuDNN's attention plans per shape, and RL's shapes change on every call (retrain/backend/attention.py)."""
+    """cuDNN's attention plans per shape, and RL's shapes change on every call (retrain/model/attention.py)."""
     model = ModelSpec(name_or_path=str(TINY_MODEL_DIR), lora_rank=8).load_lora_model(torch.device("cuda", 0), seed=0)
     assert model.config._attn_implementation == CUDA_SDPA
     ids = torch.randint(0, 250, (4, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
@@ -104,7 +104,7 @@ def test_on_the_gpu_the_lean_lora_forward_trains_as_peft_does_in_bf16() -> None:
 
 
 def test_on_the_gpu_the_lean_decoder_gives_transformers_logits_and_gradients_in_bf16() -> None:
-    """retrain/inference/lean_decoder.py mirrors transformers' forward op for op: on CUDA in bf16 too."""
+    """retrain/model/lean_decoder.py mirrors transformers' forward op for op: on CUDA in bf16 too."""
     model = ModelSpec(name_or_path=str(TINY_MODEL_DIR), lora_rank=8).load_lora_model(torch.device("cuda", 0), seed=0)
     with torch.no_grad():
         for p in model.parameters():

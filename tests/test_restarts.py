@@ -13,8 +13,8 @@ import pytest
 
 from retrain.config import compose
 from retrain.errors import CheckpointError, ConfigError
+from retrain.housekeeping.rundir import ADAPTER_WEIGHTS, CHECKSUMS_FILE, STATE_FILE, RunDir
 from retrain.run import build_trainer
-from retrain.rundir import ADAPTER_WEIGHTS, CHECKSUMS_FILE, STATE_FILE, RunDir
 from tests.conftest import read_metrics, without_timing
 from tests.test_rundir import truncate, zero_half_of_the_tensors
 

@@ -13,8 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from retrain.errors import CheckpointError
-from retrain.logging import JsonlLog
-from retrain.rundir import (
+from retrain.housekeeping.rundir import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     CHECKSUMS_FILE,
@@ -24,6 +23,7 @@ from retrain.rundir import (
     Checkpoint,
     RunDir,
 )
+from retrain.training.metrics_log import JsonlLog
 
 
 def write_adapter(directory: Path) -> None:

@@ -9,9 +9,16 @@ import pytest
 
 from retrain.config import compose
 from retrain.errors import ConfigError
-from retrain.launch import RunDirRefused, check_same_run
+from retrain.housekeeping.launch import RunDirRefused, check_same_run
+from retrain.housekeeping.secrets import (
+    MASK,
+    check_env_names,
+    looks_secret,
+    masked_config,
+    masked_override,
+    shown_config,
+)
 from retrain.run import config_identity
-from retrain.secrets import MASK, check_env_names, looks_secret, masked_config, masked_override, shown_config
 from tests.conftest import CliHere, read_metrics, run_cli
 
 TOKEN, ROTATED = "tok-3f9a1c-first", "tok-77be02-rotated"

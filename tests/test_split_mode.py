@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrain.backend.model import ModelSpec, resolve_devices
+from retrain.backend.devices import resolve_devices
 from retrain.errors import ConfigError
-from retrain.inference.freshness import FreshnessProof, Probe
+from retrain.model.probe import Probe
+from retrain.model.spec import ModelSpec
+from retrain.training.freshness import FreshnessProof
 from retrain.types import SamplingParams, TrainBatch
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine, tokenizer_of
 from tests.conftest import read_metrics, run_cli, without_timing

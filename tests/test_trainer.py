@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from retrain.config import compose
-from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.pytorch import PytorchEngine
+from retrain.model.probe import StaleWeightsError
+from retrain.model.resources import EngineResources
 from retrain.run import build_trainer
-from retrain.trainer import Trainer
+from retrain.training.trainer import Trainer
 from tests.backend.tiny_model import make_backend
 
 QUICK = [

@@ -13,7 +13,7 @@ import pytest
 from retrain.config import compose
 from retrain.errors import RewardFailureError
 from retrain.run import build_trainer
-from retrain.trainer import Trainer
+from retrain.training.trainer import Trainer
 
 QUICK = [
     "experiment=quickstart",

@@ -35,7 +35,7 @@ pid_file="${VLLM_PID_FILE:-/tmp/retrain-vllm-${port}.pid}"
 timeout_s="${VLLM_STARTUP_TIMEOUT_S:-600}"
 
 if [[ "$model" == retrain:* ]]; then
-    model="$(python -c "from retrain.backend.model import bundled_asset_dir; print(bundled_asset_dir('${model#retrain:}'))")"
+    model="$(python -c "from retrain.model.spec import bundled_asset_dir; print(bundled_asset_dir('${model#retrain:}'))")"
 fi
 
 rank="${VLLM_LORA_RANK:-32}"

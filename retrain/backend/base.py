@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from retrain.inference.base import EngineResources, check_probe_logprobs
+from retrain.model.probe import check_probe_logprobs
+from retrain.model.resources import EngineResources
 from retrain.plugins import Check, PluginOutputError
 from retrain.types import TrainBatch, TrainResult, WeightUpdate
 
 if TYPE_CHECKING:
-    from retrain.inference.freshness import Probe
+    from retrain.model.probe import Probe
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,9 @@
-"""Schemas of the `backend` and `model` config groups (conf/backend/*.yaml, conf/model/*.yaml).
-
-Model schemas are named `base_model*` so the ConfigStore registration routes them to `model`. The
-model's schema is `ModelSpec` itself: the dataclass the option instantiates.
-"""
+"""Schemas of the `backend` config group (conf/backend/*.yaml)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from retrain.backend.model import ModelSpec
 from retrain.backend.option_rules import at_least
 from retrain.backend.prime_rl.config import PrimeRlBackendConfig
 from retrain.backend.tinker.config import TinkerBackendConfig
@@ -43,5 +38,4 @@ SCHEMAS: dict[str, type] = {
     "base_local": LocalBackendConfig,
     "base_tinker": TinkerBackendConfig,
     "base_prime_rl": PrimeRlBackendConfig,
-    "base_model": ModelSpec,
 }

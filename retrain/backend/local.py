@@ -24,14 +24,15 @@ from peft.utils import load_peft_weights
 from retrain.backend.base import Capabilities
 from retrain.backend.capabilities import check_arguments
 from retrain.backend.config import LocalBackendConfig
-from retrain.backend.model import ModelSpec, resolve_devices
+from retrain.backend.devices import resolve_devices
 from retrain.backend.settings import LossSettings, OptimSettings
-from retrain.backend.train_mode import set_training
 from retrain.errors import ConfigError
-from retrain.inference.base import EngineResources
-from retrain.inference.freshness import Probe, probe_tolerance
-from retrain.inference.logprobs import completion_logprobs
-from retrain.inference.merged_lora import lean_lora, plain_lora_layers
+from retrain.model.logprobs import completion_logprobs
+from retrain.model.merged_lora import lean_lora, plain_lora_layers
+from retrain.model.probe import Probe, probe_tolerance
+from retrain.model.resources import EngineResources
+from retrain.model.spec import ModelSpec
+from retrain.model.train_mode import set_training
 from retrain.plugins import built_in
 from retrain.types import Rollouts, TrainBatch, TrainResult, WeightUpdate
 

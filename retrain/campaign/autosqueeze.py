@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from retrain.campaign.manifest import SQUEEZE_FILE
 from retrain.config import container_dict
-from retrain.rundir import RunDir, write_json_atomic
+from retrain.housekeeping.rundir import RunDir, write_json_atomic
 from retrain.squeeze import SqueezeError, SqueezeReport, SqueezeSettings, run_squeeze
 
 log = logging.getLogger("retrain.campaign")

@@ -8,8 +8,8 @@
 
 Where each hook runs matters: on_multirun_* run in the driver (the `python -m retrain --multirun`
 process); on_job_* run inside each job — on SLURM that is another process, possibly another node.
-So every job leaves its own files (job.json once it holds its run dir, `record_job_start` called by
-retrain/launch.py; exit.json at the end; neither when the dir is another run's) and refreshes the
+So every job leaves its own files (job.json once it holds its run dir, written by
+retrain/housekeeping/launch.py; exit.json at the end; neither when the dir is another run's) and refreshes the
 sweep's manifest and summary itself, under a lock: the summary is current even if the driver is
 killed, or if Hydra stops before `on_multirun_end` (it does when a job fails).
 """
@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hydra.conf import HydraConf
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -39,8 +38,8 @@ from retrain.campaign.report import refresh
 from retrain.compose_errors import output_dir_unwritable, unresolvable
 from retrain.config import container_dict
 from retrain.errors import ConfigError, UserError
-from retrain.launch import RunDirRefused, held_elsewhere
-from retrain.rundir import RunDir, write_json_atomic
+from retrain.housekeeping.launch import RunDirRefused, held_elsewhere, slurm_ids
+from retrain.housekeeping.rundir import RunDir, write_json_atomic
 
 log = logging.getLogger("retrain.campaign")
 
@@ -71,32 +70,6 @@ def _make(sweep_dir: Path) -> None:
 
 def _multirun(config: DictConfig) -> bool:
     return config.hydra.mode == RunMode.MULTIRUN
-
-
-def _slurm_ids() -> dict[str, Any]:
-    names = {
-        "job_id": "SLURM_JOB_ID",
-        "array_job_id": "SLURM_ARRAY_JOB_ID",
-        "array_task_id": "SLURM_ARRAY_TASK_ID",
-        "restart_count": "SLURM_RESTART_COUNT",
-    }
-    return {key: os.environ[var] for key, var in names.items() if var in os.environ}
-
-
-def record_job_start(run_dir: RunDir, hydra: HydraConf, overrides: list[str]) -> None:
-    """job.json of this attempt, and no exit.json of an earlier one: written once the job holds the run dir."""
-    run_dir.exit_file.unlink(missing_ok=True)  # an earlier attempt's ending is not this one's
-    write_json_atomic(
-        run_dir.job_file,
-        {
-            "num": int(hydra.job.num) if hydra.mode == RunMode.MULTIRUN else None,
-            "overrides": overrides,
-            "pid": os.getpid(),
-            "hostname": socket.gethostname(),
-            "started_at": time.time(),
-            "slurm": _slurm_ids(),
-        },
-    )
 
 
 class CampaignCallback(Callback):
@@ -156,7 +129,7 @@ class CampaignCallback(Callback):
 
     # ---- each job (possibly on a cluster node) -------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        # nothing is written into the run dir yet: the job may find it in use (retrain/launch.py, record_job_start)
+        # nothing is written into the run dir yet: the job may find it in use (retrain/housekeeping/launch.py)
         if _multirun(config):
             refresh(sweep_dir_of(config), with_summary=False)
 
@@ -175,7 +148,7 @@ class CampaignCallback(Callback):
                 "finished_at": time.time(),
                 "pid": os.getpid(),
                 "hostname": socket.gethostname(),
-                "slurm": _slurm_ids(),
+                "slurm": slurm_ids(),
             },
         )
         if not _multirun(config):

@@ -23,7 +23,7 @@ import yaml
 from retrain.campaign.plan import PlannedJob
 from retrain.campaign.runs import RunInfo, process_alive, read_job, read_run, slurm_job_id, slurm_states
 from retrain.errors import ConfigError
-from retrain.rundir import RunDir, read_json, write_json_atomic
+from retrain.housekeeping.rundir import RunDir, read_json, write_json_atomic
 
 MANIFEST = "manifest.json"
 SQUEEZE_FILE = "squeeze.json"

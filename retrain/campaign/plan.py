@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from retrain.compose_errors import COMPOSE_ERRORS, compose_error_line
 from retrain.config import container_dict, container_list
 from retrain.errors import ConfigError
-from retrain.secrets import masked_override
+from retrain.housekeeping.secrets import masked_override
 
 CONDITION_KEY = "algorithm"  # the config group whose option is the campaign condition
 SEED_KEY = "training.seed"

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from retrain.rundir import RunDir
+from retrain.housekeeping.rundir import RunDir
 
 log = logging.getLogger("retrain")
 

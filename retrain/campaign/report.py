@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.campaign.manifest import Campaign, collect, sweep_lock, write_manifest
-from retrain.rundir import write_json_atomic
+from retrain.housekeeping.rundir import write_json_atomic
 
 
 def write_summary(campaign: Campaign) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from retrain.config import register_resolvers
-from retrain.rundir import EXIT_FILE, JOB_FILE, STATUS_FILE, RunDir
+from retrain.housekeeping.rundir import EXIT_FILE, JOB_FILE, STATUS_FILE, RunDir
 
 SLURM_ALIVE = {
     "PENDING",

@@ -353,8 +353,8 @@ def _installed(modules: tuple[str, ...]) -> bool:
 
 def model_findings(cfg: DictConfig, hub: dict[str, Any]) -> list[Finding]:
     """The model must be here (a local dir, a bundled asset, the cache) or fetchable from the Hub."""
-    from retrain.backend.model import ASSET_PREFIX
     from retrain.hub import local_path
+    from retrain.model.spec import ASSET_PREFIX
 
     name = str(cfg.model.name_or_path)
     if name.startswith(ASSET_PREFIX) or cfg.backend.get("devices") is None:  # bundled, or loaded by a service

@@ -92,8 +92,8 @@ def composed(overrides: list[str], config_dir: Path | None = None) -> DictConfig
 def checked_config(cfg: DictConfig) -> None:
     """The checks a run makes before it builds anything (retrain.run.run)."""
     from retrain.config import check_known_keys
+    from retrain.housekeeping.secrets import check_env_names
     from retrain.run import target_object
-    from retrain.secrets import check_env_names
     from retrain.validation import check_config
 
     run_config = without_hydra(cfg)
@@ -136,7 +136,7 @@ class Job:
 def planned_jobs(overrides: list[str], multirun: bool, config_dir: Path | None) -> tuple[list[Job], DictConfig]:
     """Every job in Hydra's order with its composed config, and the config of the launch itself."""
     from retrain.campaign.plan import expand
-    from retrain.secrets import masked_override
+    from retrain.housekeeping.secrets import masked_override
 
     sweeps, fixed = split_sweeps(overrides)
     if sweeps and not multirun:

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from retrain.inference.logprobs import left_pad
+from retrain.model.logprobs import left_pad
 from retrain.types import Example, Rollouts, SamplingParams
 
 

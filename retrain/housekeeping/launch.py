@@ -16,17 +16,21 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hydra.conf import HydraConf
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from retrain.errors import ConfigError
-from retrain.rundir import RunDir, read_json, write_json_atomic
-from retrain.secrets import MASK, from_environment, looks_secret, masked_config, masked_override
+from retrain.housekeeping.rundir import RunDir, read_json, write_json_atomic
+from retrain.housekeeping.secrets import MASK, from_environment, looks_secret, masked_config, masked_override
 
 log = logging.getLogger("retrain")
 
@@ -125,8 +129,6 @@ def record_launch(run_dir: Path, cfg: DictConfig) -> None:
     """
     if not HydraConfig.initialized():
         return
-    from retrain.campaign.callbacks import record_job_start  # here: that module imports this one
-
     files = RunDir(run_dir)
     # unresolved, as typed: `+reward.auth=${oc.env:MY_TOKEN}` stays that (reading the node would resolve it)
     hydra_node: dict[str, Any] = OmegaConf.to_container(HydraConfig.instance().cfg, resolve=False)  # type: ignore[assignment]
@@ -142,6 +144,32 @@ def record_launch(run_dir: Path, cfg: DictConfig) -> None:
     _write_text(files.hydra_dir / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create(hydra_node)))
     _write_text(files.hydra_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(overrides)))
     record_job_start(files, HydraConfig.get(), overrides)
+
+
+def slurm_ids() -> dict[str, Any]:
+    names = {
+        "job_id": "SLURM_JOB_ID",
+        "array_job_id": "SLURM_ARRAY_JOB_ID",
+        "array_task_id": "SLURM_ARRAY_TASK_ID",
+        "restart_count": "SLURM_RESTART_COUNT",
+    }
+    return {key: os.environ[var] for key, var in names.items() if var in os.environ}
+
+
+def record_job_start(run_dir: RunDir, hydra: HydraConf, overrides: list[str]) -> None:
+    """job.json of this attempt, and no exit.json of an earlier one: written once the job holds the run dir."""
+    run_dir.exit_file.unlink(missing_ok=True)  # an earlier attempt's ending is not this one's
+    write_json_atomic(
+        run_dir.job_file,
+        {
+            "num": int(hydra.job.num) if hydra.mode == RunMode.MULTIRUN else None,
+            "overrides": overrides,
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "started_at": time.time(),
+            "slurm": slurm_ids(),
+        },
+    )
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -12,9 +12,9 @@
       .<checkpoint>.<stage>-<pid>  a checkpoint being written, replaced or pruned (hidden; tidied on restart)
       run.log                      the console log (Hydra's file handler, conf/config.yaml)
       job.json, exit.json          each attempt's start (once it holds the dir) and how Hydra's job returned
-      .hydra/                      Hydra's composed config (written by retrain/launch.py, secrets masked)
+      .hydra/                      Hydra's composed config (written by retrain/housekeeping/launch.py, secrets masked)
       .retrain.lock                held by the process training in this dir
-      run_identity.json            the config identity of the run this dir holds (retrain/launch.py)
+      run_identity.json            the config identity of the run this dir holds (retrain/housekeeping/launch.py)
 
 The run may be read from another process, another node, or after it died, so every write is atomic:
 a JSON file goes through a temp file + fsync + rename; a checkpoint is written into a hidden temp

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from retrain.backend.model import ModelSpec
 from retrain.errors import ConfigError
-from retrain.inference.base import EngineResources
+from retrain.model.resources import EngineResources
+from retrain.model.spec import ModelSpec
 from retrain.types import WeightUpdate
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"

@@ -3,7 +3,7 @@
 An engine samples beside a training backend: it is built from the run's tokenizer and what the
 backend offers it (`EngineResources`: the model spec, the device, and the live training model for
 an in-process engine). After every optimizer step the trainer calls `sync(update)` and then proves
-the sync with a log-prob probe (retrain.inference.freshness). A backend that samples itself (a
+the sync with a log-prob probe (retrain.training.freshness). A backend that samples itself (a
 remote service) is its own engine: it implements this protocol and declares
 `Capabilities(samples_itself=True)`.
 """
@@ -11,19 +11,16 @@ remote service) is its own engine: it implements this protocol and declares
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from retrain.errors import UserError
+from retrain.model.probe import check_probe_logprobs
 from retrain.plugins import Check, PluginOutputError, check_shape
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
 if TYPE_CHECKING:
-    from retrain.backend.model import ModelSpec
-    from retrain.inference.freshness import Probe
+    from retrain.model.probe import Probe
 
 
 log = logging.getLogger("retrain")
@@ -49,26 +46,6 @@ class NucleusLogprobsWarning:
             )
 
 
-class StaleWeightsError(UserError, RuntimeError):
-    """The engine cannot show that it serves the weights of the version it was asked to sync to.
-
-    Silently stale sampler weights make every rollout off-policy without any visible error, so the
-    run stops with this error instead of carrying on.
-    """
-
-
-@dataclass(frozen=True)
-class EngineResources:
-    """What a training backend offers the inference engine that samples for it."""
-
-    spec: ModelSpec  # the base model and the adapter's shape
-    device: torch.device  # where the backend trains
-    model: Any | None = None  # the live training model, for an engine that samples with it (no copy)
-    # split mode: the engine samples on its own device while the backend trains, so it must hold its
-    # own copy of the weights (the trainer overlaps sampling of step s+1 with training of step s)
-    overlap: bool = False
-
-
 @runtime_checkable
 class InferenceEngine(Protocol):
     """Samples B×G completions with the policy's current weights."""
@@ -76,7 +53,7 @@ class InferenceEngine(Protocol):
     returns_entropies: bool  # whether `generate` can fill Rollouts.entropies
     weights_version: int  # the optimizer step whose weights `generate` samples with (0 = the initial adapter)
     # Optional: an engine serving in a coarser precision than the trainer sets `probe_tolerance` (see
-    # retrain.inference.freshness.probe_tolerance); the freshness proof then allows the looser of it and the backend's.
+    # retrain.training.freshness.probe_tolerance); the freshness proof then allows the looser of it and the backend's.
 
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
@@ -128,15 +105,6 @@ def check_rollouts(rollouts: Any, what: str, args: tuple[Any, ...], kwargs: dict
             f"shape {list(rollouts.hit_max_tokens.shape)}, expected {rows} of each"
         )
     return rollouts
-
-
-def check_probe_logprobs(logprobs: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-    """The contract of `probe_logprobs`: one finite log-prob (<= 0) per completion token of the probe."""
-    probe = args[0]
-    value = check_shape(logprobs, (len(probe.completion_ids),), what=f"{what}.probe_logprobs")
-    if not all(math.isfinite(x) and x <= 1e-6 for x in value.tolist()):
-        raise PluginOutputError(f"{what}.probe_logprobs returned {value.tolist()}, expected finite log-probs <= 0")
-    return value
 
 
 ENGINE_CHECKS: dict[str, Check] = {"generate": check_rollouts, "probe_logprobs": check_probe_logprobs}

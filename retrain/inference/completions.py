@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from retrain.inference.logprobs import left_pad
+from retrain.model.logprobs import left_pad
 from retrain.types import Rollouts, SamplingParams
 
 SEED_BITS = 31  # servers parse seeds as (signed) 32- or 64-bit ints; 31 bits fit every one

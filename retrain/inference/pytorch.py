@@ -13,7 +13,7 @@ the first-update importance ratio is 1. The token itself is drawn from the top-p
 distribution; the mean probability mass the nucleus kept is reported as `policy/top_p_mass`.
 Temperature 0 is greedy (argmax); its log-probs and entropies are those of the T = 1 distribution.
 Rollouts come back as CPU tensors whatever the device. An fp32 model's LoRA layers sample through
-merged weights W + s·B·A (`merge_lora`, retrain/inference/merged_lora.py): one matmul instead of three;
+merged weights W + s·B·A (`merge_lora`, retrain/model/merged_lora.py): one matmul instead of three;
 other plain LoRA layers (bf16/fp16) compute PEFT's ops without its per-call bookkeeping (`lean_lora`).
 """
 
@@ -32,16 +32,16 @@ from peft.utils import load_peft_weights
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from retrain.backend.train_mode import set_training
 from retrain.errors import ConfigError
-from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
-from retrain.inference.freshness import Probe
-from retrain.inference.lean_decoder import causal_lm_logits
-from retrain.inference.logprobs import left_pad, scaled_log_softmax
-from retrain.inference.merged_lora import lean_lora, merged_lora, plain_lora_layers
-from retrain.inference.rows import positions_from_mask
+from retrain.model.lean_decoder import causal_lm_logits
+from retrain.model.logprobs import left_pad, scaled_log_softmax
+from retrain.model.merged_lora import lean_lora, merged_lora, plain_lora_layers
+from retrain.model.probe import Probe, StaleWeightsError
+from retrain.model.resources import EngineResources
+from retrain.model.rows import positions_from_mask
+from retrain.model.train_mode import set_training
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 

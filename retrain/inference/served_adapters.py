@@ -17,8 +17,9 @@ from typing import Any
 
 from retrain.errors import ConfigError
 from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_update
-from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.http import HttpClient, HttpError, excerpt
+from retrain.model.probe import StaleWeightsError
+from retrain.model.resources import EngineResources
 from retrain.types import WeightUpdate
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ import torch
 
 from retrain.errors import ConfigError
 from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_update
-from retrain.inference.base import EngineResources, NucleusLogprobsWarning, StaleWeightsError
+from retrain.inference.base import NucleusLogprobsWarning
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import (
     VLLM_ATTENTION_BACKENDS,
@@ -41,8 +41,9 @@ from retrain.inference.config import (
     VLLM_WEIGHT_DTYPES,
     VllmEngineConfig,
 )
-from retrain.inference.freshness import PROBE_TOLERANCE_FP32, PROBE_TOLERANCE_HALF, Probe
-from retrain.inference.merged_lora import mergeable_adapter, merged_checkpoint
+from retrain.model.merged_lora import mergeable_adapter, merged_checkpoint
+from retrain.model.probe import PROBE_TOLERANCE_FP32, PROBE_TOLERANCE_HALF, Probe, StaleWeightsError
+from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from retrain.errors import ConfigError
-from retrain.inference.base import EngineResources, NucleusLogprobsWarning
+from retrain.inference.base import NucleusLogprobsWarning
 from retrain.inference.completions import (
     Completion,
     request_seed,
@@ -35,9 +35,10 @@ from retrain.inference.completions import (
     stop_token_ids,
 )
 from retrain.inference.config import VllmServerEngineConfig as Defaults
-from retrain.inference.freshness import Probe
 from retrain.inference.http import HttpError, connect
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
+from retrain.model.probe import Probe
+from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 

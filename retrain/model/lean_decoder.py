@@ -25,8 +25,8 @@ import torch
 from transformers import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from retrain.backend.attention import CPU_SDPA, CUDA_SDPA
-from retrain.inference.cache_argument import with_cache
+from retrain.model.attention import CPU_SDPA, CUDA_SDPA
+from retrain.model.cache_argument import with_cache
 
 # model_type -> whether attention normalises each head's queries and keys (Qwen3's q_norm/k_norm)
 MIRRORED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}

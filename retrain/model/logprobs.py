@@ -14,9 +14,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from retrain.inference.lean_decoder import causal_lm_logits
-from retrain.inference.packing import packed_logits
-from retrain.inference.rows import positions_from_mask, rows_of
+from retrain.model.lean_decoder import causal_lm_logits
+from retrain.model.packing import packed_logits
+from retrain.model.rows import positions_from_mask, rows_of
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +55,7 @@ def completion_logprobs(
     (0 on padding); differentiable when grad is enabled.
 
     Row r continues prompt `prompt_index[r]` of the [B, P] prompts. With `share_prompts`, each prompt
-    runs once: packed with its rows' completions into one row (retrain/inference/packing.py) where that
+    runs once: packed with its rows' completions into one row (retrain/model/packing.py) where that
     applies, else as a prefill whose KV cache (with its autograd graph) is repeated for its rows, as the
     sampler does; otherwise every row runs prompt + completion in one forward (needed under activation
     checkpointing, which drops KV caches).

@@ -1,7 +1,7 @@
 """The training forward with each group packed into one row: its prompt once, then its completions.
 
 A group's completions share their prompt, so the trainer runs each prompt once. It can do so in two
-ways. The KV-cache way (retrain/inference/logprobs.py) runs the prompts as a prefill, repeats each
+ways. The KV-cache way (retrain/model/logprobs.py) runs the prompts as a prefill, repeats each
 prompt's keys and values for its rows and runs every row's completion after it: two forwards, plus a
 copy of the prompt cache per row whose backward sums it back. Packed, a group is one row,
 
@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from retrain.inference.lean_decoder import LeanForward
-from retrain.inference.rows import positions_from_mask, rows_of
+from retrain.model.lean_decoder import LeanForward
+from retrain.model.rows import positions_from_mask, rows_of
 
 PACKED_SCORE_RATIO = 4  # packed attention scores per KV-cache-way score, at most
 PACKED_MASK_LIMIT = 1 << 24  # G × L² entries: 64 MiB as the float mask sdpa makes of it

@@ -37,7 +37,7 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # model.dty
 class ModelSpec:
     """The base model and its LoRA adapter: the schema of `model.*` and the value it instantiates."""
 
-    _target_: str = "retrain.backend.model.ModelSpec"
+    _target_: str = "retrain.model.spec.ModelSpec"
     name_or_path: str = "Qwen/Qwen3-4B-Instruct-2507"  # Hub id, local dir, or retrain:<bundled asset>
     revision: str | None = None
     lora_rank: int = 32
@@ -112,7 +112,7 @@ class ModelSpec:
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
-        from retrain.backend.attention import use_fast_sdpa
+        from retrain.model.attention import use_fast_sdpa
 
         path, from_hub = self.source()
         with self._loading(from_hub, "weights"):
@@ -188,67 +188,3 @@ def bundled_asset_dir(name: str) -> Path:
             "(is the retrain package installed completely?)"
         )
     return directory
-
-
-@dataclass(frozen=True)
-class DevicePlan:
-    """Where sampling and training run: one device (colocated), or two (split mode)."""
-
-    inference: torch.device
-    training: torch.device
-    split: bool = False  # two devices: sampling of the next step overlaps training of this one (policy lag <= 1)
-
-
-def resolve_devices(devices: str) -> DevicePlan:
-    """`backend.devices` → the devices: "cpu" or "gpu:N" for both sides; "gpu:I,gpu:T" splits
-    inference (first) from training (last) and needs two GPUs; "cpu,cpu" splits on the CPU (the
-    overlap logic without GPUs, for tests)."""
-    specs = [spec.strip() for spec in devices.split(",") if spec.strip()]
-    if len(specs) <= 1:
-        device = resolve_device(devices)
-        return DevicePlan(inference=device, training=device)
-    if len(specs) > 2:
-        raise ConfigError(f"backend.devices={devices!r}: give one device, or two for split mode (inference,training)")
-    if specs == ["cpu", "cpu"]:
-        import torch
-
-        return DevicePlan(inference=torch.device("cpu"), training=torch.device("cpu"), split=True)
-    if any(not spec.startswith("gpu:") for spec in specs) or specs[0] == specs[1]:
-        raise ConfigError(
-            f"backend.devices={devices!r}: split mode needs two different GPUs, e.g. gpu:0,gpu:1 "
-            "(inference on the first, training on the last)"
-        )
-    import torch
-
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if visible < 2:
-        raise ConfigError(
-            f"backend.devices={devices!r}: split mode needs two GPUs, but {visible} CUDA device(s) are "
-            "visible; give one device (e.g. backend.devices=gpu:0)"
-        )
-    return DevicePlan(inference=resolve_device(specs[0]), training=resolve_device(specs[1]), split=True)
-
-
-def resolve_device(devices: str) -> torch.device:
-    """One `backend.devices` entry → the torch device: "cpu", or "gpu:N" (CPU with a warning when CUDA is absent)."""
-    import torch
-
-    specs = [spec.strip() for spec in devices.split(",") if spec.strip()]
-    if len(specs) > 1:
-        return resolve_devices(devices).training
-    spec = specs[0] if specs else ""
-    if spec == "cpu":
-        return torch.device("cpu")
-    kind, _, index = spec.partition(":")
-    if kind != "gpu" or not index.isdigit():
-        raise ConfigError(f"backend.devices={devices!r} is not 'cpu' or 'gpu:N'")
-    if not torch.cuda.is_available():
-        warnings.warn(
-            f"backend.devices={devices!r} but CUDA is not available: falling back to CPU (fp32)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return torch.device("cpu")
-    if int(index) >= torch.cuda.device_count():
-        raise ConfigError(f"backend.devices={devices!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    return torch.device("cuda", int(index))

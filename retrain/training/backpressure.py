@@ -119,7 +119,7 @@ def model_footprint(model: Any) -> tuple[int, int]:
 
 
 class BackpressureController:
-    """The batching part (retrain.batching.Batching) that adapts the batch size to throughput (SPEC §9).
+    """The batching part (retrain.training.batching.Batching) that adapts the batch size to throughput (SPEC §9).
 
     Steps 0 .. warmup_steps−1 run the warmup sweep's sizes, cycling. After each step the controller
     records (p, tokens/s), refits the USL on the last 100 pairs, classifies the regime and acts:

@@ -2,7 +2,7 @@
 
 The trainer asks `batch_size(step)` before every step and reports every finished step's record to
 `observe`, whose metrics join that record, so the controller that adapts the size to measured
-throughput (back-pressure, retrain/backpressure.py) plugs in here without touching the loop. Its
+throughput (back-pressure, retrain/training/backpressure.py) plugs in here without touching the loop. Its
 state is saved in every checkpoint, so a resumed run continues with the size it had reached.
 `batch_size` changes nothing: in split mode the next step's size is asked for before this step is observed.
 """
@@ -13,9 +13,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from retrain.backpressure import BackpressureController, Roofline, model_footprint
 from retrain.config import BackpressureConfig
 from retrain.errors import ConfigError
+from retrain.training.backpressure import BackpressureController, Roofline, model_footprint
 
 log = logging.getLogger(__name__)
 

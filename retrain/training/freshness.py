@@ -11,49 +11,12 @@ streams.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from retrain.backend.base import Backend
-from retrain.inference.base import InferenceEngine, StaleWeightsError
-from retrain.inference.lean_decoder import causal_lm_logits
-from retrain.inference.logprobs import scaled_log_softmax
-
-PROBE_TEXT = "retrain weight probe: 3 + 4 = 7."
-PROBE_CONTINUATION_TOKENS = 2
-PROBE_TOLERANCE_FP32 = 1e-3  # max mean |Δ log-prob| between the two paths in float32
-PROBE_TOLERANCE_HALF = 0.1  # and in bf16/fp16
-
-
-@dataclass(frozen=True)
-class Probe:
-    """A prompt and the continuation whose token log-probs both sides compute."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer: Any) -> Probe:
-        token_ids = list(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
-        return cls(
-            prompt_ids=token_ids[:-PROBE_CONTINUATION_TOKENS], completion_ids=token_ids[-PROBE_CONTINUATION_TOKENS:]
-        )
-
-    def logprobs_under(self, model: Any, device: torch.device) -> torch.Tensor:
-        """The continuation's log-probs at T = 1 from one forward of prompt and continuation through `model`
-        as it is (the caller picks eval mode, inference mode and the weights). An in-process engine and its
-        backend both score this way, so they agree to the bit unless their weights differ (two different
-        forwards drifted apart in bf16 as far as one update moves the probe)."""
-        ids = torch.tensor([self.prompt_ids + self.completion_ids[:-1]], device=device)
-        continuation = torch.tensor(self.completion_ids, device=device)
-        logits = causal_lm_logits(model, ids, logits_to_keep=len(continuation))[0]
-        return scaled_log_softmax(logits, 1.0).gather(-1, continuation.unsqueeze(-1)).squeeze(-1)
-
-
-def probe_tolerance(dtype: torch.dtype) -> float:
-    """How far the engine's and the trainer's numerics may drift apart in `dtype` and still agree."""
-    return PROBE_TOLERANCE_FP32 if dtype == torch.float32 else PROBE_TOLERANCE_HALF
+from retrain.inference.base import InferenceEngine
+from retrain.model.probe import Probe, StaleWeightsError
 
 
 @dataclass(frozen=True)

@@ -30,15 +30,16 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from retrain.algorithm.base import Algorithm
 from retrain.backend.base import Backend
 from retrain.backend.capabilities import capabilities_of
-from retrain.batching import Batching
 from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
 from retrain.environments.base import RolloutEnvironment, ScoredRollouts
+from retrain.housekeeping.rundir import Checkpoint, RunDir
 from retrain.inference.base import InferenceEngine
-from retrain.inference.freshness import Freshness, FreshnessProof, Probe
-from retrain.logging import JsonlLog, WandbSink, console_line
+from retrain.model.probe import Probe
 from retrain.reward.scorer import Scorer, fill_excluded
-from retrain.rundir import Checkpoint, RunDir
+from retrain.training.batching import Batching
+from retrain.training.freshness import Freshness, FreshnessProof
+from retrain.training.metrics_log import JsonlLog, WandbSink, console_line
 from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger("retrain")
@@ -69,7 +70,7 @@ class Trainer:
 
     `training.seed` is the resolved seed (never -1). `planning` is set only when the algorithm needs
     planning tokens; `eval_examples` are the held-out problems (none: no evaluation). `run_config`
-    is the config as it may be shown (retrain.secrets: no environment value, no secret), recorded by
+    is the config as it may be shown (retrain.housekeeping.secrets: no environment value, no secret), recorded by
     wandb; `config_identity` is saved in every checkpoint.
     """
 
@@ -484,7 +485,7 @@ class Trainer:
 
     def _start_over(self) -> None:
         """No checkpoint to resume from: drop what an attempt killed before its first checkpoint logged, so a
-        restart never writes a step twice (a run dir holding another config's run is refused: retrain/launch.py)."""
+        restart never writes a step twice (a run dir holding another config's run is refused: retrain/housekeeping/launch.py)."""
         dropped = [log_file.clear() for log_file in (self.metrics, self.steps_log, self.generations_log)]
         if any(dropped):
             log.info("No checkpoint in %s: starting at step 0, dropping what an earlier attempt logged", self.run_dir)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from retrain.backend.model import ModelSpec
 from retrain.backend.prime_rl.backend import PrimeRlBackend
 from retrain.backend.prime_rl.weights import STABLE
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig
+from retrain.model.spec import ModelSpec
 from retrain.types import Rollouts, TrainBatch
 
 SPEC = ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import retrain.backend.attention as attention
+import retrain.model.attention as attention
 from retrain.assets import TINY_MODEL_DIR
-from retrain.backend.attention import CPU_SDPA, CUDA_SDPA, use_fast_sdpa
+from retrain.model.attention import CPU_SDPA, CUDA_SDPA, use_fast_sdpa
 
 
 def logits_and_gradients(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:

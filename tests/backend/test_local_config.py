@@ -10,11 +10,11 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from retrain.backend.local import LocalBackend
-from retrain.backend.model import ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig, compose
 from retrain.errors import ConfigError
 from retrain.inference.pytorch import PytorchEngine
+from retrain.model.spec import ModelSpec
 from tests.backend.tiny_model import tokenizer_of
 
 SETTINGS = {"optim": OptimSettings.from_config(TrainingConfig()), "loss": LossSettings.from_config(TrainingConfig())}

@@ -11,10 +11,11 @@ from huggingface_hub import constants
 
 from retrain.backend.base import Backend
 from retrain.backend.capabilities import capabilities_of
+from retrain.backend.devices import resolve_device
 from retrain.backend.local import LocalBackend
-from retrain.backend.model import ChatPrompts, ModelSpec, resolve_device
 from retrain.errors import ConfigError, HubFetchError
 from retrain.inference.base import InferenceEngine
+from retrain.model.spec import ChatPrompts, ModelSpec
 from tests.backend.tiny_model import PROMPTS, make_backend, make_engine, tokenizer_of
 
 

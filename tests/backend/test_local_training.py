@@ -9,7 +9,7 @@ import torch
 
 from retrain.backend.local import policy_token_loss
 from retrain.backend.settings import LossSettings
-from retrain.inference.logprobs import completion_logprobs
+from retrain.model.logprobs import completion_logprobs
 from retrain.types import Rollouts, SamplingParams, TrainBatch, WeightUpdate
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine
 

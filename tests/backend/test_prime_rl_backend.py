@@ -17,9 +17,9 @@ from retrain.backend.prime_rl.messages import MicroBatch, decode_rank
 from retrain.backend.prime_rl.packing import TokenVaryingAdvantagesError
 from retrain.backend.prime_rl.weights import STABLE, broadcast_dir, wait_for_broadcast
 from retrain.errors import ConfigError, UserError
-from retrain.inference.freshness import Probe
-from retrain.inference.logprobs import completion_logprobs
-from retrain.logging import console_line
+from retrain.model.logprobs import completion_logprobs
+from retrain.model.probe import Probe
+from retrain.training.metrics_log import console_line
 from tests.backend.prime_rl_helpers import SPEC, make_backend, train_batch, write_broadcast
 from tests.backend.tiny_model import tokenizer_of
 

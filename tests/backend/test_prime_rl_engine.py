@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from retrain.backend.prime_rl.engine import PrimeRlEngine
-from retrain.inference.base import StaleWeightsError
-from retrain.inference.freshness import FreshnessProof, Probe
+from retrain.model.probe import Probe, StaleWeightsError
+from retrain.training.freshness import FreshnessProof
 from retrain.types import SamplingParams, WeightUpdate
 from tests.backend.prime_rl_helpers import SPEC, make_backend, train_batch, write_broadcast
 from tests.backend.test_prime_rl_backend import fake_prime_rl_trainer

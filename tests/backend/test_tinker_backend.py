@@ -21,8 +21,8 @@ from retrain.backend.tinker.backend import STATE_FILE
 from retrain.backend.tinker.calls import TinkerAuthError, TinkerRateLimitError, TinkerServiceError
 from retrain.backend.tinker.datums import step_datums
 from retrain.errors import ConfigError
-from retrain.inference.base import StaleWeightsError
-from retrain.inference.freshness import FreshnessProof, Probe
+from retrain.model.probe import Probe, StaleWeightsError
+from retrain.training.freshness import FreshnessProof
 from retrain.types import Rollouts, SamplingParams, TrainBatch, WeightUpdate
 from tests.backend.fake_tinker import FakeService, status_error
 from tests.backend.tinker_helpers import FAKE_KEY, OPTIM, make_backend, service, tiny_tokenizer, token_advantages
@@ -246,8 +246,8 @@ def test_a_rejected_key_fails_at_once_without_showing_the_key(
 
 
 def test_an_unknown_model_is_a_config_error_naming_the_model(service: FakeService) -> None:
-    from retrain.backend.model import ModelSpec
     from retrain.backend.tinker.backend import TinkerBackend
+    from retrain.model.spec import ModelSpec
 
     with pytest.raises(ConfigError, match="model.name_or_path='org/unknown'"):
         TinkerBackend(model=ModelSpec(name_or_path="org/unknown"), optim=OPTIM, loss=LossSettings(0.0, None), seed=0)

@@ -14,10 +14,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from retrain.backend.model import ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.backend.tinker.backend import TinkerBackend
 from retrain.backend.tinker.calls import TinkerAuthError
+from retrain.model.spec import ModelSpec
 
 tinker = pytest.importorskip("tinker")
 

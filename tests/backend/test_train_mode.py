@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from retrain.backend.train_mode import set_training
+from retrain.model.train_mode import set_training
 from tests.backend.tiny_model import make_backend
 
 

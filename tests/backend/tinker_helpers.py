@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from retrain.backend.model import ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.backend.tinker.backend import TinkerBackend
+from retrain.model.spec import ModelSpec
 from tests.backend.fake_tinker import FakeService, fake_sdk
 
 FAKE_KEY = "tml-fake-key"

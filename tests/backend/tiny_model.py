@@ -12,10 +12,10 @@ import pytest
 
 from retrain.assets import TINY_MODEL_DIR
 from retrain.backend.local import LocalBackend
-from retrain.backend.model import ChatPrompts, ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig
 from retrain.inference.pytorch import PytorchEngine
+from retrain.model.spec import ChatPrompts, ModelSpec
 
 PROMPTS = ["What is 12+35?", "What is 7+8?", "What is 40+2?", "What is 99+1?"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from retrain.rundir import RunDir
+from retrain.housekeeping.rundir import RunDir
 
 
 @dataclass

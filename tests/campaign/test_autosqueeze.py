@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from peft import PeftModel
 
 from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_settings
-from retrain.rundir import RunDir
+from retrain.housekeeping.rundir import RunDir
 from retrain.squeeze import SqueezeError
 from tests.test_squeeze import save_adapter, tiny_base
 

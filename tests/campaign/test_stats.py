@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
 from retrain.campaign.stats import estimate, fisher_exact, run_scores, welch_t
-from retrain.rundir import RunDir
+from retrain.housekeeping.rundir import RunDir
 from tests.campaign.rundirs import simulate_run
 
 values = st.lists(st.floats(min_value=-1e3, max_value=1e3, allow_nan=False), min_size=2, max_size=12)

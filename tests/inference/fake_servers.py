@@ -20,7 +20,7 @@ from peft.utils import load_peft_weights
 from transformers import AutoModelForCausalLM
 
 from retrain.assets import TINY_MODEL_DIR
-from retrain.inference.logprobs import completion_logprobs
+from retrain.model.logprobs import completion_logprobs
 from retrain.types import WeightUpdate
 from tests.inference.loopback import Answer, Route, ok
 

@@ -8,9 +8,9 @@ import warnings
 import torch
 from transformers import DynamicCache
 
-from retrain.inference.cache_argument import with_cache
-from retrain.inference.logprobs import completion_logprobs, left_pad
 from retrain.inference.pytorch import GrowingLayer, decode_cache
+from retrain.model.cache_argument import with_cache
+from retrain.model.logprobs import completion_logprobs, left_pad
 from retrain.types import SamplingParams
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine, tokenizer_of
 

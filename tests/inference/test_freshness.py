@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from retrain.inference.base import EngineResources, StaleWeightsError
-from retrain.inference.freshness import PROBE_TEXT, FreshnessProof, Probe, probe_tolerance
 from retrain.inference.pytorch import PytorchEngine
+from retrain.model.probe import PROBE_TEXT, Probe, StaleWeightsError, probe_tolerance
+from retrain.model.resources import EngineResources
+from retrain.training.freshness import FreshnessProof
 from retrain.types import SamplingParams, TrainBatch
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine, tokenizer_of
 

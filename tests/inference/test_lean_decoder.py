@@ -15,11 +15,11 @@ from transformers import (
 )
 from transformers.masking_utils import sdpa_mask as transformers_sdpa_mask
 
-from retrain.backend.attention import use_fast_sdpa
-from retrain.inference.cache_argument import with_cache
-from retrain.inference.lean_decoder import LeanForward, causal_lm_logits, sdpa_mask
-from retrain.inference.merged_lora import lean_lora, plain_lora_layers
-from retrain.inference.rows import positions_from_mask
+from retrain.model.attention import use_fast_sdpa
+from retrain.model.cache_argument import with_cache
+from retrain.model.lean_decoder import LeanForward, causal_lm_logits, sdpa_mask
+from retrain.model.merged_lora import lean_lora, plain_lora_layers
+from retrain.model.rows import positions_from_mask
 
 SIZES = {
     "hidden_size": 64,

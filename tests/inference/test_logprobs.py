@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from retrain.determinism import reproducible_torch
-from retrain.inference.cache_argument import with_cache
-from retrain.inference.logprobs import completion_logprobs, left_pad, select_rows
-from retrain.inference.rows import rows_of
+from retrain.housekeeping.determinism import reproducible_torch
+from retrain.model.cache_argument import with_cache
+from retrain.model.logprobs import completion_logprobs, left_pad, select_rows
+from retrain.model.rows import rows_of
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
 
 

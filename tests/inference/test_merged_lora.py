@@ -1,5 +1,5 @@
 """Sampling through merged LoRA weights and training through the lean LoRA forward
-(retrain/inference/merged_lora.py), on the real tiny model."""
+(retrain/model/merged_lora.py), on the real tiny model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from retrain.inference.merged_lora import lean_lora, merged_lora, plain_lora_layers
+from retrain.model.merged_lora import lean_lora, merged_lora, plain_lora_layers
 from retrain.types import SamplingParams, TrainBatch
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine
 

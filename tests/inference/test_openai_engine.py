@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from retrain.errors import ConfigError
-from retrain.inference.base import StaleWeightsError
 from retrain.inference.completions import request_seed
-from retrain.inference.freshness import Probe
 from retrain.inference.openai_server import OpenAIEngine, ServerFeatures
+from retrain.model.probe import Probe, StaleWeightsError
 from retrain.types import SamplingParams
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
 from tests.inference.fake_servers import ServedModel, moved, openai_routes, trainer_logprobs

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-import retrain.inference.packing as packing_module
-from retrain.inference.logprobs import completion_logprobs, left_pad
-from retrain.inference.packing import PACKED_MASK_LIMIT, PackedGroups, packed_logits
+import retrain.model.packing as packing_module
+from retrain.model.logprobs import completion_logprobs, left_pad
+from retrain.model.packing import PACKED_MASK_LIMIT, PackedGroups, packed_logits
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retrain.inference.base import EngineResources, StaleWeightsError
-from retrain.inference.logprobs import left_pad
 from retrain.inference.pytorch import PytorchEngine, draw
-from retrain.inference.rows import positions_from_mask
+from retrain.model.logprobs import left_pad
+from retrain.model.probe import StaleWeightsError
+from retrain.model.resources import EngineResources
+from retrain.model.rows import positions_from_mask
 from retrain.types import SamplingParams, WeightUpdate
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine, tokenizer_of
 

@@ -9,10 +9,9 @@ import torch
 
 from retrain.errors import ConfigError
 from retrain.inference.adapters import AdapterPublisher
-from retrain.inference.base import StaleWeightsError
 from retrain.inference.completions import request_seed
-from retrain.inference.freshness import Probe
 from retrain.inference.sglang import SglangEngine
+from retrain.model.probe import Probe, StaleWeightsError
 from retrain.types import SamplingParams, WeightUpdate
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
 from tests.inference.fake_servers import ServedModel, moved, sglang_routes, trainer_logprobs

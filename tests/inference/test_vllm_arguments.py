@@ -8,11 +8,11 @@ import sys
 import pytest
 import torch
 
-from retrain.backend.model import ModelSpec
 from retrain.errors import ConfigError
-from retrain.inference.base import EngineResources
 from retrain.inference.config import VllmEngineConfig
 from retrain.inference.vllm import VLLM_LORA_RANKS, engine_arguments, lora_rank_for_vllm, serving_tolerance
+from retrain.model.resources import EngineResources
+from retrain.model.spec import ModelSpec
 from tests.conftest import REPO
 
 SPEC = ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retrain.inference.base import StaleWeightsError
-from retrain.inference.freshness import FreshnessProof, Probe, probe_tolerance
+from retrain.model.probe import Probe, StaleWeightsError, probe_tolerance
+from retrain.training.freshness import FreshnessProof
 from retrain.types import SamplingParams, WeightUpdate
 from tests.backend.tiny_model import PROMPTS, encode, make_backend
 from tests.inference.vllm_helpers import SAMPLED, SPEC, started_engine, train_on, trainer_logprobs

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from retrain.errors import ConfigError
-from retrain.inference.base import EngineResources, StaleWeightsError
-from retrain.inference.freshness import FreshnessProof, Probe, probe_tolerance
-from retrain.inference.merged_lora import merged_checkpoint
 from retrain.inference.vllm import VllmEngine
+from retrain.model.merged_lora import merged_checkpoint
+from retrain.model.probe import Probe, StaleWeightsError, probe_tolerance
+from retrain.model.resources import EngineResources
+from retrain.training.freshness import FreshnessProof
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
 from tests.inference.vllm_helpers import SAMPLED, SPEC, started_engine, train_on, trainer_logprobs
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrain.backend.model import ModelSpec
 from retrain.inference.base import ENGINE_CHECKS
-from retrain.inference.freshness import Probe
 from retrain.inference.vllm_server import VllmServerEngine
+from retrain.model.probe import Probe
+from retrain.model.spec import ModelSpec
 from retrain.plugins import Checked
 from retrain.types import SamplingParams
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of

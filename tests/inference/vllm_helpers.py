@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import torch
 
-from retrain.backend.model import ModelSpec
 from retrain.inference.base import ENGINE_CHECKS
-from retrain.inference.logprobs import completion_logprobs
 from retrain.inference.vllm import VllmEngine
+from retrain.model.logprobs import completion_logprobs
+from retrain.model.spec import ModelSpec
 from retrain.plugins import Checked
 from retrain.types import Rollouts, SamplingParams, TrainBatch, TrainResult
 from tests.backend.tiny_model import tokenizer_of

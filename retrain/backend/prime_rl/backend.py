@@ -26,15 +26,16 @@ import torch
 
 from retrain.backend.base import Capabilities
 from retrain.backend.capabilities import check_arguments
-from retrain.backend.model import ModelSpec
 from retrain.backend.prime_rl.config import PrimeRlBackendConfig as Defaults
 from retrain.backend.prime_rl.transport import FilesystemSender, RolloutSender, ZmqSender
 from retrain.backend.prime_rl.weights import BroadcastModel, broadcast_dir, wait_for_broadcast
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.errors import ConfigError
-from retrain.inference.base import EngineResources, InferenceEngine
+from retrain.inference.base import InferenceEngine
 from retrain.inference.config import check_url
-from retrain.inference.freshness import PROBE_TOLERANCE_HALF, Probe
+from retrain.model.probe import PROBE_TOLERANCE_HALF, Probe
+from retrain.model.resources import EngineResources
+from retrain.model.spec import ModelSpec
 from retrain.plugins import built_in
 from retrain.types import TrainBatch, TrainResult, WeightUpdate
 

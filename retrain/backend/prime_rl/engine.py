@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from retrain.backend.model import ModelSpec
 from retrain.backend.prime_rl.weights import is_adapter
 from retrain.inference.adapters import adapter_name
-from retrain.inference.base import EngineResources, StaleWeightsError
-from retrain.inference.freshness import Probe
 from retrain.inference.http import HttpClient, HttpError
 from retrain.inference.vllm_server import VllmServerEngine
+from retrain.model.probe import Probe, StaleWeightsError
+from retrain.model.resources import EngineResources
+from retrain.model.spec import ModelSpec
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from retrain.backend.model import ModelSpec
 from retrain.errors import UserError
-from retrain.inference.freshness import Probe
+from retrain.model.probe import Probe
+from retrain.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class BroadcastModel:
 
     def probe_logprobs(self, probe: Probe, directory: Path | None) -> torch.Tensor:
         """[K] log-probs at T = 1 of the probe's completion under the weights of `directory` (None: the base model)."""
-        from retrain.inference.logprobs import completion_logprobs
+        from retrain.model.logprobs import completion_logprobs
 
         model = self._holding(directory)
         prompt = torch.tensor([probe.prompt_ids])

@@ -30,7 +30,6 @@ import torch
 
 from retrain.backend.base import Capabilities
 from retrain.backend.capabilities import check_arguments
-from retrain.backend.model import ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.backend.tinker.calls import (
     API_KEY_ENV,
@@ -46,8 +45,9 @@ from retrain.backend.tinker.limiter import FileSemaphore, default_lock_dir
 from retrain.backend.tinker.sampler import TinkerSampler
 from retrain.errors import CheckpointError, ConfigError, UserError
 from retrain.inference.adapters import adapter_name
-from retrain.inference.base import EngineResources
-from retrain.inference.freshness import PROBE_TOLERANCE_HALF, Probe
+from retrain.model.probe import PROBE_TOLERANCE_HALF, Probe
+from retrain.model.resources import EngineResources
+from retrain.model.spec import ModelSpec
 from retrain.plugins import built_in
 from retrain.types import TrainBatch, TrainResult, WeightUpdate
 

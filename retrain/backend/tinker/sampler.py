@@ -15,9 +15,8 @@ from typing import Any
 import torch
 
 from retrain.backend.tinker.calls import RemoteCalls, TinkerServiceError
-from retrain.inference.base import StaleWeightsError
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
-from retrain.inference.freshness import Probe
+from retrain.model.probe import Probe, StaleWeightsError
 from retrain.plugins import built_in
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
