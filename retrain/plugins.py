@@ -15,12 +15,14 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
 from hydra.utils import get_object
 
 from retrain.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 
@@ -138,6 +140,8 @@ def raised_in_plugin(error: BaseException) -> str | None:
 
 def check_shape(value: Any, shape: tuple[int, ...], *, what: str) -> torch.Tensor:
     """`value` must be a floating-point tensor of exactly `shape` (no silent broadcasting)."""
+    import torch  # here: the config schemas mark their parts built in, and composing a config loads no torch
+
     if not isinstance(value, torch.Tensor):
         raise PluginOutputError(
             f"{what} returned {type(value).__name__}, expected a torch.Tensor of shape {list(shape)}"
@@ -151,6 +155,8 @@ def check_shape(value: Any, shape: tuple[int, ...], *, what: str) -> torch.Tenso
 
 def check_finite(value: torch.Tensor, *, what: str) -> torch.Tensor:
     """Every entry finite. A finite row-sum proves it cheaply; only a failure pays for the search."""
+    import torch
+
     if bool(torch.isfinite(value.sum(dim=-1)).all()) or bool(torch.isfinite(value).all()):
         return value
     index = tuple(int(i) for i in (~torch.isfinite(value)).nonzero()[0])

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from retrain.data.base import ExampleData
 from retrain.errors import ConfigError
+from retrain.plugins import built_in
 from retrain.types import Example
 
 PROMPT_TEMPLATE = "What is {a}+{b}?"
@@ -53,6 +54,7 @@ def draw_problems(count: int, min_value: int, max_value: int, task_seed: int) ->
     return [(min_value + i // span, min_value + i % span) for i in indices]
 
 
+@built_in
 class ArithmeticData(ExampleData):
     """Addition problems served in a seeded, resumable order, plus a disjoint held-out set."""
 

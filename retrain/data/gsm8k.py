@@ -11,6 +11,7 @@ from retrain.data.config import Gsm8kDataConfig
 from retrain.data.jsonl import load_records, require_fields
 from retrain.data.prompts import check_template, fill_template
 from retrain.data.records import InvalidRows, SplitRecords
+from retrain.plugins import built_in
 from retrain.types import Example
 
 ANSWER_MARKER = "####"
@@ -23,6 +24,7 @@ def gsm8k_reference(answer: str) -> str:
     return answer.rsplit(ANSWER_MARKER, 1)[1].strip().replace(",", "")
 
 
+@built_in
 class Gsm8kData(ExampleData):
     """GSM8K's train split for training and its test split as the held-out set."""
 

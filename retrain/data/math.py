@@ -20,6 +20,7 @@ from retrain.data.jsonl import config_names, load_records, require_fields
 from retrain.data.prompts import check_template, fill_template
 from retrain.data.records import InvalidRows, SplitRecords
 from retrain.errors import ConfigError
+from retrain.plugins import built_in
 from retrain.reward.extract import last_boxed
 from retrain.types import Example
 
@@ -42,6 +43,7 @@ def math_reference(record: dict[str, Any]) -> str | None:
     return boxed.strip() if boxed and boxed.strip() else None
 
 
+@built_in
 class MathData(ExampleData):
     """MATH problems of the chosen subjects; the reference is the final boxed answer."""
 

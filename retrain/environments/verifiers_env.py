@@ -32,6 +32,7 @@ from retrain.environments.config import RUNTIMES, VERIFIERS_VERSION, VerifiersDa
 from retrain.errors import ConfigError, UserError
 from retrain.inference.completions import request_seed
 from retrain.inference.endpoint import SERVED_MODEL
+from retrain.plugins import built_in
 from retrain.types import Example, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def ensure_installed(env_id: str, auto_install: bool) -> None:
         )
 
 
+@built_in
 class VerifiersEnvironment(ExampleData):
     """The taskset's tasks in a seeded, resumable order (ExampleData), sampled and scored by the environment."""
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from retrain.errors import ConfigError, UserError
 from retrain.hub import hub_fetch, local_path
+from retrain.plugins import built_in
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +34,7 @@ MAX_LISTED = 8  # entries of a directory named in an error
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # model.dtype -> torch dtype name
 
 
+@built_in
 @dataclass(kw_only=True)
 class ModelSpec:
     """The base model and its LoRA adapter: the schema of `model.*` and the value it instantiates."""

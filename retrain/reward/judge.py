@@ -21,6 +21,7 @@ import httpx
 
 from retrain.data.prompts import check_template, fill_template
 from retrain.errors import ConfigError
+from retrain.plugins import built_in
 from retrain.reward.checks import NoVerdict
 from retrain.reward.config import JudgeRewardConfig
 
@@ -37,6 +38,7 @@ def parse_verdict(reply: str) -> float:
     return 1.0 if match.group(1) == "yes" else 0.0
 
 
+@built_in
 class JudgeReward:
     """Asks `model` at `base_url` (e.g. http://127.0.0.1:8000/v1) whether the response is correct.
     Its defaults are those of the config schema (retrain.reward.config.JudgeRewardConfig).

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from retrain.plugins import built_in
 from retrain.reward.extract import last_boxed
 
 
+@built_in
 def match_reward(response: str, reference: str, **extra: Any) -> float:
     """1.0 when the last boxed answer, stripped, equals the stripped reference; else 0.0.
 

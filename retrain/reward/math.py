@@ -26,6 +26,7 @@ from math_verify import LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
 from retrain.errors import ConfigError
+from retrain.plugins import built_in
 from retrain.reward.config import MathRewardConfig
 from retrain.reward.extract import last_boxed
 
@@ -48,6 +49,7 @@ def _within(bound_s: int, call: Callable[[int | None], _T], failure: str) -> _T:
     return result
 
 
+@built_in
 class MathReward:
     """Callable reward; configured by instance attributes, so it pickles into scoring workers.
 

@@ -96,7 +96,6 @@ def lora_layers(model: ModelSpec) -> dict[str, bool]:
     return layers
 
 
-@built_in
 def check_reachable(url: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     """Fail in seconds when nothing listens at the service's URL: the SDK retries a refused connection for minutes."""
     parsed = urlparse(url)
@@ -109,6 +108,7 @@ def check_reachable(url: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
         ) from error
 
 
+@built_in
 class TinkerBackend:
     """Satisfies retrain.backend.base.Backend; see the module docstring."""
 
