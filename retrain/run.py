@@ -41,7 +41,7 @@ from retrain.errors import CheckpointError, ConfigError
 from retrain.housekeeping.allocator import keep_freed_memory
 from retrain.housekeeping.determinism import reproducible_torch
 from retrain.housekeeping.launch import claimed_run_dir, record_launch
-from retrain.housekeeping.rundir import LOCAL_CHECKPOINT_FILES, STATE_FILE, Checkpoint, RunDir
+from retrain.housekeeping.rundir import STATE_FILE, Checkpoint, RunDir
 from retrain.housekeeping.secrets import check_env_names, shown_config
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
@@ -284,13 +284,11 @@ def config_identity(cfg: DictConfig) -> dict[str, Any]:
 
 
 def checkpoint_files(backend_cls: type) -> tuple[str, ...]:
-    """The files the backend's `load` reads from a checkpoint (a plugin that names none: the local backend's)."""
-    return tuple(getattr(backend_cls, "checkpoint_files", LOCAL_CHECKPOINT_FILES))
+    """The files the backend's `load` reads from a checkpoint (a plugin that declares none: only the trainer's state)."""
+    return tuple(getattr(backend_cls, "checkpoint_files", ()))
 
 
-def find_resume_checkpoint(
-    cfg: DictConfig, run_dir: Path, required: tuple[str, ...] = LOCAL_CHECKPOINT_FILES
-) -> Path | None:
+def find_resume_checkpoint(cfg: DictConfig, run_dir: Path, required: tuple[str, ...]) -> Path | None:
     """This run dir's own latest checkpoint that reads whole, else `resume.from` (a run dir or a checkpoint dir).
 
     The first is what makes a requeued cluster job continue where it was killed: `resume.from` only seeds

@@ -22,7 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from retrain.errors import UserError
-from retrain.housekeeping.rundir import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunDir
+from retrain.housekeeping.rundir import RunDir
+from retrain.model.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 SQUEEZE_REPORT = "squeeze.json"
 # PEFT names the two factors of a linear layer lora_A/lora_B and of an embedding lora_embedding_A/B.

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from retrain.backend.local import LocalBackend
 from retrain.config import compose
 from retrain.errors import CheckpointError
-from retrain.housekeeping.rundir import ADAPTER_WEIGHTS, STATE_FILE, RunDir
+from retrain.housekeeping.rundir import STATE_FILE, RunDir
+from retrain.model.peft_files import ADAPTER_WEIGHTS
 from retrain.run import build_trainer
 from tests.conftest import read_metrics, run_cli, without_timing
 
@@ -150,7 +152,7 @@ def assert_full_disk_handled(run_dir: Path, message: str) -> None:
     assert "no space left on " in message.lower()
     assert f"{intact} is intact: rerunning the same command resumes from it" in message
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [intact.name]  # no temp dir left behind
-    assert RunDir(run_dir).resumable_checkpoint(set_aside=False).path == intact
+    assert RunDir(run_dir).resumable_checkpoint(set_aside=False, required=LocalBackend.checkpoint_files).path == intact
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "failed" and "CheckpointError" in status["error"] and str(intact) in status["error"]
 

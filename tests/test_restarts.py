@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from retrain.backend.local import LocalBackend
 from retrain.config import compose
 from retrain.errors import CheckpointError, ConfigError
-from retrain.housekeeping.rundir import ADAPTER_WEIGHTS, CHECKSUMS_FILE, STATE_FILE, RunDir
+from retrain.housekeeping.rundir import CHECKSUMS_FILE, STATE_FILE, RunDir
+from retrain.housekeeping.trainer_state import TrainerState
+from retrain.model.peft_files import ADAPTER_WEIGHTS
 from retrain.run import build_trainer
 from tests.conftest import read_metrics, without_timing
 from tests.test_rundir import truncate, zero_half_of_the_tensors
@@ -184,3 +187,16 @@ def test_keep_checkpoints_keeps_the_newest_step_checkpoints_and_final(reference:
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"step_{STEPS}"]
     with ExitStack() as parts, pytest.raises(ConfigError, match="training.keep_checkpoints must be >= 0"):
         build_trainer(compose([*QUICK, "training.keep_checkpoints=-1"]), tmp_path / "refused", parts)
+
+
+def test_a_checkpoint_holds_the_backend_files_it_declares_and_one_trainer_state(reference: Path) -> None:
+    """What Trainer.save writes is TrainerState, field for field, and what _restore reads back; the backend's
+    own files are those it declares (Backend.checkpoint_files), so the run dir spells no backend's file names."""
+    checkpoint = reference / "final"
+    saved = json.loads((checkpoint / STATE_FILE).read_text())
+    assert saved.keys() == {*TrainerState.field_names(), "checkpoint_path"}
+    assert TrainerState.from_json(saved).to_json() == {k: v for k, v in saved.items() if k != "checkpoint_path"}
+    assert set(LocalBackend.checkpoint_files) <= {p.name for p in checkpoint.iterdir()}
+    del saved["rng"]
+    with pytest.raises(ValueError, match="trainer state lacks rng"):
+        TrainerState.from_json(saved)

@@ -12,18 +12,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from retrain.backend.local import OPTIMIZER_FILE as OPTIMIZER_STATE
+from retrain.backend.local import LocalBackend
 from retrain.errors import CheckpointError
-from retrain.housekeeping.rundir import (
-    ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
-    CHECKSUMS_FILE,
-    OPTIMIZER_STATE,
-    RESTORE_KEYS,
-    STATE_FILE,
-    Checkpoint,
-    RunDir,
-)
+from retrain.housekeeping.rundir import CHECKSUMS_FILE, STATE_FILE, Checkpoint, RunDir
+from retrain.housekeeping.trainer_state import TrainerState
+from retrain.model.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from retrain.training.metrics_log import JsonlLog
+
+LOCAL = LocalBackend.checkpoint_files
 
 
 def write_adapter(directory: Path) -> None:
@@ -133,7 +130,7 @@ def write_model_files(directory: Path) -> None:
 
 
 def save_restorable(run_dir: RunDir, completed: int, final: bool = False) -> Checkpoint:
-    state = dict.fromkeys(RESTORE_KEYS, 0) | {"completed_steps": completed, "step": completed - 1}
+    state = dict.fromkeys(TrainerState.field_names(), 0) | {"completed_steps": completed, "step": completed - 1}
     return run_dir.save_checkpoint(completed, write_model_files, state, final=final)
 
 
@@ -160,9 +157,9 @@ def truncate(file: Path) -> None:
 )
 def test_a_checkpoint_is_damaged_when_any_file_does_not_read_whole(tmp_path: Path, damage, named: str) -> None:
     checkpoint = save_restorable(RunDir(tmp_path), 3)
-    assert checkpoint.damage() is None
+    assert checkpoint.damage(LOCAL) is None
     damage(checkpoint)
-    assert checkpoint.damage().startswith(named)
+    assert checkpoint.damage(LOCAL).startswith(named)
 
 
 def zero_half_of_the_tensors(file: Path) -> None:
@@ -184,9 +181,9 @@ def test_every_file_of_a_checkpoint_is_recorded_with_its_sha256_last(tmp_path: P
 def test_a_checkpoint_written_before_checksums_stays_valid_and_its_files_are_still_read(tmp_path: Path) -> None:
     checkpoint = save_restorable(RunDir(tmp_path), 3)
     (checkpoint.path / CHECKSUMS_FILE).unlink()
-    assert checkpoint.damage() is None
+    assert checkpoint.damage(LOCAL) is None
     truncate(checkpoint.path / ADAPTER_WEIGHTS)
-    assert checkpoint.damage().startswith(f"{ADAPTER_WEIGHTS} does not read")
+    assert checkpoint.damage(LOCAL).startswith(f"{ADAPTER_WEIGHTS} does not read")
 
 
 def test_damaged_checkpoints_are_set_aside_and_never_listed_again(tmp_path: Path) -> None:
@@ -198,7 +195,7 @@ def test_damaged_checkpoints_are_set_aside_and_never_listed_again(tmp_path: Path
     truncate(run_dir.checkpoint_dir(4) / ADAPTER_WEIGHTS)
     assert [c.name for c in run_dir.checkpoints()] == ["final", "step_4", "step_2"]
 
-    found = run_dir.resumable_checkpoint(set_aside=True)
+    found = run_dir.resumable_checkpoint(set_aside=True, required=LOCAL)
     assert found is not None and found.path == run_dir.checkpoint_dir(2)
     assert [c.name for c in run_dir.checkpoints()] == ["step_2"]
     assert [p.name for p in run_dir.step_dirs()] == ["step_2"]
@@ -207,11 +204,11 @@ def test_damaged_checkpoints_are_set_aside_and_never_listed_again(tmp_path: Path
 
 def test_with_no_checkpoint_that_reads_nothing_is_renamed_and_the_error_names_each(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path)
-    assert run_dir.resumable_checkpoint(set_aside=True) is None  # no checkpoint at all: a fresh start
+    assert run_dir.resumable_checkpoint(set_aside=True, required=LOCAL) is None  # no checkpoint at all: a fresh start
     for completed in (1, 2):
         truncate(save_restorable(run_dir, completed).path / "optimizer.pt")
     with pytest.raises(CheckpointError, match=r"step_2: optimizer.pt does not read .*step_1: optimizer.pt"):
-        run_dir.resumable_checkpoint(set_aside=True)
+        run_dir.resumable_checkpoint(set_aside=True, required=LOCAL)
     assert [p.name for p in run_dir.step_dirs()] == ["step_2", "step_1"]
 
 
@@ -235,7 +232,7 @@ def test_replacing_a_checkpoint_killed_half_way_leaves_the_old_one_whole(
     monkeypatch.undo()
     assert not run_dir.final_dir.exists()
 
-    found = run_dir.resumable_checkpoint(set_aside=True)
+    found = run_dir.resumable_checkpoint(set_aside=True, required=LOCAL)
     assert found is not None and found.is_final and found.state()["completed_steps"] == 10
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # the new one's temp dir is removed too
 

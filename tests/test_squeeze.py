@@ -11,7 +11,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from retrain.housekeeping.rundir import ADAPTER_WEIGHTS, RunDir
+from retrain.housekeeping.rundir import RunDir
+from retrain.model.peft_files import ADAPTER_WEIGHTS
 from retrain.squeeze import (
     SqueezeError,
     SqueezeSettings,

@@ -50,6 +50,7 @@ class Backend(Protocol):
     """A training backend: trains the adapter on a batch and reports the new weights."""
 
     capabilities: Capabilities
+    checkpoint_files: tuple[str, ...]  # what `save` writes into a checkpoint dir; one missing marks it damaged
     probe_tolerance: float  # largest mean |Δ log-prob| between engine and trainer on the probe that counts as fresh
 
     def engine_resources(self) -> EngineResources:

@@ -29,6 +29,7 @@ from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.errors import ConfigError
 from retrain.model.logprobs import completion_logprobs
 from retrain.model.merged_lora import lean_lora, plain_lora_layers
+from retrain.model.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from retrain.model.probe import Probe, probe_tolerance
 from retrain.model.resources import EngineResources
 from retrain.model.spec import ModelSpec
@@ -38,8 +39,7 @@ from retrain.types import Rollouts, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger(__name__)
 
-OPTIMIZER_FILE = "optimizer.pt"
-ADAPTER_CONFIG_FILE = "adapter_config.json"
+OPTIMIZER_FILE = "optimizer.pt"  # the optimizer moments: without them a resume is not exact
 
 
 @dataclass
@@ -76,6 +76,7 @@ class LocalBackend:
         resume_runtime_dependent=False,
         returns_entropies=True,
     )
+    checkpoint_files = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_FILE)
 
     def __init__(
         self,
@@ -243,9 +244,9 @@ class LocalBackend:
         return WeightUpdate(version=self.weights_version, tensors=self.adapter)
 
     def _check_adapter_matches(self, path: Path) -> None:
-        config_file = path / ADAPTER_CONFIG_FILE
+        config_file = path / ADAPTER_CONFIG
         if not config_file.exists():
-            raise FileNotFoundError(f"no PEFT adapter in {path} (missing {ADAPTER_CONFIG_FILE})")
+            raise FileNotFoundError(f"no PEFT adapter in {path} (missing {ADAPTER_CONFIG})")
         saved = json.loads(config_file.read_text())
         expected = {"r": self.spec.lora_rank, "lora_alpha": self.spec.effective_alpha}
         mismatched = {key: (saved.get(key), value) for key, value in expected.items() if saved.get(key) != value}

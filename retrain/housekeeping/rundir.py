@@ -5,8 +5,8 @@
       metrics.jsonl                one record per step
       emergence/steps.jsonl        per-step planning statistics
       emergence/generations.jsonl  a few completions per step
-      checkpoints/step_N/          a checkpoint after N completed steps (PEFT adapter, optimizer.pt,
-                                   trainer_state.json, checksums.json)
+      checkpoints/step_N/          a checkpoint after N completed steps (the backend's files, e.g. a PEFT
+                                   adapter and optimizer.pt; trainer_state.json, checksums.json)
       final/                       the checkpoint written when the run finishes
       <checkpoint>.damaged-<time>  a checkpoint found unreadable on restart, set aside (never listed, never deleted)
       .<checkpoint>.<stage>-<pid>  a checkpoint being written, replaced or pruned (hidden; tidied on restart)
@@ -48,6 +48,8 @@ from typing import Any
 import yaml
 
 from retrain.errors import CheckpointError
+from retrain.housekeeping.trainer_state import TrainerState
+from retrain.model.peft_files import ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +68,6 @@ EXIT_FILE = "exit.json"
 HYDRA_DIR = ".hydra"
 LOCK_FILE = ".retrain.lock"
 IDENTITY_FILE = "run_identity.json"
-# what PEFT's save_pretrained writes into every checkpoint dir
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
-OPTIMIZER_STATE = "optimizer.pt"  # the backend's optimizer moments: without them a resume is not exact
-# what the local backend's checkpoint must hold; another backend names its own (`Backend.checkpoint_files`)
-LOCAL_CHECKPOINT_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_STATE)
-# what a restore reads from trainer_state.json (Trainer._restore, run.resolve_seed): a state without one is damaged
-RESTORE_KEYS = frozenset(
-    {"completed_steps", "step", "seed", "data", "algorithm", "batching", "total_correct", "total_completions", "rng"}
-)
 DAMAGED_MARK = ".damaged-"  # `step_8.damaged-20250101T120000`: no step dir's name, so never listed again
 # hidden dirs of a checkpoint save under way, `.<name>.<stage>-<pid>`: being written, the old one being replaced,
 # an old one being pruned; a kill leaves them behind, and the restart removes them (or puts a replaced one back)
@@ -225,11 +217,11 @@ class Checkpoint:
         with open(self.state_file) as handle:
             return json.load(handle)
 
-    def damage(self, required: tuple[str, ...] = LOCAL_CHECKPOINT_FILES) -> str | None:
+    def damage(self, required: tuple[str, ...]) -> str | None:
         """What makes this checkpoint unfit to restore, or None when every file in it reads whole.
 
         Reads the files without building a model: the state parses and has every key a restore reads,
-        the backend's `required` files (the local one's: PEFT adapter and optimizer state) are there, every JSON,
+        the backend's `required` files (`Backend.checkpoint_files`) are there, every JSON,
         safetensors and torch file loads, and every file matches its sha256 in checksums.json (damage
         that still loads: a zeroed block of weights). A checkpoint written before checksums has none to check.
         """
@@ -239,8 +231,8 @@ class Checkpoint:
             return f"{STATE_FILE} does not read ({type(error).__name__}: {error})"
         if not isinstance(state, dict):
             return f"{STATE_FILE} holds a {type(state).__name__}, not the trainer's state"
-        if missing := RESTORE_KEYS - state.keys():
-            return f"{STATE_FILE} lacks {', '.join(sorted(missing))}"
+        if missing := TrainerState.missing(state):
+            return f"{STATE_FILE} lacks {', '.join(missing)}"
         for name in required:
             if not (self.path / name).is_file():
                 return f"{name} is missing"
@@ -424,9 +416,7 @@ class RunDir:
         found = self.checkpoints()
         return found[0] if found else None
 
-    def resumable_checkpoint(
-        self, *, set_aside: bool, required: tuple[str, ...] = LOCAL_CHECKPOINT_FILES
-    ) -> Checkpoint | None:
+    def resumable_checkpoint(self, *, set_aside: bool, required: tuple[str, ...]) -> Checkpoint | None:
         """The most advanced checkpoint that reads whole (`Checkpoint.damage`); None when there is none at all.
 
         Newer damaged ones are skipped with a warning naming them and, with `set_aside` (this run's own

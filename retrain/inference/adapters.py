@@ -20,12 +20,11 @@ import torch
 from safetensors.torch import save_file
 
 from retrain.errors import ConfigError
+from retrain.model.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from retrain.model.resources import EngineResources
 from retrain.model.spec import ModelSpec
 from retrain.types import WeightUpdate
 
-ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
-ADAPTER_CONFIG_FILE = "adapter_config.json"
 PEFT_ADAPTER_NAME = "default"  # the name PEFT gives a model's only adapter; absent from saved keys
 
 
@@ -104,9 +103,9 @@ class AdapterPublisher:
         weights = {
             peft_saved_key(name): tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in tensors.items()
         }
-        save_file(weights, str(directory / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+        save_file(weights, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         config = peft_adapter_config(self.spec, self.base_model)
-        (directory / ADAPTER_CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
 
     def close(self) -> None:
         """Remove the directories this publisher wrote (the whole root when it made it)."""

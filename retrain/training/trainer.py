@@ -34,6 +34,7 @@ from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
 from retrain.environments.base import RolloutEnvironment, ScoredRollouts
 from retrain.housekeeping.rundir import Checkpoint, RunDir
+from retrain.housekeeping.trainer_state import TrainerState
 from retrain.inference.base import InferenceEngine
 from retrain.model.probe import Probe
 from retrain.reward.scorer import Scorer, fill_excluded
@@ -460,25 +461,25 @@ class Trainer:
     def save(self, final: bool = False) -> Path:
         """Checkpoint everything a resumed run needs to continue the same trajectory."""
         completed = self.next_step
-        state = {
-            "step": completed - 1,
-            "completed_steps": completed,
-            "max_steps": self.training.max_steps,
-            "finished": final,
-            "seed": self.training.seed,
-            "condition": self.algorithm.name,
-            "data": self.data.state_dict() if self._prefetched is None else self._prefetched.data_state,
-            "algorithm": self.algorithm.state_dict(),
-            "batching": self.batching.state_dict(),
-            "total_correct": self.total_correct,
-            "total_completions": self.total_completions,
-            "group_size": self.training.group_size,
-            "eval": self.eval_results,
-            "wandb_run_id": self.wandb_run_id,
-            "rng": _rng_state(),
-            "config_identity": self.config_identity,
-        }
-        checkpoint = self.files.save_checkpoint(completed, self.backend.save, state, final=final)
+        state = TrainerState(
+            step=completed - 1,
+            completed_steps=completed,
+            max_steps=self.training.max_steps,
+            finished=final,
+            seed=self.training.seed,
+            condition=self.algorithm.name,
+            data=self.data.state_dict() if self._prefetched is None else self._prefetched.data_state,
+            algorithm=self.algorithm.state_dict(),
+            batching=self.batching.state_dict(),
+            total_correct=self.total_correct,
+            total_completions=self.total_completions,
+            group_size=self.training.group_size,
+            eval=self.eval_results,
+            wandb_run_id=self.wandb_run_id,
+            rng=_rng_state(),
+            config_identity=self.config_identity,
+        )
+        checkpoint = self.files.save_checkpoint(completed, self.backend.save, state.to_json(), final=final)
         self._last_saved_step = completed - 1
         self.files.prune_checkpoints(self.training.keep_checkpoints)
         return checkpoint.path
@@ -495,33 +496,33 @@ class Trainer:
 
         A step checkpoint of the last step is restored like any other: the run was killed before its final/
         (held-out evaluation and the final checkpoint still to do)."""
-        state = Checkpoint(checkpoint).state()
-        if state["completed_steps"] >= self.training.max_steps and Checkpoint(checkpoint).is_final:
+        state = TrainerState.from_json(Checkpoint(checkpoint).state())
+        if state.completed_steps >= self.training.max_steps and Checkpoint(checkpoint).is_final:
             log.info(
                 "Run at %s already finished %d/%d steps: nothing to resume.",
                 checkpoint,
-                state["completed_steps"],
+                state.completed_steps,
                 self.training.max_steps,
             )
-            self.next_step = state["completed_steps"]
-            self.eval_results = dict(state.get("eval", {}))
+            self.next_step = state.completed_steps
+            self.eval_results = dict(state.eval)
             return True
         self.freshness.forget()
         self._sync_engine(self.backend.load(checkpoint))
-        self.data.load_state_dict(state["data"])
-        self.algorithm.load_state_dict(state["algorithm"])
-        self.batching.load_state_dict(state["batching"])
-        self.total_correct = int(state["total_correct"])
-        self.total_completions = int(state["total_completions"])
-        self.eval_results = dict(state.get("eval", {}))
-        self.wandb_run_id = state.get("wandb_run_id")
-        _set_rng_state(state["rng"])
-        self.next_step = state["completed_steps"]
-        self._last_saved_step = state["step"]
+        self.data.load_state_dict(state.data)
+        self.algorithm.load_state_dict(state.algorithm)
+        self.batching.load_state_dict(state.batching)
+        self.total_correct = state.total_correct
+        self.total_completions = state.total_completions
+        self.eval_results = dict(state.eval)
+        self.wandb_run_id = state.wandb_run_id
+        _set_rng_state(state.rng)
+        self.next_step = state.completed_steps
+        self._last_saved_step = state.step
         source_run = RunDir.of_checkpoint(checkpoint)
         for log_file in (self.metrics, self.steps_log, self.generations_log):
             source = source_run.path / log_file.path.relative_to(self.run_dir)
-            log_file.restore_from(source, last_step=state["step"])
+            log_file.restore_from(source, last_step=state.step)
         log.info("Resumed from %s at step %d", checkpoint, self.next_step)
         return False
 

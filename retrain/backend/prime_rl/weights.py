@@ -25,13 +25,13 @@ from typing import Any
 import torch
 
 from retrain.errors import UserError
+from retrain.model.peft_files import ADAPTER_CONFIG
 from retrain.model.probe import Probe
 from retrain.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
 STABLE = "STABLE"
-ADAPTER_CONFIG_FILE = "adapter_config.json"
 
 
 def broadcast_dir(output_dir: Path, step: int) -> Path:
@@ -40,7 +40,7 @@ def broadcast_dir(output_dir: Path, step: int) -> Path:
 
 def is_adapter(directory: Path) -> bool:
     """Whether a broadcast holds a LoRA adapter (else full weights)."""
-    return (directory / ADAPTER_CONFIG_FILE).is_file()
+    return (directory / ADAPTER_CONFIG).is_file()
 
 
 def wait_for_broadcast(directory: Path, wait_s: float, poll_s: float) -> Path:
