@@ -33,7 +33,6 @@ from retrain.config import (
     EvalConfig,
     LoggingConfig,
     TrainingConfig,
-    check_known_keys,
     container_dict,
 )
 from retrain.environments.base import RolloutEnvironment
@@ -42,7 +41,7 @@ from retrain.housekeeping.allocator import keep_freed_memory
 from retrain.housekeeping.determinism import reproducible_torch
 from retrain.housekeeping.launch import claimed_run_dir, record_launch
 from retrain.housekeeping.rundir import STATE_FILE, Checkpoint, RunDir
-from retrain.housekeeping.secrets import check_env_names, shown_config
+from retrain.housekeeping.secrets import shown_config
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.model.probe import Probe
@@ -53,7 +52,7 @@ from retrain.training.batching import build_batching
 from retrain.training.metrics_log import check_wandb_login
 from retrain.training.trainer import PlanningDetection, Trainer
 from retrain.types import Example
-from retrain.validation import check_config, check_prompt_lengths, warn_if_untrainable
+from retrain.validation import check_prompt_lengths, check_run_config, warn_if_untrainable
 
 log = logging.getLogger("retrain")
 
@@ -62,9 +61,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """Build every part from `cfg` and train; returns the final status."""
     run_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    check_known_keys(cfg)
-    check_config(cfg)
-    check_env_names(cfg)
+    check_run_config(cfg)
     keep_freed_memory()  # each step reuses the host memory of the step before instead of faulting it in anew
     # nothing is written into the run dir before it is this run's: a refused launch leaves it as it was
     with claimed_run_dir(run_dir, config_identity(cfg)), ExitStack() as parts:

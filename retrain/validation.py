@@ -24,8 +24,9 @@ from retrain.algorithm.base import Algorithm
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.campaign.autosqueeze import squeeze_settings
 from retrain.compose_errors import unresolvable
-from retrain.config import TrainingConfig
+from retrain.config import TrainingConfig, check_known_keys
 from retrain.errors import ConfigError, DataError
+from retrain.housekeeping.secrets import check_env_names
 from retrain.hub import hub_fetch
 from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.types import Example
@@ -46,6 +47,14 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 SELF_CHECKED = ("model", "scoring", "inference")  # ModelSpec, ScoringConfig, the engine's schema (inference/config.py)
 PROMPT_CHUNK = 1024  # prompts templated and tokenized per call when their lengths are checked
 PROBE_TOKENS = 4  # tokens per completion of the synthetic step that tells whether an algorithm can learn
+
+
+def check_run_config(cfg: DictConfig) -> None:
+    """Every check a run makes on its config before it builds anything (`python -m retrain` and `retrain explain`
+    both run these): no unknown key, every value in range, no secret written inline where an env name belongs."""
+    check_known_keys(cfg)
+    check_config(cfg)
+    check_env_names(cfg)
 
 
 def check_config(cfg: DictConfig) -> None:

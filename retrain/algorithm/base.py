@@ -34,8 +34,9 @@ class Algorithm(Protocol):
     needs_planning: bool  # whether `compute` reads the planning mask
     needs_entropies: bool  # whether `compute` reads the sampler's entropies
 
-    def begin_step(self, step: int) -> float:
-        """Before the step samples; returns SEPA's lambda for it (0 without SEPA)."""
+    def begin_step(self, step: int) -> dict[str, float]:
+        """Before the step samples: set up the step's schedules; returns metrics of the step known now
+        (e.g. a schedule's value), logged with the step's record."""
 
     def planning_mask(
         self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, tokenizer: Any

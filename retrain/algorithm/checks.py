@@ -60,17 +60,21 @@ def check_compute(output: Any, what: str, args: tuple[Any, ...], kwargs: dict[st
     return output
 
 
-def check_lambda(value: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
-    """`begin_step` returns the step's SEPA lambda, which is logged: a finite number."""
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise PluginOutputError(f"{what}.begin_step returned {value!r}, expected a finite number (lambda, or 0)")
-    return float(value)
+def check_step_metrics(value: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, float]:
+    """`begin_step` returns metrics that are logged: a dict of names to finite numbers."""
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and math.isfinite(v) for k, v in value.items()
+    ):
+        raise PluginOutputError(
+            f"{what}.begin_step returned {value!r}, expected a dict of metric names to finite numbers ({{}} for none)"
+        )
+    return {k: float(v) for k, v in value.items()}
 
 
 ADVANTAGE_CHECKS: dict[str, Check] = {"__call__": check_advantage}
 UNCERTAINTY_CHECKS: dict[str, Check] = {"__call__": check_uncertainty}
 TRANSFORM_CHECKS: dict[str, Check] = {"__call__": check_transform}
-ALGORITHM_CHECKS: dict[str, Check] = {"compute": check_compute, "begin_step": check_lambda}
+ALGORITHM_CHECKS: dict[str, Check] = {"compute": check_compute, "begin_step": check_step_metrics}
 
 
 def algorithm_what(algorithm: Any) -> str:

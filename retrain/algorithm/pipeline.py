@@ -124,11 +124,11 @@ class Algorithm:
         }
 
     # ---- the step ----------------------------------------------------------------------------------
-    def begin_step(self, step: int) -> float:
+    def begin_step(self, step: int) -> dict[str, float]:
         """Resolve this step's SEPA lambda before it samples (0 without a SEPA transform)."""
         self._lambda = self.sepa.lambda_at(step) if self.uses_sepa else 0.0
         self._execution_variance = None
-        return self._lambda
+        return {"sepa_lambda": self._lambda}
 
     def planning_mask(
         self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, tokenizer: Any

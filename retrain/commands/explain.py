@@ -90,17 +90,14 @@ def composed(overrides: list[str], config_dir: Path | None = None) -> DictConfig
 
 
 def checked_config(cfg: DictConfig) -> None:
-    """The checks a run makes before it builds anything (retrain.run.run)."""
-    from retrain.config import check_known_keys
-    from retrain.housekeeping.secrets import check_env_names
+    """The checks a run makes before it builds anything (retrain.run.run), and the imports of the parts a run
+    builds but explain does not: a typo in their `_target_` shows here, not only when the run gets there."""
     from retrain.run import target_object
-    from retrain.validation import check_config
+    from retrain.validation import check_run_config
 
     run_config = without_hydra(cfg)
-    check_known_keys(run_config)
-    check_config(run_config)
-    check_env_names(run_config)
-    for group in ("reward", "data"):  # imported only once the model has loaded in a run: a typo shows here first
+    check_run_config(run_config)
+    for group in ("reward", "data"):
         if OmegaConf.select(run_config, f"{group}._target_") is not None:
             target_object(run_config, group)
 

@@ -199,7 +199,7 @@ class Trainer:
         training = self.training
         G = training.group_size
         started = time.perf_counter()
-        sepa_lambda = self.algorithm.begin_step(step)
+        step_metrics = self.algorithm.begin_step(step)
 
         t_sample = time.perf_counter()
         prefetched, self._prefetched = self._prefetched, None
@@ -264,7 +264,7 @@ class Trainer:
             "mean_completion_tokens": float(rollouts.completion_mask.sum(dim=1).float().mean()),
             "batch_size": B,
             "group_size": G,
-            "sepa_lambda": sepa_lambda,
+            **step_metrics,
             "groups_skipped": int(uniform.sum()),
             "groups_all_correct": int((uniform & all_correct).sum()),
             "groups_all_wrong": int((uniform & ~all_correct).sum()),

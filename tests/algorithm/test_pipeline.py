@@ -131,7 +131,7 @@ def test_metrics_report_uncertainty_before_and_after_the_transforms():
         "algorithm.sepa.steps=1",
         "algorithm.sepa.correct_rate_gate=0",
     )
-    assert algorithm.begin_step(5) == 1.0
+    assert algorithm.begin_step(5) == {"sepa_lambda": 1.0}
     out = algorithm.compute(torch.tensor([[1.0]]), logprobs, mask, None, planning)
     m = {key: pytest.approx(value, rel=1e-5, abs=1e-5) for key, value in out.metrics.items()}
     assert (m["exec_entropy_mean"], m["exec_entropy_var"], m["plan_entropy_mean"], m["plan_entropy_var"]) == (
@@ -234,7 +234,7 @@ def test_a_step_as_the_trainer_runs_it_with_the_tiny_models_tokenizer():
         "algorithm.sepa.delay_steps=0",
         "algorithm.sepa.steps=2",
     )
-    lam = algorithm.begin_step(1)
+    lam = algorithm.begin_step(1)["sepa_lambda"]
     planning = algorithm.planning_mask(ids, mask, tokenizer)
     assert planning[0, :12].all() and not planning[2].any()  # "Let me check" / a completion without grams
     out = algorithm.compute(torch.tensor([[1.0, 1.0, 0.0, 1.0]]), logprobs, mask, None, planning)

@@ -87,4 +87,6 @@ def test_preflight_leaves_the_algorithms_schedule_untouched():
     algorithm = build("maxrl_gtpo_sepa", "algorithm.sepa.schedule=auto")
     state = algorithm.state_dict()
     preflight(algorithm, LOCAL)
-    assert algorithm.state_dict() == state and algorithm.begin_step(400) == 0.0  # the gate is still closed
+    assert algorithm.state_dict() == state and algorithm.begin_step(400) == {
+        "sepa_lambda": 0.0
+    }  # the gate is still closed

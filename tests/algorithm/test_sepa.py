@@ -79,7 +79,7 @@ def test_the_algorithm_feeds_auto_one_variance_per_step_from_raw_execution_token
 
 def test_without_a_sepa_transform_lambda_is_zero_and_the_schedule_never_moves():
     algorithm = build("maxrl_gtpo_hicra", "algorithm.sepa.correct_rate_gate=0", "algorithm.sepa.delay_steps=0")
-    assert algorithm.begin_step(400) == 0.0
+    assert algorithm.begin_step(400) == {"sepa_lambda": 0.0}
     algorithm.end_step(1.0)
     assert algorithm.state_dict() == {"sepa": {"var_ema": None, "var_0": None, "warmup_seen": 0, "gate_open": True}}
 
@@ -87,7 +87,7 @@ def test_without_a_sepa_transform_lambda_is_zero_and_the_schedule_never_moves():
 def _trajectory(algorithm, steps: range) -> list[tuple[float, torch.Tensor]]:
     out = []
     for step in steps:
-        lam = algorithm.begin_step(step)
+        lam = algorithm.begin_step(step)["sepa_lambda"]
         data = synthetic_step(groups=2, group_size=4, seed=100 + step)
         result = algorithm.compute(data["rewards"], data["logprobs"], data["mask"], None, data["planning"])
         algorithm.end_step(0.05 if step < 3 else 0.4)  # the gate opens after step 3

@@ -136,8 +136,8 @@ class RankAlgorithm:
         self.name, self.label = name, label
         self.steps_done = 0
 
-    def begin_step(self, step: int) -> float:
-        return 0.0
+    def begin_step(self, step: int) -> dict[str, float]:
+        return {}
 
     def planning_mask(
         self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, tokenizer: Any
