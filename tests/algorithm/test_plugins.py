@@ -215,3 +215,14 @@ def test_a_users_own_preset_extends_a_builtin_one_through_the_search_path(tmp_pa
         "maxrl+gtpo_clip",
         ["gtpo", "clip"],
     )
+
+
+def test_a_whole_algorithm_plugin_reports_step_metrics_from_begin_step_held_to_finite_numbers():
+    algorithm = checked_algorithm(build("grpo_none", f"algorithm._target_={PLUGINS}.RankAlgorithm"))
+    assert algorithm.begin_step(0) == {}
+    algorithm.plugin.begin_step = lambda step: 0.5  # the old protocol's bare lambda is refused, not logged
+    with pytest.raises(PluginOutputError, match=r"begin_step returned 0.5, expected a dict of metric names"):
+        algorithm.begin_step(1)
+    algorithm.plugin.begin_step = lambda step: {"my_schedule": float("nan")}
+    with pytest.raises(PluginOutputError, match=r"begin_step returned \{'my_schedule': nan\}"):
+        algorithm.begin_step(2)
