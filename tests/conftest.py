@@ -30,6 +30,17 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return 2 if config.option.markexpr == "not slow" else 0
 
 
+# The offline demo, cut to what a test of the run itself needs: no held-out evaluation, one reward worker, a quiet
+# console. Tests add what they vary (steps, batch shape, checkpoints) after it.
+QUICK = [
+    "experiment=quickstart",
+    "eval.num_examples=0",
+    "scoring.workers=1",
+    "logging.console_groups=0",
+    "logging.progress_bar=false",
+]
+SMALL_BATCH = ["training.batch_size=4", "training.group_size=4"]  # four prompts of four completions per step
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 

@@ -24,25 +24,16 @@ from retrain.errors import CheckpointError
 from retrain.housekeeping.rundir import STATE_FILE, RunDir
 from retrain.model.peft_files import ADAPTER_WEIGHTS
 from retrain.run import build_trainer
-from tests.conftest import read_metrics, run_cli, without_timing
+from tests.conftest import QUICK, SMALL_BATCH, read_metrics, run_cli, without_timing
 
-QUICK = [
-    "experiment=quickstart",
-    "eval.num_examples=0",
-    "scoring.workers=1",
-    "logging.console_groups=0",
-    "logging.progress_bar=false",
-    "training.batch_size=4",
-    "training.group_size=4",
-    "training.save_every=1",
-]
+QUICK_SAVING = [*QUICK, *SMALL_BATCH, "training.save_every=1"]
 STEPS = 2
 
 
 def train(run_dir: Path, *overrides: str) -> dict:
     """Build every part as `python -m retrain` does and run to STEPS; returns the final status."""
     with ExitStack() as parts:
-        return build_trainer(compose([*QUICK, f"training.max_steps={STEPS}", *overrides]), run_dir, parts).run()
+        return build_trainer(compose([*QUICK_SAVING, f"training.max_steps={STEPS}", *overrides]), run_dir, parts).run()
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +84,7 @@ def test_with_every_checkpoint_damaged_the_restart_says_what_is_wrong_with_each(
     for step in range(1, STEPS + 1):
         truncate(run_dir / "checkpoints" / f"step_{step}" / STATE_FILE)
     with ExitStack() as parts, pytest.raises(CheckpointError) as raised:
-        build_trainer(compose([*QUICK, f"training.max_steps={STEPS}"]), run_dir, parts)
+        build_trainer(compose([*QUICK_SAVING, f"training.max_steps={STEPS}"]), run_dir, parts)
     message = str(raised.value)
     for step in range(1, STEPS + 1):
         assert f"{run_dir / 'checkpoints' / f'step_{step}'}: {STATE_FILE} does not read (JSONDecodeError" in message
@@ -106,7 +97,7 @@ def test_resume_from_a_damaged_checkpoint_dir_is_refused(reference: Path, tmp_pa
     shutil.copytree(reference / "checkpoints" / "step_1", source)
     truncate(source / ADAPTER_WEIGHTS)
     with ExitStack() as parts, pytest.raises(CheckpointError, match=f"resume.from=.*{ADAPTER_WEIGHTS} does not read"):
-        build_trainer(compose([*QUICK, f"resume.from={source}"]), tmp_path / "run", parts)
+        build_trainer(compose([*QUICK_SAVING, f"resume.from={source}"]), tmp_path / "run", parts)
 
 
 def test_resume_from_another_run_skips_its_damaged_checkpoints_without_renaming_them(
@@ -115,7 +106,7 @@ def test_resume_from_another_run_skips_its_damaged_checkpoints_without_renaming_
     source = killed_after_last_step
     truncate(source / "checkpoints" / f"step_{STEPS}" / "optimizer.pt")
     with ExitStack() as parts, caplog.at_level("WARNING", logger="retrain"):
-        trainer = build_trainer(compose([*QUICK, f"resume.from={source}"]), tmp_path / "new", parts)
+        trainer = build_trainer(compose([*QUICK_SAVING, f"resume.from={source}"]), tmp_path / "new", parts)
     assert trainer.resume_checkpoint == source / "checkpoints" / f"step_{STEPS - 1}"
     assert (source / "checkpoints" / f"step_{STEPS}").is_dir()  # another run's dir is left as it is
     assert any("optimizer.pt" in r.getMessage() for r in caplog.records)
@@ -204,7 +195,7 @@ def test_a_real_full_disk_while_checkpointing_prints_one_line_and_the_same_comma
     checkpoint_size = sum(f.stat().st_size for f in (kept / f"step_{STEPS - 1}").iterdir())
     small_filesystem(run_dir / "checkpoints", int(1.5 * checkpoint_size))
     shutil.copytree(kept / f"step_{STEPS - 1}", run_dir / "checkpoints" / f"step_{STEPS - 1}")
-    command = [*QUICK, f"training.max_steps={STEPS}", f"hydra.run.dir={run_dir}"]
+    command = [*QUICK_SAVING, f"training.max_steps={STEPS}", f"hydra.run.dir={run_dir}"]
 
     result = run_cli(command, cwd=tmp_path, check=False)
     printed = result.stdout + result.stderr

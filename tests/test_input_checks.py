@@ -21,10 +21,13 @@ from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.run import run
 from retrain.types import Example
 from retrain.validation import check_prompt_lengths, model_context, warn_if_untrainable
-from tests.conftest import CliHere
+from tests.conftest import QUICK, CliHere
 
-SHORT = ["training.max_steps=2", "eval.num_examples=0", "scoring.workers=1", "logging.progress_bar=false"]
-QUICK = ["experiment=quickstart", *SHORT]
+SHORT = [
+    *(o for o in QUICK if not o.startswith("experiment=")),
+    "training.max_steps=2",
+]  # the quick run on any data, model
+QUICK_RUN = [*QUICK, "training.max_steps=2"]
 MODEL_LOADS = "Loading train model"
 UNTRAINABLE = "can never train"
 
@@ -37,7 +40,7 @@ def raw_reward_advantage(rewards: torch.Tensor) -> torch.Tensor:
 def refused(tmp_path: Path, caplog: pytest.LogCaptureFixture, *overrides: str) -> str:
     """The message of the UserError that `run` raises for `overrides`, checked to come before any model loads."""
     with caplog.at_level(logging.INFO), pytest.raises((ConfigError, DataError)) as raised:
-        run(compose([*QUICK, *overrides]), tmp_path / "run")
+        run(compose([*QUICK_RUN, *overrides]), tmp_path / "run")
     assert MODEL_LOADS not in caplog.text
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     return str(raised.value)
@@ -173,7 +176,7 @@ def test_the_context_comes_from_config_json_without_weights(tmp_path: Path) -> N
 def test_settings_that_can_never_train_a_group_relative_advantage_warn(
     caplog: pytest.LogCaptureFixture, overrides: list[str], warns: bool
 ) -> None:
-    cfg = compose([*QUICK, *overrides])
+    cfg = compose([*QUICK_RUN, *overrides])
     with caplog.at_level(logging.WARNING):
         warn_if_untrainable(checked_algorithm(instantiate(cfg.algorithm)), OmegaConf.to_object(cfg.training))
     assert (UNTRAINABLE in caplog.text) == warns, caplog.text
@@ -181,12 +184,12 @@ def test_settings_that_can_never_train_a_group_relative_advantage_warn(
 
 def test_the_warning_comes_once_per_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        run(compose([*QUICK, "training.group_size=1", "training.batch_size=2", "training.max_steps=2"]), tmp_path)
+        run(compose([*QUICK_RUN, "training.group_size=1", "training.batch_size=2", "training.max_steps=2"]), tmp_path)
     assert sum(UNTRAINABLE in message for message in caplog.messages) == 1
 
 
 def test_the_command_line_says_which_key_in_one_line_and_loads_nothing(tmp_path: Path, cli_here: CliHere) -> None:
-    result = cli_here([*QUICK, "training.lr=nan", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False)
+    result = cli_here([*QUICK_RUN, "training.lr=nan", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False)
     console = result.stdout + result.stderr
     assert result.returncode == 1, console
     assert [line for line in console.splitlines() if line.startswith("retrain: ")] == [
@@ -199,7 +202,9 @@ def test_a_rewards_mistake_is_reported_before_the_data_loads(tmp_path: Path, cli
     """The reward is built first (a data set may take minutes to download): its own checks, then its workers."""
     run_dir = tmp_path / "run"
     result = cli_here(
-        [*QUICK, "reward=judge", "reward.base_url=localhost:8000", f"hydra.run.dir={run_dir}"], tmp_path, check=False
+        [*QUICK_RUN, "reward=judge", "reward.base_url=localhost:8000", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+        check=False,
     )
     console = result.stdout + result.stderr
     assert result.returncode == 1 and "retrain: reward.base_url must be an http(s) URL, got 'localhost:8000'" in console

@@ -18,19 +18,10 @@ from retrain.housekeeping.rundir import CHECKSUMS_FILE, STATE_FILE, RunDir
 from retrain.housekeeping.trainer_state import TrainerState
 from retrain.model.peft_files import ADAPTER_WEIGHTS
 from retrain.run import build_trainer
-from tests.conftest import read_metrics, without_timing
+from tests.conftest import QUICK, SMALL_BATCH, read_metrics, without_timing
 from tests.test_rundir import truncate, zero_half_of_the_tensors
 
-QUICK = [
-    "experiment=quickstart",
-    "eval.num_examples=0",
-    "scoring.workers=1",
-    "logging.console_groups=0",
-    "logging.progress_bar=false",
-    "training.batch_size=4",
-    "training.group_size=4",
-    "training.save_every=1",
-]
+QUICK_SAVING = [*QUICK, *SMALL_BATCH, "training.save_every=1"]
 STEPS = 2
 LOGS = ["metrics.jsonl", "emergence/steps.jsonl", "emergence/generations.jsonl"]
 
@@ -38,7 +29,7 @@ LOGS = ["metrics.jsonl", "emergence/steps.jsonl", "emergence/generations.jsonl"]
 def train(run_dir: Path, *overrides: str) -> dict:
     """Build every part as `python -m retrain` does and run to STEPS; returns the final status."""
     with ExitStack() as parts:
-        return build_trainer(compose([*QUICK, f"training.max_steps={STEPS}", *overrides]), run_dir, parts).run()
+        return build_trainer(compose([*QUICK_SAVING, f"training.max_steps={STEPS}", *overrides]), run_dir, parts).run()
 
 
 def steps_logged(run_dir: Path) -> dict[str, list[int]]:
@@ -123,7 +114,7 @@ def test_with_none_of_its_own_checkpoints_readable_resume_from_is_the_way_out(
     run_dir = killed(reference, tmp_path / "run", checkpoints=1)
     truncate(run_dir / "checkpoints" / "step_1" / STATE_FILE)
     with ExitStack() as parts, caplog.at_level("WARNING", logger="retrain"):
-        trainer = build_trainer(compose([*QUICK, f"resume.from={reference}"]), run_dir, parts)
+        trainer = build_trainer(compose([*QUICK_SAVING, f"resume.from={reference}"]), run_dir, parts)
     assert trainer.resume_checkpoint == reference / "final"
     assert "no checkpoint in" in caplog.text and f"resume.from={reference}" in caplog.text
 
@@ -134,7 +125,7 @@ def test_a_restart_that_cannot_restore_records_the_failure_in_the_status(referen
     for step in range(1, STEPS + 1):
         truncate(run_dir / "checkpoints" / f"step_{step}" / STATE_FILE)
     with ExitStack() as parts, pytest.raises(CheckpointError):
-        build_trainer(compose([*QUICK, f"training.max_steps={STEPS}"]), run_dir, parts)
+        build_trainer(compose([*QUICK_SAVING, f"training.max_steps={STEPS}"]), run_dir, parts)
     status = RunDir(run_dir).read_status()
     assert status["state"] == "failed" and status["error"].startswith("CheckpointError: no checkpoint in")
     assert status["step"] == 1
@@ -186,7 +177,7 @@ def test_keep_checkpoints_keeps_the_newest_step_checkpoints_and_final(reference:
     assert [c.name for c in RunDir(run_dir).checkpoints()] == ["final", f"step_{STEPS}"]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"step_{STEPS}"]
     with ExitStack() as parts, pytest.raises(ConfigError, match="training.keep_checkpoints must be >= 0"):
-        build_trainer(compose([*QUICK, "training.keep_checkpoints=-1"]), tmp_path / "refused", parts)
+        build_trainer(compose([*QUICK_SAVING, "training.keep_checkpoints=-1"]), tmp_path / "refused", parts)
 
 
 def test_a_checkpoint_holds_the_backend_files_it_declares_and_one_trainer_state(reference: Path) -> None:

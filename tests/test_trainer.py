@@ -18,15 +18,9 @@ from retrain.model.resources import EngineResources
 from retrain.run import build_trainer
 from retrain.training.trainer import Trainer
 from tests.backend.tiny_model import make_backend
+from tests.conftest import QUICK, SMALL_BATCH
 
-QUICK = [
-    "experiment=quickstart",
-    "eval.num_examples=0",
-    "scoring.workers=1",
-    "logging.console_groups=0",
-    "training.batch_size=4",
-    "training.group_size=4",
-]
+QUICK_SMALL = [*QUICK, *SMALL_BATCH]
 
 
 @pytest.fixture
@@ -34,7 +28,7 @@ def build(tmp_path: Path) -> Iterator:
     with ExitStack() as parts:
 
         def trainer(*overrides: str) -> Trainer:
-            return build_trainer(compose([*QUICK, *overrides]), tmp_path / "run", parts)
+            return build_trainer(compose([*QUICK_SMALL, *overrides]), tmp_path / "run", parts)
 
         yield trainer
 

@@ -14,16 +14,9 @@ from retrain.config import compose
 from retrain.errors import RewardFailureError
 from retrain.run import build_trainer
 from retrain.training.trainer import Trainer
+from tests.conftest import QUICK, SMALL_BATCH
 
-QUICK = [
-    "experiment=quickstart",
-    "eval.num_examples=0",
-    "scoring.workers=1",
-    "logging.console_groups=0",
-    "training.batch_size=4",
-    "training.group_size=4",
-    "logging.generations_per_step=16",  # every completion of a step, with its reward
-]
+QUICK_LOGGED = [*QUICK, *SMALL_BATCH, "logging.generations_per_step=16"]  # every completion of a step, with its reward
 PLUGINS = "tests.plugins.training_plugins"
 
 
@@ -32,7 +25,7 @@ def build(tmp_path: Path) -> Iterator:
     with ExitStack() as parts:
 
         def trainer(*overrides: str) -> Trainer:
-            return build_trainer(compose([*QUICK, *overrides]), tmp_path / "run", parts)
+            return build_trainer(compose([*QUICK_LOGGED, *overrides]), tmp_path / "run", parts)
 
         yield trainer
 

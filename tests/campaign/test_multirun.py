@@ -9,15 +9,9 @@ import pytest
 import yaml
 
 from retrain.campaign.plan import expand
-from tests.conftest import CliHere, read_metrics, run_cli
+from tests.conftest import QUICK, CliHere, read_metrics, run_cli
 
-QUICK = [
-    "experiment=quickstart",
-    "training.max_steps=2",
-    "training.save_every=0",
-    "eval.num_examples=0",
-    "logging.progress_bar=false",
-]
+QUICK_SWEEP = [*QUICK, "training.max_steps=2", "training.save_every=0"]
 
 
 def test_ablation_preset_plans_five_conditions_by_eight_seeds(tmp_path: Path) -> None:
@@ -55,7 +49,7 @@ def test_campaign_wandb_names_follow_condition_and_seed(tmp_path: Path) -> None:
 def test_jobs_that_would_share_a_run_dir_stop_the_sweep_before_it_starts(tmp_path: Path, cli_here: CliHere) -> None:
     sweep_dir = tmp_path / "sweep"
     result = cli_here(
-        ["--multirun", *QUICK, "training.lr=1e-3,1e-4", f"hydra.sweep.dir={sweep_dir}"], tmp_path, check=False
+        ["--multirun", *QUICK_SWEEP, "training.lr=1e-3,1e-4", f"hydra.sweep.dir={sweep_dir}"], tmp_path, check=False
     )
     assert result.returncode == 1 and not sweep_dir.exists()
     assert "retrain: jobs #0, #1 would share the run dir maxrl_gtpo_sepa_s0" in result.stderr, result.stderr
@@ -63,7 +57,7 @@ def test_jobs_that_would_share_a_run_dir_stop_the_sweep_before_it_starts(tmp_pat
     # the subdir the message suggests tells them apart
     key, _, value = result.stderr.split("e.g. ", 1)[1].strip().partition("=")
     suggested = f"{key}={value.strip(chr(39))}"  # as a shell passes it, without the quotes
-    arguments = ["--multirun", *QUICK, "training.lr=-1,-2", f"hydra.sweep.dir={sweep_dir}", suggested]
+    arguments = ["--multirun", *QUICK_SWEEP, "training.lr=-1,-2", f"hydra.sweep.dir={sweep_dir}", suggested]
     plan = cli_here(arguments, tmp_path, check=False)
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == [
         "maxrl_gtpo_sepa_s0_lr-1.0",
@@ -73,7 +67,7 @@ def test_jobs_that_would_share_a_run_dir_stop_the_sweep_before_it_starts(tmp_pat
     assert "Traceback" not in plan.stderr, plan.stderr  # each job's user error is one line, the sweep's too
     assert "UserWarning" not in plan.stderr and (sweep_dir / "manifest.json").is_file()
     # a name only the launch resolves (the job's number) is the launcher's to keep apart: no check, no warning
-    numbered = ["--multirun", *QUICK, "training.lr=-1,-2", f"hydra.sweep.dir={tmp_path / 'numbered'}"]
+    numbered = ["--multirun", *QUICK_SWEEP, "training.lr=-1,-2", f"hydra.sweep.dir={tmp_path / 'numbered'}"]
     result = cli_here([*numbered, "hydra.sweep.subdir=job${hydra.job.num}"], tmp_path, check=False)
     assert "UserWarning" not in result.stderr and "retrain: job #0 (" in result.stderr, result.stderr
     assert json.loads((tmp_path / "numbered" / "manifest.json").read_text())["plan"] is not None
@@ -87,7 +81,14 @@ def test_a_campaign_setting_that_cannot_work_stops_the_sweep_before_it_starts(
         ("squeeze.min_variance_retention=high", "squeeze.min_variance_retention='high': must be a number in (0, 1]"),
         ("+squeeze.retention=0.9", "squeeze: unknown key(s) ['retention']"),
     ]:
-        arguments = ["--multirun", "+campaign=ablation", *QUICK, "algorithm=grpo_none", "training.seed=1", setting]
+        arguments = [
+            "--multirun",
+            "+campaign=ablation",
+            *QUICK_SWEEP,
+            "algorithm=grpo_none",
+            "training.seed=1",
+            setting,
+        ]
         result = cli_here([*arguments, f"hydra.sweep.dir={sweep_dir}"], tmp_path, check=False)
         assert result.returncode == 1 and f"retrain: {message}" in result.stderr, result.stderr
         assert not sweep_dir.exists()  # no job ran, nothing was written
@@ -107,7 +108,7 @@ def test_basic_multirun_campaign_writes_manifest_and_summary(tmp_path: Path) -> 
         [
             "--multirun",
             "+campaign=ablation",
-            *QUICK,
+            *QUICK_SWEEP,
             "algorithm=grpo_none,maxrl_gtpo_sepa",
             "training.seed=1,2",
             f"hydra.sweep.dir={sweep_dir}",
@@ -148,7 +149,7 @@ def test_a_failing_run_is_reported_not_hidden(tmp_path: Path) -> None:
         [
             "--multirun",
             "+campaign=ablation",
-            *QUICK,
+            *QUICK_SWEEP,
             "algorithm=grpo_none",
             "training.seed=1",
             "reward._target_=retrain.reward.match.match_reward,retrain.reward.no_such_reward",
@@ -177,7 +178,7 @@ def test_local_submitit_launcher_runs_each_job_in_its_own_process(tmp_path: Path
         [
             "--multirun",
             "+campaign=ablation",
-            *QUICK,
+            *QUICK_SWEEP,
             "algorithm=grpo_none",
             "training.seed=1,2",
             "hydra/launcher=local",

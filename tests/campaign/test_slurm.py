@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 
 from retrain.campaign.runs import slurm_job_id
-from tests.conftest import REPO, read_metrics, run_cli, without_timing
+from tests.conftest import QUICK, REPO, read_metrics, run_cli, without_timing
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-QUICK = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
 # CPU-only node: no GPUs, one core and a little memory per job, one thread per process
 SLURM = [
     "hydra/launcher=slurm",
