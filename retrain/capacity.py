@@ -1,6 +1,6 @@
 """How long a run or a campaign will take, and how many GPU hours it costs, before it starts.
 
-The reference is the seeds' table of typical step times (docs/capacity-planning.md): Qwen3-4B,
+The reference is the typical step times the original retrain documented (docs/capacity-planning.md): Qwen3-4B,
 4 prompts × 8 completions of up to 10,240 tokens per step, on one GPU. A config's step time is that
 reference scaled linearly by completions per step, by `training.max_tokens` and by the model's
 parameter count; a pilot run (`retrain explain --pilot RUN_DIR`) replaces the reference with its own
@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-# the seeds' "Typical training times" (getting started): seconds per step of the reference workload
+# the original retrain's documented "Typical training times": seconds per step of the reference workload
 REFERENCE_STEP_S: dict[str, float] = {"h100": 15.0, "a100": 25.0, "rtx4090": 45.0}
 REFERENCE_GPU = "h100"
 REFERENCE_COMPLETIONS = 4 * 8  # batch_size × group_size
 REFERENCE_MAX_TOKENS = 10240
 REFERENCE_PARAMS = 4.0e9  # Qwen3-4B
-REMOTE_OVERHEAD_S = 2.0  # the seeds: a remote service adds ~1-3 s of network round-trips per step
+REMOTE_OVERHEAD_S = 2.0  # the original retrain's documentation: a remote service adds ~1-3 s of round-trips per step
 # substrings of torch.cuda.get_device_name -> the reference row that GPU is timed like
 GPU_KINDS: tuple[tuple[str, str], ...] = (("H100", "h100"), ("H200", "h100"), ("A100", "a100"), ("4090", "rtx4090"))
 _SIZE_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)([BM])(?![a-zA-Z])", re.IGNORECASE)

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if str(Path.cwd()) not in sys.path and "" not in sys.path:  # the `retrain` script: plugins in the working
         sys.path.insert(0, str(Path.cwd()))  # directory import as they do under `python -m retrain`
-    # the seeds' `.env` in the working directory: keys and tokens without exporting them (the environment wins)
+    # a `.env` in the working directory, as the original retrain read it: keys and tokens without exporting them (the environment wins)
     load_dotenv(Path.cwd() / ".env", override=False)
     if args and args[0] in SUBCOMMANDS:
         try:

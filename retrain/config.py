@@ -36,7 +36,7 @@ GROUP_SCHEMA_MODULES: dict[str, str] = {
 
 @dataclass
 class TrainingConfig:
-    """Run-wide optimisation and sampling knobs (seeds' [training] and [optimizer]).
+    """Run-wide optimisation and sampling knobs (the original TOML format's [training] and [optimizer], docs/migrate-config.md).
 
     The only home of their defaults: OptimSettings, LossSettings and SamplingParams are built from
     this section (`from_config`), the batch size by the batching part (retrain/training/batching.py).
@@ -91,7 +91,7 @@ class ScoringConfig:
 
 @dataclass
 class LoggingConfig:
-    """Console, jsonl and wandb logging (seeds' [logging])."""
+    """Console, jsonl and wandb logging (the original TOML format's [logging]; docs/logging.md)."""
 
     wandb_project: str = ""  # set to enable wandb
     wandb_entity: str = ""
@@ -113,8 +113,8 @@ class EvalConfig:
 
 @dataclass
 class BackpressureConfig:
-    """Adaptive batch size from measured throughput, the USL controller of retrain/training/backpressure.py (seeds'
-    [backpressure]; docs/backpressure.md). Off: every step samples `training.batch_size` prompts."""
+    """Adaptive batch size from measured throughput, the USL controller of retrain/training/backpressure.py (the
+    original TOML format's [backpressure]; docs/backpressure.md). Off: every step samples `training.batch_size` prompts."""
 
     enabled: bool = False
     warmup_steps: int = 10  # steps sweeping batch sizes min, 2·min, 4·min, ..., max before the USL fit decides

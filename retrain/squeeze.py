@@ -1,4 +1,4 @@
-"""LoRA-Squeeze: how much of a LoRA adapter's update lives in its top singular directions (SPEC §10).
+"""LoRA-Squeeze: how much of a LoRA adapter's update lives in its top singular directions (docs/squeeze.md).
 
 Train at a generous rank, then ask the adapter which rank it actually needed: for every module the
 update ΔW ∝ B·A is factored exactly (QR of Aᵀ and of B, SVD of the small r×r core), so the analysis

@@ -1,4 +1,4 @@
-"""Back-pressure (SPEC §9): the USL formulas, the fit, and the controller's decisions on scripted throughputs."""
+"""Back-pressure (docs/backpressure.md): the USL formulas, the fit, and the controller's decisions on scripted throughputs."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from tests.conftest import REPO
 
 DOCS = REPO / "docs"
 GENERATED = {"cli.md"}  # names every command and option by construction: it proves nothing here
-# the seeds' documentation topics (and the two reference pages) -> the page that covers each
+# the documentation topics a user looks for (and the two reference pages) -> the page that covers each
 TOPICS = {
     "getting started": "getting-started.md",
     "configuration": "configuration.md",

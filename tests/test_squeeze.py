@@ -1,4 +1,4 @@
-"""LoRA-Squeeze on real PEFT adapters of a tiny randomly initialised Qwen3 (SPEC §10)."""
+"""LoRA-Squeeze on real PEFT adapters of a tiny randomly initialised Qwen3 (docs/squeeze.md)."""
 
 from __future__ import annotations
 

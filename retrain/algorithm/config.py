@@ -1,7 +1,7 @@
 """Typed schema of the `algorithm` config group, its named conditions, and how a composed algorithm is named.
 
 An algorithm composes one option of `algorithm/advantage` and an ordered list of `algorithm/transforms`
-options (Hydra's select-multiple pattern: the list's order is the order the transforms run). The seeds'
+options (Hydra's select-multiple pattern: the list's order is the order the transforms run). The
 named conditions (`maxrl_gtpo_sepa`, ...) are every advantage option × `SEED_TRANSFORMS`, generated into
 Hydra's ConfigStore by retrain/config.py; nothing pairs them by hand. `algorithm.name` and
 `algorithm.label` are derived from the composed parts, so swapping a part renames the run.
@@ -21,7 +21,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from retrain.algorithm.grams import DEFAULT_GRAMS
 
-# The seeds' transform modes, each in execution order (SEPA rewrites the uncertainty GTPO then reads);
+# The original retrain's transform modes (`transform_mode`, docs/migrate-config.md), each in execution order (SEPA rewrites the uncertainty GTPO then reads);
 # condition `<advantage>_<mode>` runs them, the mode being named by `mode_name`.
 SEED_TRANSFORMS: list[list[str]] = [
     [],
@@ -92,10 +92,10 @@ SCHEMAS: dict[str, type] = {"base_algorithm": AlgorithmConfig}
 
 
 def mode_name(names: list[str]) -> str:
-    """The transforms part of a condition name (the seeds' transform mode), from its transforms' names in
+    """The transforms part of a condition name (the original `transform_mode`), from its transforms' names in
     execution order.
 
-    As the seeds name their modes: `none` without any, else `gtpo` first (every seed mode is GTPO and
+    As the original retrain named its modes: `none` without any, else `gtpo` first (every such mode is GTPO and
     what modifies it) and the others in the order they run: [sepa, gtpo] -> gtpo_sepa.
     """
     if not names:

@@ -2,7 +2,7 @@
 
 `retrain backends`, `retrain explain`, `retrain doctor` and the trainer's startup line read it. A
 built-in declares its capabilities on its class and its options as the fields of its config schema.
-A user's backend named by `_target_` declares them through the seeds' hooks, on the class or on its
+A user's backend named by `_target_` declares them through the metadata hooks of docs/backends.md, on the class or on its
 module (a value, or a callable returning one); without them it gets conservative capabilities
 (`preserves_token_advantages=False`), so token-varying algorithms fail preflight instead of silently
 losing their credit assignment, and the source says `plugin/default`.

@@ -1,7 +1,7 @@
 """backend=local: a Hugging Face causal LM with a PEFT LoRA adapter, trained with PyTorch here.
 
 The inference engine is built beside it from `engine_resources()`, which include the live model
-(the in-process engine therefore samples with the very weights it trains). Training follows SPEC §6:
+(the in-process engine therefore samples with the very weights it trains). Training computes the loss of docs/loss.md:
 the sampler's log-probs are the old log-probs, new log-probs use the sampler's temperature, the loss
 is a global token mean over the whole step (exact across micro-batches), one AdamW step per `train`,
 and a non-finite loss or gradient skips the step without touching the adapter. A step's

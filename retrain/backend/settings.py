@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class OptimSettings:
-    """AdamW and gradient-clipping knobs (SPEC §6). `max_grad_norm = 0` disables clipping."""
+    """AdamW and gradient-clipping knobs (docs/loss.md). `max_grad_norm = 0` disables clipping."""
 
     lr: float
     weight_decay: float
@@ -52,7 +52,7 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class LossSettings:
-    """Importance-sampling loss knobs. `clip_eps = 0` is the pure IS loss; `clip_eps_high` None or
+    """Importance-sampling loss knobs (docs/loss.md). `clip_eps = 0` is the pure IS loss; `clip_eps_high` None or
     0 means "same as clip_eps" (set it larger for DAPO-style clip-higher)."""
 
     clip_eps: float

@@ -1,4 +1,4 @@
-"""`retrain migrate-config old.toml`: a seeds-style TOML config becomes a Hydra preset.
+"""`retrain migrate-config old.toml`: a TOML config of the original retrain becomes a Hydra preset.
 
 A training TOML becomes `DIR/experiment/<stem>.yaml` (run: `python -m retrain --config-dir DIR
 experiment=<stem>`), a campaign TOML (one with `[campaign]`) `DIR/campaign/<stem>.yaml` (run:
@@ -27,7 +27,7 @@ PRESET_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a Hydra option nam
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="retrain migrate-config", description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", type=Path, metavar="old.toml", help="seeds-style TOML config(s)")
+    parser.add_argument("paths", nargs="+", type=Path, metavar="old.toml", help="TOML config(s) in the original format")
     parser.add_argument("--output-dir", default="conf", help="config dir to write into (default: ./conf)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file still needs migrating")
     parser.add_argument("--stdout", action="store_true", help="print the preset instead of writing it")
@@ -48,7 +48,7 @@ def _one(path: Path, args: argparse.Namespace) -> int:
         if args.check:
             print(f"{path}: a YAML config, nothing to migrate")
             return 0
-        raise ConfigError("already a YAML config; give a seeds-style .toml file")
+        raise ConfigError("already a YAML config; give a .toml file in the original format")
     from retrain.migrate.translate import translate
 
     if not PRESET_NAME.match(path.stem):

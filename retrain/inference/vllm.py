@@ -4,7 +4,8 @@ Prompts go in as token ids, `n = G` completions per prompt, each prompt seeded f
 Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`, so the recorded log-prob of a sampled
 token is log_softmax(logits / T), the quantity the trainer recomputes (first-update ratio 1). vLLM
 takes processed log-probs after top-p truncation, so with top_p < 1 they are the nucleus-renormalised
-ones and the ratio reports the gap (SPEC §6); with top_p = 1 (the default) they match exactly.
+ones and the ratio reports the gap (docs/loss.md); with top_p = 1 they match exactly (training.top_p
+defaults to 0.95).
 
 Weights: after every optimizer step the adapter is written to a new `policy-v{N}` directory and
 served under a new LoRA int id, the old one removed, so neither vLLM's adapter cache nor its prefix

@@ -1,5 +1,5 @@
-"""From the seeds' TOML configs to Hydra presets (`retrain migrate-config`).
+"""From TOML configs of the original retrain to Hydra presets (`retrain migrate-config`).
 
-`seeds` lists the TOML format, `translate` maps it key by key onto retrain's config, `preset`
+`seeds` lists that TOML format (the original TOML format, docs/migrate-config.md), `translate` maps it key by key onto retrain's config, `preset`
 holds and writes the result. The table of what becomes what: docs/migrate-config.md.
 """

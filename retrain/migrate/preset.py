@@ -1,4 +1,4 @@
-"""A Hydra preset being built from a seeds-style TOML: group choices, values, and what was left out.
+"""A Hydra preset being built from a TOML of the original format: group choices, values, and what was left out.
 
 Every TOML key the migration reads ends up in exactly one place: a group choice (`backend=tinker`),
 a value at a dotted key (`training.lr`), or a `Dropped` entry with the reason retrain needs no
@@ -93,14 +93,14 @@ class Preset:
         """The preset as YAML: header, defaults list, body in the composed config's order."""
         header = [
             "# @package _global_",
-            f"# Migrated by `retrain migrate-config` from {self.source} (the seeds' TOML format).",
+            f"# Migrated by `retrain migrate-config` from {self.source} (the original TOML format).",
             f"#   {self.command(config_dir, name)}",
         ]
         if self.dropped:
             header.append("# TOML keys with no setting here (retrain handles them differently):")
             header += [f"#   {item.line()}" for item in self.dropped]
         if self.notes:
-            header.append("# Behaviour that differs from the seeds:")
+            header.append("# Behaviour that differs from the original retrain:")
             header += [f"#   {note}" for note in self.notes]
         body: dict[str, Any] = {}
         if self.choices:

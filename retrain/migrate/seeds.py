@@ -1,5 +1,5 @@
-"""The seeds' TOML format: every section and key it has (seed 003, the `[campaign]` section of campaign
-TOMLs), and the values its modes take. A key outside these tables is an unknown key.
+"""The original TOML format (docs/migrate-config.md): every section and key of the original retrain's
+annotated config, the `[campaign]` section of campaign TOMLs, and the values its modes take. A key outside these tables is an unknown key.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ FREE_TABLES = frozenset(
     }
 )
 
-# what a seeds' config gets when it leaves the key out (where it decides what the preset must say)
+# what an original TOML config gets when it leaves the key out (where it decides what the preset must say)
 DEFAULT_ADVANTAGE = "maxrl"
 DEFAULT_TRANSFORM = "gtpo_sepa"
 DEFAULT_SEEDS = (42, 101, 202, 303, 404, 505, 606, 707)
@@ -111,14 +111,14 @@ DEFAULT_CONDITIONS = (
     ("maxrl", "gtpo_sepa"),
 )
 
-# the seeds' reward types with an option of the same name; "custom" becomes reward._target_
+# the original reward types with an option of the same name; "custom" becomes reward._target_
 REWARD_TYPES = ("match", "math", "judge")
-# the seeds' [data] sources with a data option of the same name
+# the original [data] sources with a data option of the same name
 DATA_SOURCES = ("math", "gsm8k")
 
 
 def unknown_keys(toml: dict[str, object]) -> list[str]:
-    """Every key of `toml` outside the seeds' format, as `[section] key` (or `[section]`)."""
+    """Every key of `toml` outside the original TOML format, as `[section] key` (or `[section]`)."""
     unknown = []
     for section, table in toml.items():
         known = SECTIONS.get(section)

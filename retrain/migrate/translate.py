@@ -1,8 +1,8 @@
-"""Translate a parsed seeds-style TOML (training or campaign config) into a `Preset`, key by key.
+"""Translate a parsed TOML of the original format (training or campaign config) into a `Preset`, key by key.
 
 The table of what becomes what is docs/migrate-config.md; this module is its executable form. Every
 key the TOML holds is read exactly once and either set, turned into a group choice, or dropped
-with a reason; a key outside the seeds' format, or a value retrain has no equivalent for where it
+with a reason; a key outside the original TOML format, or a value retrain has no equivalent for where it
 matters (an unknown transform mode, reward type, engine), is a ConfigError naming it.
 """
 
@@ -27,17 +27,17 @@ from retrain.migrate.seeds import (
 )
 
 _UNSET = object()
-# backends that sample themselves: the seeds' [inference] section does not apply to them
+# backends that sample themselves: the original [inference] section does not apply to them
 _SELF_SAMPLING = ("tinker", "prime_rl")
 _SERVER_ENGINES = {"vllm": "vllm_server", "sglang": "sglang", "max": "openai", "mlx": "openai", "openai": "openai"}
 
 
 def translate(toml: dict[str, Any], source: str) -> Preset:
-    """The preset a seeds-style TOML becomes (a campaign preset when it has a `[campaign]` section)."""
+    """The preset an original-format TOML becomes (a campaign preset when it has a `[campaign]` section)."""
     unknown = unknown_keys(toml)
     if unknown:
         raise ConfigError(
-            f"unknown keys, not part of the seeds' TOML format: {', '.join(unknown)} "
+            f"unknown keys, not part of the original TOML format: {', '.join(unknown)} "
             "(docs/migrate-config.md lists every key)"
         )
     return _Translation(toml, source).run()
@@ -84,7 +84,7 @@ class _Translation:
             for key in table
             if (section, key) not in self.read
         ]
-        if unread:  # a key of the seeds' format this module forgot: a bug, never a silent loss
+        if unread:  # a key of the original format this module forgot: a bug, never a silent loss
             raise RuntimeError(f"migrate-config read no rule for {', '.join(unread)}")
         return self.preset
 
@@ -144,7 +144,7 @@ class _Translation:
         self.preset.set(
             "hydra.sweeper.params", {"algorithm": ",".join(names), "training.seed": ",".join(map(str, seeds))}
         )
-        # as the seeds' campaigns named wandb runs, and as +campaign=ablation does
+        # as the original retrain's campaigns named wandb runs, and as +campaign=ablation does
         self.preset.set("logging.wandb_group", "${algorithm.name}")
         self.preset.set("logging.wandb_run_name", "${algorithm.name}_s${training.seed}")
         self.preset.set("logging.wandb_tags", ["${algorithm.name}", "seed${training.seed}"])
@@ -461,7 +461,7 @@ class _Translation:
             self.preset.choose("data", "verifiers")
             for key in environment_keys:
                 self.map("environment", key, f"data.{key}")
-            self.drop("data", "source", "ignored when [environment] is set (as in the seeds)")
+            self.drop("data", "source", "ignored when [environment] is set (as in the original retrain)")
         elif provider == "":
             for key in ("provider", *environment_keys):
                 self.drop("environment", key, "[environment] provider is empty: no environment is used")
@@ -554,7 +554,7 @@ class _Translation:
 
 
 def _grams(value: Any) -> list[str]:
-    """The seeds' strategic_grams (a list, a JSON array or a comma-separated string) as a list."""
+    """The original strategic_grams (a list, a JSON array or a comma-separated string) as a list."""
     if isinstance(value, list):
         return [str(gram) for gram in value]
     if not isinstance(value, str):
@@ -569,7 +569,7 @@ def _grams(value: Any) -> list[str]:
 
 
 def _tags(value: Any) -> list[str]:
-    """The seeds' comma-separated wandb_tags as a list."""
+    """The original comma-separated wandb_tags as a list."""
     if isinstance(value, list):
         return [str(tag) for tag in value]
     if not isinstance(value, str):

@@ -1,4 +1,6 @@
-"""Back-pressure: adapt the batch size to measured throughput with the Universal Scalability Law (SPEC §9).
+"""Back-pressure: adapt the batch size to measured throughput with the Universal Scalability Law.
+
+The rules and their constants, for users: docs/backpressure.md.
 
 The step's concurrency is p = batch_size · group_size completions. Throughput follows the USL,
 X(p) = λ·C(p) with C(p) = p / (1 + σ(p−1) + κ·p(p−1)): σ is contention (serial work), κ coherency
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "train/backpressure/"
 WINDOW = 100  # (p, tokens/s) pairs the fit uses: the most recent ones
-MIN_FIT_CONCURRENCIES = 3  # a quadratic needs three distinct p (SPEC: "needs >= 3 points")
+MIN_FIT_CONCURRENCIES = 3  # a quadratic needs three distinct p
 MEMORY_BOUND_RATIO = 1.1  # EMA throughput above the fitted curve by this much: memory_bound
 RETROGRADE_RATIO = 0.8  # below it by this much: retrograde
 FLOPS_PER_TOKEN_PER_PARAMETER = 6  # 2 to sample a token, about 4 to train on it (forward and backward)
@@ -119,7 +121,7 @@ def model_footprint(model: Any) -> tuple[int, int]:
 
 
 class BackpressureController:
-    """The batching part (retrain.training.batching.Batching) that adapts the batch size to throughput (SPEC §9).
+    """The batching part (retrain.training.batching.Batching) that adapts the batch size to throughput (docs/backpressure.md).
 
     Steps 0 .. warmup_steps−1 run the warmup sweep's sizes, cycling. After each step the controller
     records (p, tokens/s), refits the USL on the last 100 pairs, classifies the regime and acts:
@@ -193,7 +195,7 @@ class BackpressureController:
             self.fit = fit_usl(self.window)  # else the last fit stands
 
     def _decide(self, step: int, concurrency: int, metrics: dict[str, Any]) -> tuple[str, str]:
-        """The step's regime and the action taken on the size the controller holds (SPEC §9)."""
+        """The step's regime and the action taken on the size the controller holds (docs/backpressure.md)."""
         if step < self.settings.warmup_steps:
             return "warmup", "sweep"
         fit = self.fit

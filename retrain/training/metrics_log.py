@@ -107,7 +107,7 @@ def _finite(value: Any, key: str, nonfinite: list[str]) -> Any:
 
 
 def console_line(record: dict[str, Any], label: str, placeholder_loss: bool) -> str:
-    """The seeds' per-step line: `Step 0 [maxrl+gtpo_sepa] | loss=... | reward=... | ...`."""
+    """The original retrain's per-step line: `Step 0 [maxrl+gtpo_sepa] | loss=... | reward=... | ...`."""
     loss = f"{record['loss']:.4f}" + (" (placeholder)" if placeholder_loss else "")
     return (
         f"Step {record['step']} [{label}] | loss={loss} | reward={record['mean_reward']:.3f}"
@@ -118,7 +118,7 @@ def console_line(record: dict[str, Any], label: str, placeholder_loss: bool) -> 
 
 
 def wandb_key(key: str) -> str:
-    """Seeds' prefixes: everything under `train/` (`train/entropy/...`, `train/reward/errors`, ...)."""
+    """The original retrain's prefixes: everything under `train/` (`train/entropy/...`, `train/reward/errors`, ...)."""
     return key if key.startswith(("train/", "eval/")) else f"train/{key}"
 
 
@@ -145,7 +145,7 @@ def wandb_cannot_start(project: str, error: Exception) -> ConfigError:
 
 
 class WandbSink:
-    """Logs each step to wandb under the seeds' `train/` prefixes; resumes the same wandb run."""
+    """Logs each step to wandb under the original retrain's `train/` prefixes; resumes the same wandb run."""
 
     def __init__(
         self,

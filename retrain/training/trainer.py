@@ -45,7 +45,7 @@ from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainRe
 
 log = logging.getLogger("retrain")
 
-CORRECT_THRESHOLD = 0.5  # a completion is correct when its reward is > 0.5 (SPEC §1)
+CORRECT_THRESHOLD = 0.5  # a completion is correct when its reward is > 0.5 (docs/advantages.md)
 
 PromptEncoder = Callable[[list[str]], list[list[int]]]  # user messages -> chat-templated prompt ids
 PlanningDetection = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, mask) [N, T] -> planning mask

@@ -1,4 +1,4 @@
-"""The spec's formulas applied completion by completion on Python floats: the oracle for the tensors.
+"""The formulas of docs/advantages.md applied completion by completion on Python floats: the oracle for the tensors.
 
 Also the baseline of benchmarks/advantages.py, which times the vectorized pipeline against it.
 """

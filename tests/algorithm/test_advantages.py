@@ -1,4 +1,4 @@
-"""Episode advantages: exact values per the spec, and GRPO's zero-sum property."""
+"""Episode advantages: exact values per docs/advantages.md, and GRPO's zero-sum property."""
 
 from __future__ import annotations
 

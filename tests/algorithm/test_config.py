@@ -1,5 +1,5 @@
 """conf/algorithm/: the named conditions compose from one file per part, are named from their parts and build
-exactly what the seeds' hand-written presets built; documented overrides work; typos fail at compose time."""
+exactly what the original hand-written presets built; documented overrides work; typos fail at compose time."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ ALGORITHM_DIR = Path(config_dir()) / "algorithm"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "advantages.md"
 PLUGINS = "tests.plugins.algorithm_plugins"
 
-# The seeds' six transform modes as the hand-written presets built them before conditions were composed
+# The original retrain's six transform modes (docs/migrate-config.md) as the hand-written presets built them before conditions were composed
 # (frozen from their Algorithm.describe()): stages as (key, class, arguments), needs_planning, uses_sepa.
 GTPO = ("gtpo", GTPOWeighting, {"beta": 0.1})
 MODES = {

@@ -11,7 +11,7 @@ from retrain.plugins import PluginOutputError
 from tests.algorithm.helpers import build
 
 PLUGINS = "tests.plugins.algorithm_plugins"
-LOCAL = Capabilities(returns_entropies=True)  # the seeds' table: local preserves token advantages
+LOCAL = Capabilities(returns_entropies=True)  # docs/backends.md's table: local preserves token advantages
 TINKER = Capabilities(resume_runtime_dependent=True)
 PRIME_RL = Capabilities(reports_sync_loss=False, preserves_token_advantages=False)
 

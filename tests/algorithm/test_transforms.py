@@ -1,4 +1,4 @@
-"""Token transforms and batch steps: exact values per the spec, and their properties (hypothesis)."""
+"""Token transforms and batch steps: exact values per docs/advantages.md, and their properties (hypothesis)."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def test_gtpo_keeps_the_sequence_mean_when_no_weight_is_floored(batch, beta):
     lengths = batch.mask.sum(dim=1)
     real = lengths > 0
     mean_uncertainty = (batch.uncertainty * batch.mask).sum(dim=1)[real] / lengths[real]
-    # the SPEC's 1e-8 in w = 1 + beta * (u / (m + 1e-8) - 1) shifts the mean by beta * 1e-8 / m:
+    # the 1e-8 in GTPO's w = 1 + beta * (u / (m + 1e-8) - 1) shifts the mean by beta * 1e-8 / m:
     # only uncertainties far above 1e-8 (or below the 1e-7 cut-off, where GTPO is the identity) keep it
     assume(bool(((mean_uncertainty >= 1e-3) | (mean_uncertainty < 1e-7)).all()))
     out = GTPOWeighting(beta=beta)(batch).advantages

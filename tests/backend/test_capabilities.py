@@ -1,4 +1,4 @@
-"""Backend capabilities and option schemas: built-ins as the seeds' table says, plugins through the hooks."""
+"""Backend capabilities and option schemas: built-ins as docs/backends.md's table says, plugins through the hooks."""
 
 from __future__ import annotations
 

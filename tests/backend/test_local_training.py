@@ -1,4 +1,4 @@
-"""backend=local training step (SPEC §6) on a real tiny causal LM with a real LoRA adapter, on CPU."""
+"""backend=local training step (docs/loss.md) on a real tiny causal LM with a real LoRA adapter, on CPU."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""`retrain migrate-config`: seeds-style TOML configs become Hydra presets that compose to the same settings.
+"""`retrain migrate-config`: TOML configs of the original format become Hydra presets that compose to the same settings.
 
-Fixtures: mini.toml (seed 004) and annotated.toml (seed 003's full annotated config), both verbatim from the
-seeds, and pilot.toml, a campaign TOML. Each written preset is composed as `--config-dir DIR` would
+Fixtures: mini.toml (the original retrain's minimal example) and annotated.toml (its full annotated config),
+both verbatim from the original retrain's documentation, and pilot.toml, a campaign TOML. Each written preset is composed as `--config-dir DIR` would
 (Hydra's search path) and checked key by key.
 """
 
@@ -382,7 +382,7 @@ def test_a_campaign_toml_becomes_a_campaign_preset(tmp_path, capsys):
     assert_values(
         cfg,
         {
-            "training.max_steps": 50,  # [campaign] max_steps wins over [training], as in the seeds
+            "training.max_steps": 50,  # [campaign] max_steps wins over [training], as in the original retrain
             "training.batch_size": 8,
             "model.lora_rank": 64,
             "squeeze.min_variance_retention": 0.9,
@@ -393,7 +393,7 @@ def test_a_campaign_toml_becomes_a_campaign_preset(tmp_path, capsys):
     assert "[campaign] max_workers = 4" in out and '[logging] log_dir = "logs/pilot"' in out
 
 
-def test_campaign_defaults_are_the_seeds_five_conditions_and_eight_seeds(tmp_path, capsys):
+def test_campaign_defaults_are_the_original_five_conditions_and_eight_seeds(tmp_path, capsys):
     assert migrate(tmp_path, capsys, "[campaign]\n")[0] == 0
     params = composed(tmp_path / "conf", "+campaign=old").hydra.sweeper.params
     assert params.algorithm == "grpo_none,maxrl_none,maxrl_gtpo,maxrl_gtpo_hicra,maxrl_gtpo_sepa"
@@ -405,7 +405,7 @@ def test_campaign_defaults_are_the_seeds_five_conditions_and_eight_seeds(tmp_pat
     [
         (
             "[training]\nlrr = 1e-4\n[foo]\nx = 1\n",
-            "unknown keys, not part of the seeds' TOML format: [training] lrr, [foo]",
+            "unknown keys, not part of the original TOML format: [training] lrr, [foo]",
         ),
         ('[algorithm]\ntransform_mode = "gtpo_foo"\n', "transform_mode = 'gtpo_foo': not a transform mode"),
         ('[reward]\ntype = "bogus"\n', "[reward] type = 'bogus': not a reward type"),

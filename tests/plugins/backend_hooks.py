@@ -1,4 +1,4 @@
-"""User backends that describe themselves through the seeds' metadata hooks (retrain.backend.capabilities)."""
+"""User backends that describe themselves through the metadata hooks of docs/backends.md (retrain.backend.capabilities)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every reward's output is one finite real number, or a clear error (SPEC §8)."""
+"""Every reward's output is one finite real number, or a clear error (docs/rewards.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`reward=match` and the boxed-answer extraction it shares with data=math (SPEC §8)."""
+"""`reward=match` and the boxed-answer extraction it shares with data=math (docs/rewards.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`reward=math`: math-verify equivalence, cached reference parses, bounded work (SPEC §8)."""
+"""`reward=math`: math-verify equivalence, cached reference parses, bounded work (docs/rewards.md)."""
 
 from __future__ import annotations
 
