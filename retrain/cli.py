@@ -5,7 +5,7 @@ its message on one line and exit code 1; its traceback goes to the run's log fil
 run dir was refused (another run's, retrain/housekeeping/launch.py): then nothing goes into it. In a `--multirun`
 the failed job reports the same way and the sweep goes on; Hydra ends it with the first failed job's
 message, on one line too (a `FailedJob`). A mistake Hydra finds while composing the config (a key's
-typo, a wrong type, a missing option) reads as one line too (retrain/compose_errors.py). Any other error
+typo, a wrong type, a missing option) reads as one line too (retrain/config_checks/compose_errors.py). Any other error
 is a bug in retrain and keeps Hydra's report, traceback included.
 """
 
@@ -30,15 +30,15 @@ from hydra.errors import CompactHydraException, InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from retrain.compose_errors import COMPOSE_ERRORS, compose_error_line, output_dir_unwritable
 from retrain.config import config_dir, register_configs
+from retrain.config_checks.compose_errors import COMPOSE_ERRORS, compose_error_line, output_dir_unwritable
 from retrain.errors import WRONG_ARGUMENTS, ConfigError, UserError
 
 log = logging.getLogger("retrain")
 
 # subcommand -> module with `main(argv) -> int`
 SUBCOMMANDS = {
-    "status": "retrain.status",
+    "status": "retrain.commands.status",
     "squeeze": "retrain.squeeze",
     "backends": "retrain.commands.backends",
     "doctor": "retrain.commands.doctor",

@@ -35,6 +35,7 @@ from retrain.config import (
     TrainingConfig,
     container_dict,
 )
+from retrain.config_checks.validation import check_prompt_lengths, check_run_config, warn_if_untrainable
 from retrain.environments.base import RolloutEnvironment
 from retrain.errors import CheckpointError, ConfigError
 from retrain.housekeeping.allocator import keep_freed_memory
@@ -52,7 +53,6 @@ from retrain.training.batching import build_batching
 from retrain.training.metrics_log import check_wandb_login
 from retrain.training.trainer import PlanningDetection, Trainer
 from retrain.types import Example
-from retrain.validation import check_prompt_lengths, check_run_config, warn_if_untrainable
 
 log = logging.getLogger("retrain")
 

@@ -18,9 +18,9 @@ from benchmarks.vs_trl import (
     summary_line,
     trl_measured,
 )
+from retrain.config_checks.validation import check_prompt_lengths
 from retrain.data.gsm8k import Gsm8kData
 from retrain.model.spec import ModelSpec
-from retrain.validation import check_prompt_lengths
 
 
 def test_retrain_metrics_are_read_in_step_order(tmp_path: Path) -> None:

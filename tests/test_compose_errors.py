@@ -8,8 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from retrain.compose_errors import compose_error_line
 from retrain.config import compose
+from retrain.config_checks.compose_errors import compose_error_line
 
 TRAINING_KEYS = (
     "batch_size, betas, clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, lr, "
@@ -103,7 +103,7 @@ def test_other_errors_are_not_compose_mistakes() -> None:
 
 
 def test_an_unresolvable_interpolation_is_hydras_only_in_the_hydra_node() -> None:
-    """retrain checks its own keys' interpolations (retrain/validation.py); Hydra resolves its run dir itself."""
+    """retrain checks its own keys' interpolations (retrain/config_checks/validation.py); Hydra resolves its run dir itself."""
     config = OmegaConf.create({"hydra": {"run": {"dir": "${nosuch}"}}, "training": {"lr": "${nosuch}"}})
     with pytest.raises(InterpolationResolutionError) as in_hydra:
         str(config.hydra.run.dir)

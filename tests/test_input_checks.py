@@ -16,11 +16,11 @@ from omegaconf import OmegaConf
 from retrain.algorithm.checks import checked_algorithm
 from retrain.assets import TINY_MODEL_DIR
 from retrain.config import compose
+from retrain.config_checks.validation import check_prompt_lengths, model_context, warn_if_untrainable
 from retrain.errors import ConfigError, DataError
 from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.run import run
 from retrain.types import Example
-from retrain.validation import check_prompt_lengths, model_context, warn_if_untrainable
 from tests.conftest import QUICK, CliHere
 
 SHORT = [

@@ -24,12 +24,12 @@ from omegaconf import OmegaConf
 
 from retrain.campaign.preemption import requeue_on_preemption
 from retrain.cli import FailedJob, _user_error_behind
+from retrain.commands.status import main as status_main
 from retrain.config import compose
 from retrain.errors import ConfigError
 from retrain.housekeeping.launch import RunDirRefused, claimed_run_dir
 from retrain.housekeeping.rundir import RunDir
 from retrain.run import target_class
-from retrain.status import main as status_main
 from tests.conftest import CliHere, cli_env, read_metrics, run_cli
 
 SMALL = [

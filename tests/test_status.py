@@ -12,7 +12,7 @@ import pytest
 
 from retrain.campaign.manifest import CampaignSettings, start_manifest
 from retrain.campaign.plan import expand
-from retrain.status import main
+from retrain.commands.status import main
 from tests.campaign.rundirs import dead_pid, simulate_run
 
 

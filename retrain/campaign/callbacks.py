@@ -35,8 +35,8 @@ from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_setting
 from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
 from retrain.campaign.plan import check_run_dirs_apart, planned_jobs
 from retrain.campaign.report import refresh
-from retrain.compose_errors import output_dir_unwritable, unresolvable
 from retrain.config import container_dict
+from retrain.config_checks.compose_errors import output_dir_unwritable, unresolvable
 from retrain.errors import ConfigError, UserError
 from retrain.housekeeping.launch import RunDirRefused, held_elsewhere, slurm_ids
 from retrain.housekeeping.rundir import RunDir, write_json_atomic

@@ -19,8 +19,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from retrain.compose_errors import COMPOSE_ERRORS, compose_error_line
 from retrain.config import container_dict, container_list
+from retrain.config_checks.compose_errors import COMPOSE_ERRORS, compose_error_line
 from retrain.errors import ConfigError
 from retrain.housekeeping.secrets import masked_override
 

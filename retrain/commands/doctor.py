@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from retrain.compose_errors import config_mistake
+from retrain.config_checks.compose_errors import config_mistake
 from retrain.errors import UserError
 
 # pip extra -> the top-level modules it provides (pyproject.toml's optional dependencies)

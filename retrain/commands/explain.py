@@ -9,7 +9,7 @@ For each condition: the composed parts and their `_target_`s, the condition labe
 capabilities and where they come from, the algorithm's preflight on a synthetic step (exit 1 with its
 message when it fails), whether planning detection and SEPA are used. For the run or every run of the
 sweep (Hydra's job order, retrain.campaign.plan): its run dir and wandb group, and the estimate of
-wall time and GPU hours (retrain/capacity.py, docs/capacity-planning.md).
+wall time and GPU hours (retrain/commands/capacity.py, docs/capacity-planning.md).
 """
 
 from __future__ import annotations
@@ -24,9 +24,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
-from retrain.capacity import REFERENCE_GPU, REFERENCE_STEP_S, Pilot, Workload, read_pilot, run_estimate, step_time
-from retrain.capacity import wall_hours as campaign_wall_hours
-from retrain.compose_errors import config_mistake
+from retrain.commands.capacity import (
+    REFERENCE_GPU,
+    REFERENCE_STEP_S,
+    Pilot,
+    Workload,
+    read_pilot,
+    run_estimate,
+    step_time,
+)
+from retrain.commands.capacity import wall_hours as campaign_wall_hours
+from retrain.config_checks.compose_errors import config_mistake
 from retrain.errors import ConfigError
 
 PART_GROUPS = ("backend", "model", "algorithm", "inference", "reward", "data")
@@ -92,8 +100,8 @@ def composed(overrides: list[str], config_dir: Path | None = None) -> DictConfig
 def checked_config(cfg: DictConfig) -> None:
     """The checks a run makes before it builds anything (retrain.run.run), and the imports of the parts a run
     builds but explain does not: a typo in their `_target_` shows here, not only when the run gets there."""
+    from retrain.config_checks.validation import check_run_config
     from retrain.run import target_object
-    from retrain.validation import check_run_config
 
     run_config = without_hydra(cfg)
     check_run_config(run_config)
@@ -253,7 +261,7 @@ def wandb_of(cfg: DictConfig) -> dict[str, Any]:
 
 def detected_gpu() -> str | None:
     """This machine's GPU as a reference row, if torch sees one the table has."""
-    from retrain.capacity import gpu_kind
+    from retrain.commands.capacity import gpu_kind
 
     try:
         import torch

@@ -23,8 +23,8 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from retrain.algorithm.base import Algorithm
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.campaign.autosqueeze import squeeze_settings
-from retrain.compose_errors import unresolvable
 from retrain.config import TrainingConfig, check_known_keys
+from retrain.config_checks.compose_errors import unresolvable
 from retrain.errors import ConfigError, DataError
 from retrain.housekeeping.secrets import check_env_names
 from retrain.hub import hub_fetch

@@ -2,7 +2,7 @@
 
 Every engine is a partial, completed by the composition root as
 `engine(tokenizer=<the run's tokenizer>, resources=backend.engine_resources())`. Each schema checks its
-values when the config is checked (retrain/validation.py), before data, a tokenizer or a model loads;
+values when the config is checked (retrain/config_checks/validation.py), before data, a tokenizer or a model loads;
 what depends on the device (an attention kernel on CPU) is checked when the engine starts.
 """
 

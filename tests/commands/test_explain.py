@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from retrain.capacity import (
+from retrain.commands.capacity import (
     REFERENCE_STEP_S,
     Workload,
     model_params,
