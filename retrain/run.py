@@ -9,6 +9,7 @@ retrain's own are wrapped so their outputs are checked against their contract (r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import secrets
@@ -47,7 +48,7 @@ from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.model.probe import Probe
 from retrain.model.spec import ChatPrompts, ModelSpec
-from retrain.plugins import checked, import_failure, locate, plugin_name
+from retrain.plugins import checked, import_failure, is_built_in, locate, plugin_name
 from retrain.reward.scorer import RewardScorer
 from retrain.training.batching import build_batching
 from retrain.training.metrics_log import check_wandb_login
@@ -96,26 +97,30 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     backpressure: BackpressureConfig = OmegaConf.to_object(cfg.backpressure)  # type: ignore[assignment]  # checked now
     # the reward first: its mistakes (arguments, a worker that cannot load it) before a data set's download
     scorer = RewardScorer(
-        instantiate(cfg.reward),
+        build_part(cfg, "reward"),
         timeout_s=cfg.scoring.timeout_s,
         workers=cfg.scoring.workers,
         max_failing_steps=cfg.scoring.max_failing_steps,
         max_worker_rss_mb=cfg.scoring.max_worker_rss_mb,
     )
     parts.callback(scorer.close)
-    data = instantiate(cfg.data, seed=seed)
+    data = build_part(cfg, "data", seed=seed)
     log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
     evaluation: EvalConfig = OmegaConf.to_object(cfg.eval)  # type: ignore[assignment]
     eval_examples = held_out_examples(data, evaluation.num_examples)
 
-    model: ModelSpec = instantiate(cfg.model)
+    model: ModelSpec = build_part(cfg, "model")
     tokenizer = model.load_tokenizer()
     prompts = ChatPrompts(tokenizer, model.name_or_path)
     check_prompt_lengths([*getattr(data, "train_examples", []), *eval_examples], tokenizer, model, training.max_tokens)
-    # a partial first: Hydra would turn dataclass kwargs back into configs
     backend: Backend = checked(
-        instantiate(cfg.backend, _partial_=True)(
-            model=model, optim=OptimSettings.from_config(training), loss=LossSettings.from_config(training), seed=seed
+        build_part(
+            cfg,
+            "backend",
+            model=model,
+            optim=OptimSettings.from_config(training),
+            loss=LossSettings.from_config(training),
+            seed=seed,
         ),
         BACKEND_CHECKS,
         f"backend {plugin_name(backend_cls)}",
@@ -195,7 +200,7 @@ def build_engine(cfg: DictConfig, backend: Backend, capabilities: Capabilities, 
         log.info("backend %s samples itself; inference=%s is not used", plugin_name(backend), cfg.inference._target_)
         engine = backend.sampling_engine(tokenizer)  # type: ignore[attr-defined]  # declared by samples_itself
     else:
-        engine = instantiate(cfg.inference)(tokenizer=tokenizer, resources=backend.engine_resources())
+        engine = build_part(cfg, "inference", tokenizer=tokenizer, resources=backend.engine_resources())
     return checked(engine, ENGINE_CHECKS, f"inference engine {plugin_name(engine)}")
 
 
@@ -230,6 +235,25 @@ def held_out_examples(data: Any, num_examples: int) -> list[Example]:
         return list(held_out(num_examples))
     except ConfigError as error:
         raise ConfigError(f"eval.num_examples={num_examples}: {error}") from error
+
+
+def build_part(cfg: DictConfig, group: str, **run_objects: Any) -> Any:
+    """`<group>` built with the objects only the run has (a tokenizer, the model spec, the seed).
+
+    A built-in class takes its settings as the one typed object its schema defines, converted here once, so
+    each setting is declared in the schema only; a plugin (or a function of ours) takes them as keyword
+    arguments, as docs/plugins.md promises. The schema of a value that is its own schema (ModelSpec) is the part.
+    """
+    node = cfg[group]
+    target = target_object(cfg, group)
+    schema = OmegaConf.get_type(node)
+    if is_built_in(target) and isinstance(target, type) and dataclasses.is_dataclass(schema):
+        settings = OmegaConf.to_object(node)
+        return settings if target is schema else target(settings, **run_objects)
+    if not run_objects:
+        return instantiate(node)  # a reward function stays the partial its `_partial_: true` asks for
+    # a partial first: Hydra would turn dataclass arguments (a ModelSpec) back into configs
+    return instantiate(node, _partial_=True)(**run_objects)
 
 
 def target_object(cfg: DictConfig, group: str) -> Any:

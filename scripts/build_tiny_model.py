@@ -32,7 +32,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config,
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from retrain.data.arithmetic import ArithmeticData
+from retrain.data.arithmetic import ArithmeticData, ArithmeticDataConfig
 from retrain.types import Example
 
 PAD_TOKEN = "<|endoftext|>"
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, args.seed)
-    data = ArithmeticData(seed=args.seed)
+    data = ArithmeticData(ArithmeticDataConfig(), seed=args.seed)
     results = warm_start(model, tokenizer, data, args)
     info = {
         "build_args": asdict(args),

@@ -7,7 +7,6 @@ import logging
 
 import pytest
 
-from retrain.errors import ConfigError
 from retrain.training.batching import Batching, FixedBatching
 
 
@@ -30,8 +29,3 @@ def test_a_run_resumed_with_a_new_batch_size_uses_it_and_says_so(caplog: pytest.
     with caplog.at_level(logging.INFO, logger="retrain.training.batching"):
         resumed.load_state_dict({"batch_size": 8})
     assert resumed.batch_size(3) == 4 and "the checkpoint's run used 8" in caplog.text
-
-
-def test_a_batch_size_below_one_is_refused_by_key() -> None:
-    with pytest.raises(ConfigError, match="training.batch_size must be >= 1, got 0"):
-        FixedBatching(0)

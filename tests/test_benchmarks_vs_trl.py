@@ -19,6 +19,7 @@ from benchmarks.vs_trl import (
     trl_measured,
 )
 from retrain.config_checks.validation import check_prompt_lengths
+from retrain.data.config import Gsm8kDataConfig
 from retrain.data.gsm8k import Gsm8kData
 from retrain.model.spec import ModelSpec
 
@@ -86,7 +87,7 @@ def test_round_line_shows_both_samplers_gap_when_both_sample_with_vllm() -> None
 def test_small64_gsm8k_questions_all_load_and_fit_the_small64_model(tmp_path: Path) -> None:
     """The shipped questions pass what `python -m retrain` checks before it samples (every prompt leaves
     room for the 64 new tokens in small64's context), so the workload never stops at its start."""
-    data = Gsm8kData(seed=0, path=str(GSM8K_QUESTIONS), held_out_split="")
+    data = Gsm8kData(Gsm8kDataConfig(path=str(GSM8K_QUESTIONS), held_out_split=""), seed=0)
     examples = data.next_batch(len(data))
     model = ModelSpec(name_or_path=str(write_model(tmp_path / "small64")))
     check_prompt_lengths(examples, model.load_tokenizer(), model, max_tokens=64)

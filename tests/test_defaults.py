@@ -1,8 +1,9 @@
-"""Each default is written once: in the schema of its group. YAML options hold only what differs,
-and constructors agree with the schema (they read their defaults from it)."""
+"""Each default is written once: in the schema of its group. YAML options hold only what differs, and
+built-in parts take the schema's object instead of repeating its fields."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from pathlib import Path
@@ -34,17 +35,17 @@ def test_an_option_sets_only_what_differs_from_its_schema(group: str, path: Path
 
 
 @pytest.mark.parametrize(("group", "path"), OPTIONS, ids=[f"{g}/{p.stem}" for g, p in OPTIONS])
-def test_a_constructor_defaults_agree_with_its_schema(group: str, path: Path) -> None:
+def test_a_built_in_takes_its_schema_object_and_repeats_none_of_its_fields(group: str, path: Path) -> None:
+    """The schema is the only owner of its fields: a built-in class takes the schema's object (converted once by the
+    composition root, retrain.run.build_part), never the fields again as keyword arguments with defaults of their own."""
     schema = schema_of(group, yaml.safe_load(path.read_text()))
-    defaults = OmegaConf.to_container(OmegaConf.structured(schema))
-    target = get_object(defaults["_target_"])
-    if target is schema:  # the schema is the value (ModelSpec): one definition by construction
+    target = get_object(OmegaConf.to_container(OmegaConf.structured(schema))["_target_"])
+    if target is schema or not isinstance(target, type):  # ModelSpec is its own value; a reward function takes kwargs
         return
     parameters = inspect.signature(target).parameters
-    for key, value in defaults.items():
-        if key in parameters and parameters[key].default is not inspect.Parameter.empty:
-            default = parameters[key].default
-            assert (list(default) if isinstance(default, tuple) else default) == value, f"{defaults['_target_']}: {key}"
+    assert next(iter(parameters.values())).annotation in (schema.__name__, schema), f"{target} does not take {schema}"
+    repeated = {f.name for f in dataclasses.fields(schema)} & set(parameters)
+    assert not repeated, f"{target.__qualname__} repeats {sorted(repeated)} of {schema.__name__}"
 
 
 def test_the_optimiser_and_loss_settings_come_from_the_training_schema() -> None:

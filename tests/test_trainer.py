@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from retrain.config import compose
+from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.pytorch import PytorchEngine
 from retrain.model.probe import StaleWeightsError
 from retrain.model.resources import EngineResources
@@ -51,7 +52,9 @@ def test_an_engine_serving_other_weights_stops_the_run(build) -> None:
     with torch.no_grad():
         other.get_input_embeddings().weight.mul_(1.5)
     trainer.engine = PytorchEngine(
-        trainer.engine.tokenizer, EngineResources(spec=spec, device=trainer.backend.device, model=other)
+        PytorchEngineConfig(),
+        tokenizer=trainer.engine.tokenizer,
+        resources=EngineResources(spec=spec, device=trainer.backend.device, model=other),
     )
     with pytest.raises(StaleWeightsError, match="serves stale weights"):
         trainer.train_step(0)  # the adapter reaches the engine, but the probe shows other weights

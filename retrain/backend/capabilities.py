@@ -209,14 +209,6 @@ def schema_options(schema: type) -> dict[str, OptionSpec]:
     return options
 
 
-def check_arguments(schema: type, **values: Any) -> None:
-    """ConfigError naming `backend.<key>` for the first value its field in `schema` refuses: a built-in's
-    constructor holds a backend built from Python to the rules the composition root checked already."""
-    options = schema_options(schema)
-    for key, value in values.items():
-        options[key].check(value)
-
-
 def _hook(cls: type, names: tuple[str, ...]) -> Any:
     """The first hook found on the class, then on its module; a callable hook is called."""
     module = importlib.import_module(cls.__module__)

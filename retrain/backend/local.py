@@ -22,7 +22,6 @@ from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
 
 from retrain.backend.base import Capabilities
-from retrain.backend.capabilities import check_arguments
 from retrain.backend.config import LocalBackendConfig
 from retrain.backend.devices import resolve_devices
 from retrain.backend.settings import LossSettings, OptimSettings
@@ -79,26 +78,18 @@ class LocalBackend:
     checkpoint_files = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_FILE)
 
     def __init__(
-        self,
-        model: ModelSpec,
-        optim: OptimSettings,
-        loss: LossSettings,
-        seed: int,
-        devices: str = LocalBackendConfig.devices,
-        micro_batch_size: int = LocalBackendConfig.micro_batch_size,
-        gradient_checkpointing: bool = LocalBackendConfig.gradient_checkpointing,
+        self, config: LocalBackendConfig, model: ModelSpec, optim: OptimSettings, loss: LossSettings, seed: int
     ) -> None:
-        check_arguments(LocalBackendConfig, micro_batch_size=micro_batch_size)
         self.spec = model
-        self.devices = resolve_devices(devices)
+        self.devices = resolve_devices(config.devices)
         self.device = self.devices.training
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size = config.micro_batch_size
         self.loss_settings = loss
         self.optim_settings = optim
         log.info("Loading train model: %s on %s...", model.name_or_path, self.device)
         self.model = model.load_lora_model(self.device, seed)
-        self.activation_checkpointing = gradient_checkpointing
-        if gradient_checkpointing:
+        self.activation_checkpointing = config.gradient_checkpointing
+        if config.gradient_checkpointing:
             _enable_activation_checkpointing(self.model)
         self.adapter = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
         self.trainable = list(self.adapter.values())

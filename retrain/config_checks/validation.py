@@ -44,7 +44,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "eval.samples": (lambda v: v >= 1, ">= 1"),
     "training.save_every": (lambda v: v >= 0, ">= 0 (0 = only at the end)"),
 }
-SELF_CHECKED = ("model", "scoring", "inference")  # ModelSpec, ScoringConfig, the engine's schema (inference/config.py)
+SELF_CHECKED = ("model", "scoring", "inference", "reward", "data")  # each part's schema checks its own values
 PROMPT_CHUNK = 1024  # prompts templated and tokenized per call when their lengths are checked
 PROBE_TOKENS = 4  # tokens per completion of the synthetic step that tells whether an algorithm can learn
 
@@ -60,7 +60,7 @@ def check_run_config(cfg: DictConfig) -> None:
 def check_config(cfg: DictConfig) -> None:
     """ConfigError naming the key of the first value that cannot work: an interpolation that does not
     resolve, a float that is not finite (anywhere, plugin arguments included), a squeeze setting, a
-    run-wide value out of its range, or a model, scoring or inference value its schema refuses."""
+    run-wide value out of its range, or a model, scoring, inference, reward or data value its schema refuses."""
     check_resolvable(cfg)
     check_finite(cfg)
     squeeze_settings(cfg)  # a campaign's block (its driver checks it first); a wrong value is wrong in any run

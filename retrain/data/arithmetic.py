@@ -29,6 +29,14 @@ class ArithmeticDataConfig:
     max_value: int = 99  # largest operand
     task_seed: int = 0  # fixes which problems exist; not the training seed
 
+    def __post_init__(self) -> None:
+        if self.num_examples < 1:
+            raise ConfigError(f"data.num_examples must be at least 1, got {self.num_examples}")
+        if self.held_out_size < 0:
+            raise ConfigError(f"data.held_out_size must not be negative, got {self.held_out_size}")
+        if self.min_value > self.max_value:
+            raise ConfigError(f"data.min_value={self.min_value} must not exceed data.max_value={self.max_value}")
+
 
 SCHEMAS: dict[str, type] = {"base_arithmetic": ArithmeticDataConfig}
 
@@ -41,8 +49,6 @@ def addition_example(a: int, b: int) -> Example:
 
 def draw_problems(count: int, min_value: int, max_value: int, task_seed: int) -> list[tuple[int, int]]:
     """`count` distinct operand pairs, drawn without replacement in a task-seeded order."""
-    if min_value > max_value:
-        raise ConfigError(f"data.min_value={min_value} must not exceed data.max_value={max_value}")
     span = max_value - min_value + 1
     if count > span * span:
         raise ConfigError(
@@ -58,22 +64,11 @@ def draw_problems(count: int, min_value: int, max_value: int, task_seed: int) ->
 class ArithmeticData(ExampleData):
     """Addition problems served in a seeded, resumable order, plus a disjoint held-out set."""
 
-    def __init__(
-        self,
-        seed: int,
-        num_examples: int = ArithmeticDataConfig.num_examples,
-        held_out_size: int = ArithmeticDataConfig.held_out_size,
-        min_value: int = ArithmeticDataConfig.min_value,
-        max_value: int = ArithmeticDataConfig.max_value,
-        task_seed: int = ArithmeticDataConfig.task_seed,
-    ) -> None:
-        if num_examples < 1:
-            raise ConfigError(f"data.num_examples must be at least 1, got {num_examples}")
-        if held_out_size < 0:
-            raise ConfigError(f"data.held_out_size must not be negative, got {held_out_size}")
+    def __init__(self, config: ArithmeticDataConfig, seed: int) -> None:
         # Held-out problems come first in the task order, so the held-out set does not change
         # when num_examples does; that order is already random, so it is served as drawn.
-        pairs = draw_problems(held_out_size + num_examples, min_value, max_value, task_seed)
+        held_out_size = config.held_out_size
+        pairs = draw_problems(held_out_size + config.num_examples, config.min_value, config.max_value, config.task_seed)
         held_out = [addition_example(a, b) for a, b in pairs[:held_out_size]]
         super().__init__(
             name="arithmetic",

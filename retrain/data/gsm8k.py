@@ -28,26 +28,18 @@ def gsm8k_reference(answer: str) -> str:
 class Gsm8kData(ExampleData):
     """GSM8K's train split for training and its test split as the held-out set."""
 
-    def __init__(
-        self,
-        seed: int,
-        path: str = Gsm8kDataConfig.path,
-        config_name: str = Gsm8kDataConfig.config_name,
-        split: str = Gsm8kDataConfig.split,
-        held_out_split: str = Gsm8kDataConfig.held_out_split,
-        prompt_template: str = Gsm8kDataConfig.prompt_template,
-        max_examples: int = Gsm8kDataConfig.max_examples,
-        skip_invalid: bool = Gsm8kDataConfig.skip_invalid,
-    ) -> None:
-        check_template(prompt_template, {"question"}, "data.prompt_template")
+    def __init__(self, config: Gsm8kDataConfig, seed: int) -> None:
+        check_template(config.prompt_template, {"question"}, "data.prompt_template")
 
         def load(which: str, split_setting: str) -> list[Example]:
-            dataset = load_records(path, which, config_name or None, split_setting=split_setting)
+            dataset = load_records(config.path, which, config.config_name or None, split_setting=split_setting)
             require_fields(
-                dataset, {"GSM8K's question field": "question", "GSM8K's answer field": "answer"}, f"{path} ({which})"
+                dataset,
+                {"GSM8K's question field": "question", "GSM8K's answer field": "answer"},
+                f"{config.path} ({which})",
             )
-            records = SplitRecords(path, which, config_name or None)
-            invalid = InvalidRows("gsm8k", records, skip_invalid)
+            records = SplitRecords(config.path, which, config.config_name or None)
+            invalid = InvalidRows("gsm8k", records, config.skip_invalid)
             examples = []
             for index, record in records.enumerate(dataset):
                 if invalid.rejects_blank(index, record, ("question", "answer")):
@@ -59,7 +51,7 @@ class Gsm8kData(ExampleData):
                     continue
                 examples.append(
                     Example(
-                        prompt=fill_template(prompt_template, question=str(record["question"])),
+                        prompt=fill_template(config.prompt_template, question=str(record["question"])),
                         reference=reference,
                         id=f"gsm8k/{which}/{index}",
                         extra={"question": str(record["question"])},
@@ -70,7 +62,7 @@ class Gsm8kData(ExampleData):
 
         super().__init__(
             name="gsm8k",
-            train=fixed_subset(load(split, "data.split"), max_examples),
+            train=fixed_subset(load(config.split, "data.split"), config.max_examples),
             seed=seed,
-            held_out=(lambda: load(held_out_split, "data.held_out_split")) if held_out_split else None,
+            held_out=(lambda: load(config.held_out_split, "data.held_out_split")) if config.held_out_split else None,
         )

@@ -7,7 +7,7 @@ Also home of what every file-backed source shares: `load_records`, one code path
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -141,55 +141,44 @@ def require_fields(dataset: datasets.Dataset, fields: dict[str, str], source: st
 class JsonlData(ExampleData):
     """Prompts and references from any jsonl/json/parquet/csv file, data set directory or Hub id."""
 
-    def __init__(
-        self,
-        seed: int,
-        path: str,
-        split: str = JsonlDataConfig.split,
-        held_out_split: str = JsonlDataConfig.held_out_split,
-        config_name: str = JsonlDataConfig.config_name,
-        question_field: str = JsonlDataConfig.question_field,
-        answer_field: str = JsonlDataConfig.answer_field,
-        id_field: str = JsonlDataConfig.id_field,
-        extra_fields: Iterable[str] = (),
-        prompt_template: str = JsonlDataConfig.prompt_template,
-        max_examples: int = JsonlDataConfig.max_examples,
-        skip_invalid: bool = JsonlDataConfig.skip_invalid,
-    ) -> None:
-        if not path:
+    def __init__(self, config: JsonlDataConfig, seed: int) -> None:
+        if not config.path:
             raise ConfigError(
                 "data=jsonl needs data.path: a jsonl/json/parquet/csv file, a data set directory or a Hub id"
             )
-        check_template(prompt_template, {"question"}, "data.prompt_template")
-        extra_names = [str(name) for name in extra_fields]
+        check_template(config.prompt_template, {"question"}, "data.prompt_template")
+        extra_names = [str(name) for name in config.extra_fields]
         fields = {
-            "data.question_field": question_field,
-            "data.answer_field": answer_field,
-            **({"data.id_field": id_field} if id_field else {}),
+            "data.question_field": config.question_field,
+            "data.answer_field": config.answer_field,
+            **({"data.id_field": config.id_field} if config.id_field else {}),
             **{f"data.extra_fields[{i}]": name for i, name in enumerate(extra_names)},
         }
 
         def load(which: str, split_setting: str) -> list[Example]:
-            dataset = load_records(path, which, config_name or None, split_setting=split_setting)
-            require_fields(dataset, fields, f"{path} ({which})")
-            records = SplitRecords(path, which, config_name or None)
-            invalid = InvalidRows("jsonl", records, skip_invalid)
+            dataset = load_records(config.path, which, config.config_name or None, split_setting=split_setting)
+            require_fields(dataset, fields, f"{config.path} ({which})")
+            records = SplitRecords(config.path, which, config.config_name or None)
+            invalid = InvalidRows("jsonl", records, config.skip_invalid)
             examples = [
                 Example(
-                    prompt=fill_template(prompt_template, question=str(record[question_field])),
-                    reference=str(record[answer_field]).strip(),
-                    id=str(record[id_field]) if id_field else f"{which}/{index}",
-                    extra={"question": str(record[question_field]), **{name: record[name] for name in extra_names}},
+                    prompt=fill_template(config.prompt_template, question=str(record[config.question_field])),
+                    reference=str(record[config.answer_field]).strip(),
+                    id=str(record[config.id_field]) if config.id_field else f"{which}/{index}",
+                    extra={
+                        "question": str(record[config.question_field]),
+                        **{name: record[name] for name in extra_names},
+                    },
                 )
                 for index, record in records.enumerate(dataset)
-                if not invalid.rejects_blank(index, record, (question_field, answer_field))
+                if not invalid.rejects_blank(index, record, (config.question_field, config.answer_field))
             ]
             invalid.report()
             return examples
 
         super().__init__(
             name="jsonl",
-            train=fixed_subset(load(split, "data.split"), max_examples),
+            train=fixed_subset(load(config.split, "data.split"), config.max_examples),
             seed=seed,
-            held_out=(lambda: load(held_out_split, "data.held_out_split")) if held_out_split else None,
+            held_out=(lambda: load(config.held_out_split, "data.held_out_split")) if config.held_out_split else None,
         )

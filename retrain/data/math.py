@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import datasets
 
 from retrain.data.base import ExampleData, fixed_subset
-from retrain.data.config import SEED_SUBJECTS, MathDataConfig
+from retrain.data.config import MathDataConfig
 from retrain.data.jsonl import config_names, load_records, require_fields
 from retrain.data.prompts import check_template, fill_template
 from retrain.data.records import InvalidRows, SplitRecords
@@ -47,20 +46,10 @@ def math_reference(record: dict[str, Any]) -> str | None:
 class MathData(ExampleData):
     """MATH problems of the chosen subjects; the reference is the final boxed answer."""
 
-    def __init__(
-        self,
-        seed: int,
-        path: str = MathDataConfig.path,
-        subjects: Iterable[str] = SEED_SUBJECTS,
-        split: str = MathDataConfig.split,
-        held_out_split: str = MathDataConfig.held_out_split,
-        prompt_template: str = MathDataConfig.prompt_template,
-        max_examples: int = MathDataConfig.max_examples,
-        skip_invalid: bool = MathDataConfig.skip_invalid,
-    ) -> None:
-        check_template(prompt_template, {"question"}, "data.prompt_template")
-        wanted = [normalize_subject(subject) for subject in subjects]
-        configs = {normalize_subject(name): name for name in config_names(path)}
+    def __init__(self, config: MathDataConfig, seed: int) -> None:
+        check_template(config.prompt_template, {"question"}, "data.prompt_template")
+        wanted = [normalize_subject(subject) for subject in config.subjects]
+        configs = {normalize_subject(name): name for name in config_names(config.path)}
         # A data set with one config per subject (the Hub mirror) is loaded config by config.
         by_config = (
             all(subject in configs for subject in wanted) if wanted else len(configs) > 1 and "default" not in configs
@@ -71,24 +60,24 @@ class MathData(ExampleData):
             if by_config:
                 chosen = wanted or sorted(configs)
                 parts = [
-                    (subject, load_records(path, which, configs[subject], split_setting=split_setting))
+                    (subject, load_records(config.path, which, configs[subject], split_setting=split_setting))
                     for subject in chosen
                 ]
             else:
-                parts = [(None, load_records(path, which, split_setting=split_setting))]
+                parts = [(None, load_records(config.path, which, split_setting=split_setting))]
             examples: list[Example] = []
             seen: set[str] = set()
             skipped = 0
             for config_subject, dataset in parts:
-                require_fields(dataset, {"MATH's problem field": "problem"}, f"{path} ({which})")
-                records = SplitRecords(path, which, configs[config_subject] if config_subject else None)
-                invalid = InvalidRows("math", records, skip_invalid)
+                require_fields(dataset, {"MATH's problem field": "problem"}, f"{config.path} ({which})")
+                records = SplitRecords(config.path, which, configs[config_subject] if config_subject else None)
+                invalid = InvalidRows("math", records, config.skip_invalid)
                 for index, record in records.enumerate(dataset):
                     subject = config_subject or _record_subject(record)
                     if wanted and not by_config:
                         if subject is None:
                             raise ConfigError(
-                                f"data.path={path!r}: records carry no {' or '.join(SUBJECT_FIELDS)} "
+                                f"data.path={config.path!r}: records carry no {' or '.join(SUBJECT_FIELDS)} "
                                 f"field, so data.subjects cannot filter them; set data.subjects=[]"
                             )
                         seen.add(subject)
@@ -96,7 +85,7 @@ class MathData(ExampleData):
                             continue
                     if invalid.rejects_blank(index, record, ("problem",)):
                         continue
-                    example = _math_example(record, subject, which, index, prompt_template)
+                    example = _math_example(record, subject, which, index, config.prompt_template)
                     if example is None:
                         skipped += 1
                     else:
@@ -105,22 +94,22 @@ class MathData(ExampleData):
             absent = sorted(set(wanted) - seen) if wanted and not by_config else []
             if absent:
                 raise ConfigError(
-                    f"data.subjects: {absent} not in the {which} split of {path!r} (its subjects: {sorted(seen)})"
+                    f"data.subjects: {absent} not in the {which} split of {config.path!r} (its subjects: {sorted(seen)})"
                 )
             if skipped:
                 log.warning(
                     "data=math: skipped %d %s records of %s with no answer and no \\boxed{} in the solution",
                     skipped,
                     which,
-                    path,
+                    config.path,
                 )
             return examples
 
         super().__init__(
             name="math",
-            train=fixed_subset(load(split, "data.split"), max_examples),
+            train=fixed_subset(load(config.split, "data.split"), config.max_examples),
             seed=seed,
-            held_out=(lambda: load(held_out_split, "data.held_out_split")) if held_out_split else None,
+            held_out=(lambda: load(config.held_out_split, "data.held_out_split")) if config.held_out_split else None,
         )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from retrain.errors import ConfigError
+
 VERIFIERS_VERSION = "0.4.0"  # the verifiers release this integration is written and tested against
 RUNTIMES = ("subprocess", "docker", "podman", "apptainer", "prime", "modal", "e2b")
 
@@ -21,6 +23,18 @@ class VerifiersDataConfig:
     runtime: str = "subprocess"  # where the agents' harness programs run (verifiers runtime type)
     held_out_size: int = 0  # the last N tasks are held out from training for eval.num_examples
     max_concurrent: int = 16  # rollouts in flight at once (the engine still samples one request at a time)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ConfigError("data.id is empty: name the verifiers environment (its taskset id), e.g. data.id=gsm8k")
+        if self.max_turns == 0 or self.max_turns < -1:
+            raise ConfigError(f"data.max_turns must be -1 (the environment's default) or >= 1, got {self.max_turns}")
+        if self.runtime not in RUNTIMES:
+            raise ConfigError(f"data.runtime={self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        if self.held_out_size < 0:
+            raise ConfigError(f"data.held_out_size must not be negative, got {self.held_out_size}")
+        if self.max_concurrent < 1:
+            raise ConfigError(f"data.max_concurrent must be >= 1, got {self.max_concurrent}")
 
 
 SCHEMAS: dict[str, type] = {"base_verifiers": VerifiersDataConfig}

@@ -28,7 +28,7 @@ from typing import Any
 
 from retrain.data.base import ExampleData
 from retrain.environments.base import ScoredRollouts, Trajectory, rollouts_from_trajectories
-from retrain.environments.config import RUNTIMES, VERIFIERS_VERSION, VerifiersDataConfig
+from retrain.environments.config import VERIFIERS_VERSION, VerifiersDataConfig
 from retrain.errors import ConfigError, UserError
 from retrain.inference.completions import request_seed
 from retrain.inference.endpoint import SERVED_MODEL
@@ -91,34 +91,15 @@ def ensure_installed(env_id: str, auto_install: bool) -> None:
 class VerifiersEnvironment(ExampleData):
     """The taskset's tasks in a seeded, resumable order (ExampleData), sampled and scored by the environment."""
 
-    def __init__(
-        self,
-        seed: int,
-        id: str = VerifiersDataConfig.id,
-        args: Any = None,
-        max_turns: int = VerifiersDataConfig.max_turns,
-        auto_install: bool = VerifiersDataConfig.auto_install,
-        runtime: str = VerifiersDataConfig.runtime,
-        held_out_size: int = VerifiersDataConfig.held_out_size,
-        max_concurrent: int = VerifiersDataConfig.max_concurrent,
-    ) -> None:
-        if not id:
-            raise ConfigError("data.id is empty: name the verifiers environment (its taskset id), e.g. data.id=gsm8k")
-        if max_turns == 0 or max_turns < -1:
-            raise ConfigError(f"data.max_turns must be -1 (the environment's default) or >= 1, got {max_turns}")
-        if runtime not in RUNTIMES:
-            raise ConfigError(f"data.runtime={runtime!r} is not one of {', '.join(RUNTIMES)}")
-        if held_out_size < 0:
-            raise ConfigError(f"data.held_out_size must not be negative, got {held_out_size}")
-        if max_concurrent < 1:
-            raise ConfigError(f"data.max_concurrent must be >= 1, got {max_concurrent}")
+    def __init__(self, config: VerifiersDataConfig, seed: int) -> None:
         vf = _verifiers()
         for name in CHATTY_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
-        ensure_installed(id, auto_install)
+        id, held_out_size = config.id, config.held_out_size
+        ensure_installed(id, config.auto_install)
         self.env_id = id
-        self.max_concurrent = max_concurrent
-        self.env = vf.load_environment(_env_config(vf, id, parse_args(args), max_turns, runtime))
+        self.max_concurrent = config.max_concurrent
+        self.env = vf.load_environment(_env_config(vf, id, parse_args(config.args), config.max_turns, config.runtime))
         self.tasks = _training_tasks(self.env.taskset, id)
         examples = [_example(task, index) for index, task in enumerate(self.tasks)]
         if held_out_size >= len(examples):

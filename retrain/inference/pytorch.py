@@ -117,14 +117,7 @@ class PytorchEngine:
 
     returns_entropies = True
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        resources: EngineResources,
-        prefix_caching: bool = PytorchEngineConfig.prefix_caching,
-        fault_skip_weight_sync: bool = PytorchEngineConfig.fault_skip_weight_sync,
-        merge_lora: bool = PytorchEngineConfig.merge_lora,
-    ) -> None:
+    def __init__(self, config: PytorchEngineConfig, tokenizer: Any, resources: EngineResources) -> None:
         if resources.model is None:
             raise ConfigError(
                 "inference=pytorch samples in-process with the training model, but the backend "
@@ -135,7 +128,7 @@ class PytorchEngine:
             self.model = copy.deepcopy(resources.model).to(resources.device)
         self.tokenizer = tokenizer
         self.device = torch.device(resources.device)
-        self.prefix_caching = prefix_caching
+        self.prefix_caching = config.prefix_caching
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = torch.tensor(
             stop_token_ids(tokenizer, getattr(self.model, "generation_config", None)), device=self.device
@@ -146,9 +139,9 @@ class PytorchEngine:
         self._parameters = dict(self.model.named_parameters())  # walking the modules per sync costs ~1 ms
         # The fault hook (a test of the freshness proof): keep serving the initial adapter, as an
         # engine that never received a push would, by swapping it in around every forward.
-        self._frozen = _trainable_copy(self.model) if fault_skip_weight_sync else None
+        self._frozen = _trainable_copy(self.model) if config.fault_skip_weight_sync else None
         lora_layers = plain_lora_layers(self.model)
-        self._merged = merged_lora(lora_layers) if merge_lora else None
+        self._merged = merged_lora(lora_layers) if config.merge_lora else None
         merged = [] if self._merged is None else self._merged.layers
         self._lean = [layer for layer in lora_layers if layer not in merged]  # PEFT's arithmetic, leaner
         if self._merged is not None:

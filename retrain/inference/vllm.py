@@ -130,35 +130,7 @@ class VllmEngine:
 
     returns_entropies = False  # vLLM returns log-probs of chosen tokens, not the full distribution's entropy
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        resources: EngineResources,
-        dtype: str = VllmEngineConfig.dtype,
-        kv_cache_dtype: str = VllmEngineConfig.kv_cache_dtype,
-        prefix_caching: bool = VllmEngineConfig.prefix_caching,
-        attention_kernel: str = VllmEngineConfig.attention_kernel,
-        gpu_memory_utilization: float = VllmEngineConfig.gpu_memory_utilization,
-        max_model_len: int = VllmEngineConfig.max_model_len,
-        max_lora_rank: int = VllmEngineConfig.max_lora_rank,
-        sleep_mode: bool = VllmEngineConfig.sleep_mode,
-        enforce_eager: bool = VllmEngineConfig.enforce_eager,
-        merge_lora: bool = VllmEngineConfig.merge_lora,
-        fault_skip_weight_sync: bool = VllmEngineConfig.fault_skip_weight_sync,
-    ) -> None:
-        config = VllmEngineConfig(
-            dtype=dtype,
-            kv_cache_dtype=kv_cache_dtype,
-            prefix_caching=prefix_caching,
-            attention_kernel=attention_kernel,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            max_lora_rank=max_lora_rank,
-            sleep_mode=sleep_mode,
-            enforce_eager=enforce_eager,
-            merge_lora=merge_lora,
-            fault_skip_weight_sync=fault_skip_weight_sync,
-        )
+    def __init__(self, config: VllmEngineConfig, tokenizer: Any, resources: EngineResources) -> None:
         device = torch.device(resources.device)
         if device.type == "cuda" and device.index not in (None, 0):
             raise ConfigError(
@@ -166,11 +138,11 @@ class VllmEngine:
                 f"CUDA_VISIBLE_DEVICES={device.index} and backend.devices=gpu:0"
             )
         arguments = engine_arguments(config, resources)  # config errors before vLLM is imported
-        self.merged_from = _merge_source(resources) if merge_lora else None
+        self.merged_from = _merge_source(resources) if config.merge_lora else None
         self.probe_tolerance = serving_tolerance(arguments)  # inference.dtype=bf16 under an fp32 trainer: bf16's
         self.tokenizer = tokenizer
-        self.fault_skip_weight_sync = fault_skip_weight_sync
-        self.sleeps = device.type == "cuda" and sleep_mode and not resources.overlap  # split: own GPU
+        self.fault_skip_weight_sync = config.fault_skip_weight_sync
+        self.sleeps = device.type == "cuda" and config.sleep_mode and not resources.overlap  # split: own GPU
         self.stop_ids = stop_token_ids(tokenizer, _generation_config(resources.spec))
         self.llm = _start_llm(arguments, device)
         self.publisher = AdapterPublisher(resources.spec) if self.merged_from is None else None

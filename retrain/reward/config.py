@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from retrain.data.prompts import check_template
+from retrain.errors import ConfigError
+
 DEFAULT_JUDGE_TEMPLATE = """You are grading a student's answer to a problem.
 
 Problem:
@@ -41,6 +44,11 @@ class MathRewardConfig:
     verify_timeout_s: int = 5
     cache_size: int = 4096  # parsed references kept per scoring worker
 
+    def __post_init__(self) -> None:
+        for key in ("parse_timeout_s", "verify_timeout_s", "cache_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"reward.{key} must be at least 1, got {getattr(self, key)}")
+
 
 @dataclass
 class JudgeRewardConfig:
@@ -60,6 +68,23 @@ class JudgeRewardConfig:
     max_retries: int = 3  # asks again after HTTP 429/5xx, a dropped connection or a request timeout
     retry_backoff_s: float = 1.0  # first pause before asking again, doubled each time (Retry-After wins)
     max_wait_s: float = 25.0  # then the completion gets no verdict; keep it below scoring.timeout_s
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("reward.model must name the judge model, got an empty string")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"reward.base_url must be an http(s) URL, got {self.base_url!r}")
+        if self.max_concurrency < 1:
+            raise ConfigError(f"reward.max_concurrency must be at least 1, got {self.max_concurrency}")
+        if self.max_reply_bytes < 1:
+            raise ConfigError(f"reward.max_reply_bytes must be at least 1, got {self.max_reply_bytes}")
+        if self.max_retries < 0:
+            raise ConfigError(f"reward.max_retries must be 0 or more, got {self.max_retries}")
+        if not self.retry_backoff_s >= 0:
+            raise ConfigError(f"reward.retry_backoff_s must be 0 or more, got {self.retry_backoff_s}")
+        if not self.max_wait_s > 0:
+            raise ConfigError(f"reward.max_wait_s must be positive, got {self.max_wait_s}")
+        check_template(self.prompt_template, {"response"}, "reward.prompt_template")
 
 
 SCHEMAS: dict[str, type] = {

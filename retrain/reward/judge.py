@@ -19,8 +19,7 @@ from typing import Any
 
 import httpx
 
-from retrain.data.prompts import check_template, fill_template
-from retrain.errors import ConfigError
+from retrain.data.prompts import fill_template
 from retrain.plugins import built_in
 from retrain.reward.checks import NoVerdict
 from retrain.reward.config import JudgeRewardConfig
@@ -40,8 +39,7 @@ def parse_verdict(reply: str) -> float:
 
 @built_in
 class JudgeReward:
-    """Asks `model` at `base_url` (e.g. http://127.0.0.1:8000/v1) whether the response is correct.
-    Its defaults are those of the config schema (retrain.reward.config.JudgeRewardConfig).
+    """Asks `config.model` at `config.base_url` (e.g. http://127.0.0.1:8000/v1) whether the response is correct.
 
     The API key is read from the environment variable named by `api_key_env` at call time, so it
     never lands in the config, the run dir or a pickle; with the variable unset, no key is sent
@@ -49,60 +47,21 @@ class JudgeReward:
     the example's `extra["question"]` (every built-in data source sets it).
     """
 
-    def __init__(
-        self,
-        model: str = JudgeRewardConfig.model,
-        base_url: str = JudgeRewardConfig.base_url,
-        api_key_env: str = JudgeRewardConfig.api_key_env,
-        prompt_template: str = JudgeRewardConfig.prompt_template,
-        max_tokens: int = JudgeRewardConfig.max_tokens,
-        temperature: float = JudgeRewardConfig.temperature,
-        request_timeout_s: float = JudgeRewardConfig.request_timeout_s,
-        max_concurrency: int = JudgeRewardConfig.max_concurrency,
-        max_reply_bytes: int = JudgeRewardConfig.max_reply_bytes,
-        max_retries: int = JudgeRewardConfig.max_retries,
-        retry_backoff_s: float = JudgeRewardConfig.retry_backoff_s,
-        max_wait_s: float = JudgeRewardConfig.max_wait_s,
-    ) -> None:
-        if not model:
-            raise ConfigError("reward.model must name the judge model, got an empty string")
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"reward.base_url must be an http(s) URL, got {base_url!r}")
-        if max_concurrency < 1:
-            raise ConfigError(f"reward.max_concurrency must be at least 1, got {max_concurrency}")
-        if max_reply_bytes < 1:
-            raise ConfigError(f"reward.max_reply_bytes must be at least 1, got {max_reply_bytes}")
-        if max_retries < 0:
-            raise ConfigError(f"reward.max_retries must be 0 or more, got {max_retries}")
-        if not retry_backoff_s >= 0:
-            raise ConfigError(f"reward.retry_backoff_s must be 0 or more, got {retry_backoff_s}")
-        if not max_wait_s > 0:
-            raise ConfigError(f"reward.max_wait_s must be positive, got {max_wait_s}")
-        check_template(prompt_template, {"response"}, "reward.prompt_template")
-        self.model = model
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.api_key_env = api_key_env
-        self.prompt_template = prompt_template
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.request_timeout_s = request_timeout_s
-        self.max_concurrency = max_concurrency
-        self.max_reply_bytes = max_reply_bytes
-        self.max_retries = max_retries
-        self.retry_backoff_s = retry_backoff_s
-        self.max_wait_s = max_wait_s
+    def __init__(self, config: JudgeRewardConfig) -> None:
+        self.config = config
+        self.url = config.base_url.rstrip("/") + "/chat/completions"
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, response: str, reference: str, **extra: Any) -> float:
         prompt = fill_template(
-            self.prompt_template, question=str(extra.get("question", "")), reference=reference, response=response
+            self.config.prompt_template, question=str(extra.get("question", "")), reference=reference, response=response
         )
         payload = {
-            "model": self.model,
+            "model": self.config.model,
             "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
+            "max_tokens": self.config.max_tokens,
+            "temperature": self.config.temperature,
         }
         body = await self._ask(payload)
         try:
@@ -117,14 +76,16 @@ class JudgeReward:
     async def _ask(self, payload: dict[str, Any]) -> bytes:
         """The body of the judge's HTTP 200 reply; retries busy or failing servers while `max_wait_s` allows."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_wait_s
-        for attempt in range(self.max_retries + 1):
+        deadline = loop.time() + self.config.max_wait_s
+        for attempt in range(self.config.max_retries + 1):
             retry_after: float | None = None
             try:
                 async with asyncio.timeout_at(deadline):
                     status, body, retry_after = await self._post(payload)
             except TimeoutError:
-                raise NoVerdict(f"the judge did not answer within reward.max_wait_s={self.max_wait_s:g} s") from None
+                raise NoVerdict(
+                    f"the judge did not answer within reward.max_wait_s={self.config.max_wait_s:g} s"
+                ) from None
             except httpx.TransportError as exc:  # refused or dropped connection, request timeout, ...
                 failure = f"{type(exc).__name__}: {exc}"
             else:
@@ -133,36 +94,36 @@ class JudgeReward:
                 failure = f"HTTP {status} {body[:200]!r}"
                 if status != 429 and status < 500:  # the request itself is wrong: asking again cannot help
                     raise NoVerdict(f"the judge answered {failure}")
-            if attempt == self.max_retries:
+            if attempt == self.config.max_retries:
                 break
-            pause = self.retry_backoff_s * 2**attempt * (1.0 + 0.5 * _JITTER.random())
+            pause = self.config.retry_backoff_s * 2**attempt * (1.0 + 0.5 * _JITTER.random())
             pause = pause if retry_after is None else retry_after
             if loop.time() + pause >= deadline:
                 raise NoVerdict(
-                    f"the judge failed ({failure}) and reward.max_wait_s={self.max_wait_s:g} s leaves no time to retry"
+                    f"the judge failed ({failure}) and reward.max_wait_s={self.config.max_wait_s:g} s leaves no time to retry"
                 )
             await asyncio.sleep(pause)
-        raise NoVerdict(f"the judge failed {self.max_retries + 1} times; the last: {failure}")
+        raise NoVerdict(f"the judge failed {self.config.max_retries + 1} times; the last: {failure}")
 
     async def _post(self, payload: dict[str, Any]) -> tuple[int, bytes, float | None]:
         """(status, body, Retry-After seconds); NoVerdict for a body past `max_reply_bytes`, never read whole."""
         client = self._client_for_this_loop()
         async with client.stream("POST", self.url, json=payload, headers=self._headers()) as reply:
             declared = reply.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > self.max_reply_bytes:
+            if declared.isdigit() and int(declared) > self.config.max_reply_bytes:
                 raise NoVerdict(self._too_large(f"announces {declared} bytes"))
             body = bytearray()
             async for piece in reply.aiter_bytes():
                 body += piece
-                if len(body) > self.max_reply_bytes:
+                if len(body) > self.config.max_reply_bytes:
                     raise NoVerdict(self._too_large(f"ran past {len(body)} bytes"))
             return reply.status_code, bytes(body), _seconds(reply.headers.get("retry-after"))
 
     def _too_large(self, what: str) -> str:
-        return f"the judge's reply {what}, more than reward.max_reply_bytes={self.max_reply_bytes}"
+        return f"the judge's reply {what}, more than reward.max_reply_bytes={self.config.max_reply_bytes}"
 
     def _headers(self) -> dict[str, str]:
-        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _client_for_this_loop(self) -> httpx.AsyncClient:
@@ -174,8 +135,8 @@ class JudgeReward:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
             self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.request_timeout_s, pool=None),
-                limits=httpx.Limits(max_connections=self.max_concurrency),
+                timeout=httpx.Timeout(self.config.request_timeout_s, pool=None),
+                limits=httpx.Limits(max_connections=self.config.max_concurrency),
             )
             self._client_loop = loop
         return self._client

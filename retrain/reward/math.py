@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 from math_verify import LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
-from retrain.errors import ConfigError
 from retrain.plugins import built_in
 from retrain.reward.config import MathRewardConfig
 from retrain.reward.extract import last_boxed
@@ -57,23 +56,11 @@ class MathReward:
     every completion of a group shares its reference, so it is parsed once, not G times.
     """
 
-    def __init__(
-        self,
-        parse_timeout_s: int = MathRewardConfig.parse_timeout_s,
-        verify_timeout_s: int = MathRewardConfig.verify_timeout_s,
-        cache_size: int = MathRewardConfig.cache_size,
-    ) -> None:
-        for key, value in (
-            ("parse_timeout_s", parse_timeout_s),
-            ("verify_timeout_s", verify_timeout_s),
-            ("cache_size", cache_size),
-        ):
-            if value < 1:
-                raise ConfigError(f"reward.{key} must be at least 1, got {value}")
+    def __init__(self, config: MathRewardConfig) -> None:
         # math-verify's alarms take whole seconds.
-        self.parse_timeout_s = int(parse_timeout_s)
-        self.verify_timeout_s = int(verify_timeout_s)
-        self.cache_size = int(cache_size)
+        self.parse_timeout_s = int(config.parse_timeout_s)
+        self.verify_timeout_s = int(config.verify_timeout_s)
+        self.cache_size = int(config.cache_size)
         self._parsed_reference = functools.lru_cache(maxsize=self.cache_size)(self._parse_reference)
 
     def __call__(self, response: str, reference: str, **extra: Any) -> float:

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from retrain.config import BackpressureConfig
-from retrain.errors import ConfigError
 from retrain.training.backpressure import BackpressureController, Roofline, model_footprint
 
 log = logging.getLogger(__name__)
@@ -41,9 +40,7 @@ class FixedBatching:
     """`training.batch_size` prompts every step."""
 
     def __init__(self, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ConfigError(f"training.batch_size must be >= 1, got {batch_size}")
-        self.size = batch_size
+        self.size = batch_size  # >= 1: checked with the config (retrain/config_checks/validation.py)
 
     def batch_size(self, step: int) -> int:
         return self.size

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from retrain.assets import TINY_MODEL_DIR
-from retrain.data.arithmetic import ArithmeticData
+from retrain.data.arithmetic import ArithmeticData, ArithmeticDataConfig
 
 CHAT_PROMPT = "<|im_start|>user\nWhat is 47+38?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -78,7 +78,7 @@ def test_chat_template_builds_the_generation_prompt(tokenizer: PreTrainedTokeniz
 def test_greedy_answers_on_held_out_problems_are_often_right(
     tokenizer: PreTrainedTokenizerFast, model: Qwen3ForCausalLM
 ) -> None:
-    held_out = ArithmeticData(seed=0).held_out(64)
+    held_out = ArithmeticData(ArithmeticDataConfig(), seed=0).held_out(64)
     prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": ex.prompt}], add_generation_prompt=True, tokenize=True, return_dict=False

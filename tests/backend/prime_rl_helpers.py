@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from retrain.backend.prime_rl.backend import PrimeRlBackend
+from retrain.backend.prime_rl.config import PrimeRlBackendConfig
 from retrain.backend.prime_rl.weights import STABLE
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig
@@ -21,12 +22,11 @@ SPEC = ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4)
 def make_backend(output_dir: Path | str, **options) -> PrimeRlBackend:
     training = TrainingConfig()
     return PrimeRlBackend(
+        PrimeRlBackendConfig(output_dir=str(output_dir), **options),
         model=SPEC,
         optim=OptimSettings.from_config(training),
         loss=LossSettings.from_config(training),
         seed=0,
-        output_dir=str(output_dir),
-        **options,
     )
 
 

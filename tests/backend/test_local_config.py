@@ -3,8 +3,6 @@ the way the composition root builds them."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -15,6 +13,7 @@ from retrain.config import TrainingConfig, compose
 from retrain.errors import ConfigError
 from retrain.inference.pytorch import PytorchEngine
 from retrain.model.spec import ModelSpec
+from retrain.run import build_part
 from tests.backend.tiny_model import tokenizer_of
 
 SETTINGS = {"optim": OptimSettings.from_config(TrainingConfig()), "loss": LossSettings.from_config(TrainingConfig())}
@@ -49,17 +48,16 @@ def test_backend_and_engine_build_from_the_config(tiny_model_dir):
             "inference.prefix_caching=false",
         ]
     )
-    engine_factory = instantiate(cfg.inference)
-    assert isinstance(engine_factory, functools.partial) and engine_factory.func is PytorchEngine
-    # As the composition root does: runtime objects are bound to the partial, not merged into the config.
-    backend = instantiate(cfg.backend, _partial_=True)(model=instantiate(cfg.model), seed=0, **SETTINGS)
+    backend = build_part(cfg, "backend", model=build_part(cfg, "model"), seed=0, **SETTINGS)
     assert isinstance(backend, LocalBackend)
     assert backend.micro_batch_size == cfg.backend.micro_batch_size
-    engine = engine_factory(tokenizer=tokenizer_of(str(tiny_model_dir)), resources=backend.engine_resources())
+    tokenizer = tokenizer_of(str(tiny_model_dir))
+    engine = build_part(cfg, "inference", tokenizer=tokenizer, resources=backend.engine_resources())
+    assert isinstance(engine, PytorchEngine)
     assert engine.prefix_caching is False and engine.model is backend.model  # it shares the weights
 
 
 def test_bad_value_from_the_config_is_named(tiny_model_dir):
     cfg = compose(["backend.devices='gpu:0,gpu:1'", f"model.name_or_path={tiny_model_dir}"])
     with pytest.raises(ConfigError, match="backend.devices"):
-        instantiate(cfg.backend, _partial_=True)(model=instantiate(cfg.model), seed=0, **SETTINGS)
+        build_part(cfg, "backend", model=build_part(cfg, "model"), seed=0, **SETTINGS)

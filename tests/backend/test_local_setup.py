@@ -10,7 +10,7 @@ import torch
 from huggingface_hub import constants
 
 from retrain.backend.base import Backend
-from retrain.backend.capabilities import capabilities_of
+from retrain.backend.capabilities import capabilities_of, describe_backend
 from retrain.backend.devices import resolve_device
 from retrain.backend.local import LocalBackend
 from retrain.errors import ConfigError, HubFetchError
@@ -90,9 +90,9 @@ def test_bad_devices_are_named(devices, error, message):
         resolve_device(devices)
 
 
-def test_negative_micro_batch_size_is_rejected(tiny_spec):
+def test_negative_micro_batch_size_is_rejected():
     with pytest.raises(ValueError, match="backend.micro_batch_size"):
-        make_backend(tiny_spec, micro_batch_size=-1)
+        describe_backend(LocalBackend).check_options({"micro_batch_size": -1})
 
 
 class TestModelSpec:

@@ -13,6 +13,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from retrain.backend.capabilities import describe_backend
 from retrain.backend.prime_rl.messages import MicroBatch, decode_rank
 from retrain.backend.prime_rl.packing import TokenVaryingAdvantagesError
 from retrain.backend.prime_rl.weights import STABLE, broadcast_dir, wait_for_broadcast
@@ -56,17 +57,24 @@ def test_wait_for_broadcast_gives_up_naming_the_directory(tmp_path):
         ),
         ({"transport": "nfs"}, "backend.transport='nfs' is not one of: filesystem, zmq"),
         ({"sync_poll_s": 0.0}, "backend.sync_poll_s"),
-        ({"inference_url": "localhost:8000"}, "backend.inference_url='localhost:8000' is not an http"),
     ],
 )
 def test_bad_options_are_refused_naming_the_key(tmp_path, options, message):
+    """Checked where the run's parts are planned (retrain.run.plan_parts), before anything is built."""
     with pytest.raises(ConfigError, match=message):
-        make_backend(tmp_path, **options)
+        describe_backend("retrain.backend.prime_rl.backend.PrimeRlBackend").check_options(
+            {"output_dir": str(tmp_path), **options}
+        )
+
+
+def test_an_inference_url_that_is_no_http_url_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="backend.inference_url='localhost:8000' is not an http"):
+        make_backend(tmp_path, inference_url="localhost:8000")
 
 
 def test_an_empty_output_dir_is_refused():
     with pytest.raises(ConfigError, match="backend.output_dir is required: the PRIME-RL trainer's output_dir"):
-        make_backend("")
+        describe_backend("retrain.backend.prime_rl.backend.PrimeRlBackend").check_options({"output_dir": ""})
 
 
 def fake_prime_rl_trainer(output_dir: Path, steps: int, received: list[list[MicroBatch]]) -> threading.Thread:

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from retrain.backend.capabilities import describe_backend
 from retrain.backend.settings import LossSettings
 from retrain.backend.tinker.backend import STATE_FILE
 from retrain.backend.tinker.calls import TinkerAuthError, TinkerRateLimitError, TinkerServiceError
+from retrain.backend.tinker.config import TinkerBackendConfig
 from retrain.backend.tinker.datums import step_datums
 from retrain.errors import ConfigError
 from retrain.model.probe import Probe, StaleWeightsError
@@ -250,7 +252,13 @@ def test_an_unknown_model_is_a_config_error_naming_the_model(service: FakeServic
     from retrain.model.spec import ModelSpec
 
     with pytest.raises(ConfigError, match="model.name_or_path='org/unknown'"):
-        TinkerBackend(model=ModelSpec(name_or_path="org/unknown"), optim=OPTIM, loss=LossSettings(0.0, None), seed=0)
+        TinkerBackend(
+            TinkerBackendConfig(),
+            model=ModelSpec(name_or_path="org/unknown"),
+            optim=OPTIM,
+            loss=LossSettings(0.0, None),
+            seed=0,
+        )
 
 
 def test_retryable_errors_are_retried_a_bounded_number_of_times(service: FakeService, tiny_tokenizer) -> None:
@@ -283,13 +291,15 @@ def test_a_training_step_is_never_sent_twice(service: FakeService, tiny_tokenize
     assert len(service.requests["forward_backward"]) == 1
 
 
-def test_options_are_validated_naming_their_key(service: FakeService) -> None:
+def test_options_are_validated_naming_their_key() -> None:
+    """Checked where the run's parts are planned (retrain.run.plan_parts), before anything is built."""
+    options = describe_backend("retrain.backend.tinker.backend.TinkerBackend")
     with pytest.raises(ConfigError, match="backend.max_concurrent_calls"):
-        make_backend(max_concurrent_calls=0)
+        options.check_options({"max_concurrent_calls": 0})
     with pytest.raises(ConfigError, match="backend.sampler_ttl_s"):
-        make_backend(sampler_ttl_s=60)
+        options.check_options({"sampler_ttl_s": 60})
     with pytest.raises(ConfigError, match="backend.max_retries"):
-        make_backend(max_retries=-1)
+        options.check_options({"max_retries": -1})
 
 
 def test_base_url_comes_from_the_config_else_the_environment(

@@ -8,10 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from retrain.backend.tinker.limiter import FileSemaphore
-from retrain.errors import ConfigError
 from tests.conftest import cli_env
 
 HOLD_S = 0.4
@@ -90,8 +87,3 @@ def test_threads_of_one_process_share_the_limit(tmp_path: Path) -> None:
     for thread in threads:
         thread.join()
     assert most_at_once(intervals) == 2
-
-
-def test_a_limit_below_one_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="backend.max_concurrent_calls"):
-        FileSemaphore(tmp_path, 0)

@@ -17,6 +17,7 @@ import pytest
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.backend.tinker.backend import TinkerBackend
 from retrain.backend.tinker.calls import TinkerAuthError
+from retrain.backend.tinker.config import TinkerBackendConfig
 from retrain.model.spec import ModelSpec
 
 tinker = pytest.importorskip("tinker")
@@ -66,13 +67,11 @@ def test_the_sdk_first_request_carries_the_key_and_a_refusal_is_a_clear_error(
     monkeypatch.delenv("TINKER_BASE_URL", raising=False)
     with pytest.raises(TinkerAuthError, match="TINKER_API_KEY.*HTTP 401") as error:
         TinkerBackend(
+            TinkerBackendConfig(base_url=url, lock_dir=str(tmp_path), retry_backoff_s=0.0),
             model=ModelSpec(name_or_path="Qwen/Qwen3-4B-Instruct-2507"),
             optim=OptimSettings(lr=1e-5, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1.0),
             loss=LossSettings(clip_eps=0.0, clip_eps_high=None),
             seed=0,
-            base_url=url,
-            lock_dir=str(tmp_path),
-            retry_backoff_s=0.0,
         )
     assert KEY not in str(error.value)
     first = received[0]

@@ -13,6 +13,7 @@ import torch
 
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.backend.tinker.backend import TinkerBackend
+from retrain.backend.tinker.config import TinkerBackendConfig
 from retrain.model.spec import ModelSpec
 from tests.backend.fake_tinker import FakeService, fake_sdk
 
@@ -35,11 +36,11 @@ def service(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeSer
 def make_backend(loss: LossSettings = IS_LOSS, seed: int = 3, **options: Any) -> TinkerBackend:
     """A backend on the bundled tiny model's name (the fake serves it), retrying without delay."""
     return TinkerBackend(
+        TinkerBackendConfig(**{"retry_backoff_s": 0.0, **options}),
         model=ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=8),
         optim=OPTIM,
         loss=loss,
         seed=seed,
-        **{"retry_backoff_s": 0.0, **options},
     )
 
 

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from retrain.assets import TINY_MODEL_DIR
+from retrain.backend.config import LocalBackendConfig
 from retrain.backend.local import LocalBackend
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig
+from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.pytorch import PytorchEngine
 from retrain.model.spec import ChatPrompts, ModelSpec
 
@@ -48,19 +50,21 @@ def make_backend(
     """A CPU LocalBackend with the run-wide defaults but `lr` and `max_grad_norm`."""
     training = TrainingConfig(lr=lr, max_grad_norm=max_grad_norm)
     return LocalBackend(
+        LocalBackendConfig(devices=devices, micro_batch_size=micro_batch_size, **options),
         model=spec,
         optim=OptimSettings.from_config(training),
         loss=loss or LossSettings.from_config(training),
         seed=seed,
-        devices=devices,
-        micro_batch_size=micro_batch_size,
-        **options,
     )
 
 
 def make_engine(backend: LocalBackend, **options) -> PytorchEngine:
     """The in-process engine beside `backend`, sampling with its model."""
-    return PytorchEngine(tokenizer_of(backend.spec.name_or_path), backend.engine_resources(), **options)
+    return PytorchEngine(
+        PytorchEngineConfig(**options),
+        tokenizer=tokenizer_of(backend.spec.name_or_path),
+        resources=backend.engine_resources(),
+    )
 
 
 def encode(backend: LocalBackend, prompts: list[str]) -> list[list[int]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra.utils import instantiate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
@@ -14,6 +13,7 @@ from retrain.config import compose
 from retrain.data.arithmetic import SCHEMAS, ArithmeticData, ArithmeticDataConfig, draw_problems
 from retrain.data.base import DataSource
 from retrain.errors import ConfigError
+from retrain.run import build_part
 
 CONF_FILE = Path(__file__).resolve().parents[2] / "conf" / "data" / "arithmetic.yaml"
 
@@ -23,7 +23,7 @@ def ids(examples) -> list[str]:
 
 
 def test_examples_are_well_formed_additions() -> None:
-    data = ArithmeticData(seed=0, num_examples=50, held_out_size=10)
+    data = ArithmeticData(ArithmeticDataConfig(num_examples=50, held_out_size=10), seed=0)
     for example in data.next_batch(50) + data.held_out(10):
         a, b = (int(x) for x in example.id.split("+"))
         assert 10 <= a <= 99 and 10 <= b <= 99
@@ -33,7 +33,7 @@ def test_examples_are_well_formed_additions() -> None:
 
 
 def test_same_seed_gives_same_order_and_other_seed_only_reorders() -> None:
-    first, again, other = (ArithmeticData(seed=s, num_examples=200) for s in (7, 7, 8))
+    first, again, other = (ArithmeticData(ArithmeticDataConfig(num_examples=200), seed=s) for s in (7, 7, 8))
     batches = [ids(first.next_batch(64)) for _ in range(5)]  # crosses an epoch boundary
     assert batches == [ids(again.next_batch(64)) for _ in range(5)]
     other_batches = [ids(other.next_batch(64)) for _ in range(5)]
@@ -42,39 +42,41 @@ def test_same_seed_gives_same_order_and_other_seed_only_reorders() -> None:
 
 
 def test_problem_set_depends_on_task_seed_only() -> None:
-    base = ArithmeticData(seed=0, num_examples=100, held_out_size=20)
-    reseeded = ArithmeticData(seed=0, num_examples=100, held_out_size=20, task_seed=1)
+    base = ArithmeticData(ArithmeticDataConfig(num_examples=100, held_out_size=20), seed=0)
+    reseeded = ArithmeticData(ArithmeticDataConfig(num_examples=100, held_out_size=20, task_seed=1), seed=0)
     assert set(ids(base.train_examples)) != set(ids(reseeded.train_examples))
-    assert ids(ArithmeticData(seed=5, num_examples=100, held_out_size=20).held_out(20)) == ids(base.held_out(20))
+    assert ids(ArithmeticData(ArithmeticDataConfig(num_examples=100, held_out_size=20), seed=5).held_out(20)) == ids(
+        base.held_out(20)
+    )
 
 
 def test_held_out_is_disjoint_from_training_and_stable() -> None:
-    data = ArithmeticData(seed=0)
+    data = ArithmeticData(ArithmeticDataConfig(), seed=0)
     train = set(ids(data.train_examples))
     held_out = ids(data.held_out(500))
     assert len(set(held_out)) == 500 and not train & set(held_out)
     assert len(train) == len(data) == 4000
     # Asking for fewer is a prefix; a bigger training set keeps the held-out problems.
     assert ids(data.held_out(20)) == held_out[:20]
-    assert ids(ArithmeticData(seed=0, num_examples=6000).held_out(500)) == held_out
+    assert ids(ArithmeticData(ArithmeticDataConfig(num_examples=6000), seed=0).held_out(500)) == held_out
     # Served as drawn (the task order is already random): the tiny model's measured accuracy relies on it.
     assert held_out == [f"{a}+{b}" for a, b in draw_problems(4500, 10, 99, 0)[:500]]
 
 
 def test_cursor_round_trip_reproduces_the_order() -> None:
-    original = ArithmeticData(seed=3, num_examples=100)
+    original = ArithmeticData(ArithmeticDataConfig(num_examples=100), seed=3)
     original.next_batch(150)  # into the second epoch
     state = original.state_dict()
     expected = [ids(original.next_batch(40)) for _ in range(4)]
-    restored = ArithmeticData(seed=99, num_examples=100)  # the seed comes back from the state
+    restored = ArithmeticData(ArithmeticDataConfig(num_examples=100), seed=99)  # the seed comes back from the state
     restored.load_state_dict(state)
     assert [ids(restored.next_batch(40)) for _ in range(4)] == expected
     with pytest.raises(ConfigError, match="cursor is for 100 examples but data=arithmetic now has 120"):
-        ArithmeticData(seed=3, num_examples=120).load_state_dict(state)
+        ArithmeticData(ArithmeticDataConfig(num_examples=120), seed=3).load_state_dict(state)
 
 
 def test_satisfies_the_data_source_protocol() -> None:
-    assert isinstance(ArithmeticData(seed=0, num_examples=10, held_out_size=0), DataSource)
+    assert isinstance(ArithmeticData(ArithmeticDataConfig(num_examples=10, held_out_size=0), seed=0), DataSource)
 
 
 @pytest.mark.parametrize(
@@ -88,13 +90,13 @@ def test_satisfies_the_data_source_protocol() -> None:
 )
 def test_bad_settings_are_named(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        ArithmeticData(seed=0, **kwargs)
+        ArithmeticData(ArithmeticDataConfig(**kwargs), seed=0)
 
 
 def test_held_out_request_beyond_the_set_is_named() -> None:
     with pytest.raises(ConfigError, match="more than the 10 held-out examples of data=arithmetic.*data.held_out_size"):
-        ArithmeticData(seed=0, num_examples=10, held_out_size=10).held_out(11)
-    assert ArithmeticData(seed=0, num_examples=10, held_out_size=0).held_out(0) == []
+        ArithmeticData(ArithmeticDataConfig(num_examples=10, held_out_size=10), seed=0).held_out(11)
+    assert ArithmeticData(ArithmeticDataConfig(num_examples=10, held_out_size=0), seed=0).held_out(0) == []
 
 
 @settings(max_examples=60, deadline=None)
@@ -111,9 +113,27 @@ def test_problems_are_distinct_and_in_range(
     max_value = min_value + span - 1
     if held_out_size + num_examples > span * span:
         with pytest.raises(ConfigError, match="distinct problems"):
-            ArithmeticData(0, num_examples, held_out_size, min_value, max_value, task_seed)
+            ArithmeticData(
+                ArithmeticDataConfig(
+                    num_examples=num_examples,
+                    held_out_size=held_out_size,
+                    min_value=min_value,
+                    max_value=max_value,
+                    task_seed=task_seed,
+                ),
+                seed=0,
+            )
         return
-    data = ArithmeticData(0, num_examples, held_out_size, min_value, max_value, task_seed)
+    data = ArithmeticData(
+        ArithmeticDataConfig(
+            num_examples=num_examples,
+            held_out_size=held_out_size,
+            min_value=min_value,
+            max_value=max_value,
+            task_seed=task_seed,
+        ),
+        seed=0,
+    )
     examples = data.train_examples + data.held_out(held_out_size)
     assert len(set(ids(examples))) == num_examples + held_out_size
     for example in examples:
@@ -125,10 +145,10 @@ def test_problems_are_distinct_and_in_range(
 def test_yaml_option_is_typed_by_the_schema_and_matches_its_defaults() -> None:
     assert SCHEMAS == {"base_arithmetic": ArithmeticDataConfig}
     assert OmegaConf.load(CONF_FILE).defaults == ["base_arithmetic"]
-    composed = compose(["data=arithmetic"]).data
+    cfg = compose(["data=arithmetic"])
     # The bundled tiny model was warm-started on the default problems: the option must not drift.
-    assert composed == OmegaConf.structured(ArithmeticDataConfig())
-    data = instantiate(composed, seed=0)
+    assert cfg.data == OmegaConf.structured(ArithmeticDataConfig())
+    data = build_part(cfg, "data", seed=0)
     assert isinstance(data, ArithmeticData) and len(data) == 4000
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants as hub_constants
 
+from retrain.data.config import Gsm8kDataConfig
 from retrain.errors import ConfigError, HubFetchError
 from retrain.hub import hub_fetch, hub_reachable, local_path
 
@@ -45,11 +46,12 @@ def load_in_subprocess(code: str, env: dict[str, str]) -> tuple[subprocess.Compl
 
 LOAD_DEFAULT_MATH = """
 import time
+from retrain.data.config import MathDataConfig
 from retrain.data.math import MathData
 from retrain.errors import HubFetchError
 started = time.monotonic()
 try:
-    MathData(seed=0)
+    MathData(MathDataConfig(), seed=0)
 except HubFetchError as exc:
     print(f"{time.monotonic() - started:.3f}")
     print(exc)
@@ -117,7 +119,7 @@ def test_loading_the_default_hub_id_here_fails_within_seconds() -> None:
 
     started = time.monotonic()
     with pytest.raises(HubFetchError, match="(?s)dataset 'openai/gsm8k'.*experiment=quickstart"):
-        Gsm8kData(seed=0)
+        Gsm8kData(Gsm8kDataConfig(), seed=0)
     assert time.monotonic() - started < OFFLINE_BOUND_S
 
 

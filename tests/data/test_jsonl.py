@@ -7,11 +7,12 @@ from pathlib import Path
 
 import datasets
 import pytest
-from hydra.utils import instantiate
 
 from retrain.config import compose
+from retrain.data.config import JsonlDataConfig
 from retrain.data.jsonl import JsonlData
 from retrain.errors import ConfigError
+from retrain.run import build_part
 
 RECORDS = [
     {"problem": f"What is {n} squared?", "final": f" {n * n} ", "uid": f"sq-{n}", "difficulty": n % 3}
@@ -36,7 +37,7 @@ def record_file(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 
 
 def test_any_file_type_with_configured_fields(record_file: Path) -> None:
-    data = JsonlData(seed=0, path=str(record_file), prompt_template="Problem: {question}", **FIELDS)
+    data = JsonlData(JsonlDataConfig(path=str(record_file), prompt_template="Problem: {question}", **FIELDS), seed=0)
     by_id = {e.id: e for e in data.train_examples}
     assert len(data) == 20
     example = by_id["sq-7"]
@@ -48,19 +49,19 @@ def test_any_file_type_with_configured_fields(record_file: Path) -> None:
 def test_a_missing_field_names_its_setting_and_the_fields_there(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "squares.jsonl", RECORDS)
     with pytest.raises(ConfigError, match=r"data.answer_field='answer': no such field.*'final'"):
-        JsonlData(seed=0, path=str(path), question_field="problem")
+        JsonlData(JsonlDataConfig(path=str(path), question_field="problem"), seed=0)
 
 
 def test_a_directory_with_split_files_and_a_held_out_split(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "train.jsonl", RECORDS[:15])
     write_jsonl(tmp_path / "test.jsonl", RECORDS[15:])
-    data = JsonlData(seed=0, path=str(tmp_path), held_out_split="test", **FIELDS)
+    data = JsonlData(JsonlDataConfig(path=str(tmp_path), held_out_split="test", **FIELDS), seed=0)
     assert len(data) == 15
     assert sorted(e.id for e in data.held_out(5)) == [f"sq-{n}" for n in range(16, 21)]
     with pytest.raises(ConfigError, match="no held-out split: set data.held_out_split"):
-        JsonlData(seed=0, path=str(tmp_path), **FIELDS).held_out(1)
+        JsonlData(JsonlDataConfig(path=str(tmp_path), **FIELDS), seed=0).held_out(1)
     with pytest.raises(ConfigError, match="data.split='validation'"):
-        JsonlData(seed=0, path=str(tmp_path), split="validation", **FIELDS)
+        JsonlData(JsonlDataConfig(path=str(tmp_path), split="validation", **FIELDS), seed=0)
 
 
 @pytest.mark.parametrize(
@@ -72,23 +73,23 @@ def test_a_directory_with_split_files_and_a_held_out_split(tmp_path: Path) -> No
 )
 def test_paths_that_do_not_exist_are_not_looked_up_on_the_hub(path: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        JsonlData(seed=0, path=path)
+        JsonlData(JsonlDataConfig(path=path), seed=0)
 
 
 def test_unsupported_files_and_templates_are_refused(tmp_path: Path) -> None:
     notes = tmp_path / "notes.md"
     notes.write_text("# not data\n")
     with pytest.raises(ConfigError, match="unsupported file type '.md'"):
-        JsonlData(seed=0, path=str(notes))
+        JsonlData(JsonlDataConfig(path=str(notes)), seed=0)
     path = write_jsonl(tmp_path / "squares.jsonl", RECORDS)
     with pytest.raises(ConfigError, match=r"data.prompt_template must contain \{question\}"):
-        JsonlData(seed=0, path=str(path), prompt_template="no slot", **FIELDS)
+        JsonlData(JsonlDataConfig(path=str(path), prompt_template="no slot", **FIELDS), seed=0)
 
 
 def test_data_jsonl_needs_a_path_and_composes_with_one(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "squares.jsonl", RECORDS)
     with pytest.raises(Exception, match="data=jsonl needs data.path"):
-        instantiate(compose(["data=jsonl"]).data, seed=0)
+        build_part(compose(["data=jsonl"]), "data", seed=0)
     cfg = compose(
         [
             "data=jsonl",
@@ -98,4 +99,4 @@ def test_data_jsonl_needs_a_path_and_composes_with_one(tmp_path: Path) -> None:
             "data.extra_fields=[difficulty]",
         ]
     )
-    assert len(instantiate(cfg.data, seed=0)) == 20
+    assert len(build_part(cfg, "data", seed=0)) == 20

@@ -10,6 +10,7 @@ from pathlib import Path
 import datasets
 import pytest
 
+from retrain.data.config import Gsm8kDataConfig, JsonlDataConfig, MathDataConfig
 from retrain.data.gsm8k import Gsm8kData
 from retrain.data.jsonl import JsonlData
 from retrain.data.math import MathData
@@ -34,7 +35,7 @@ def test_an_unreadable_file_is_a_data_error_naming_file_and_line(tmp_path: Path,
     path = tmp_path / "problems.jsonl"
     path.write_bytes(content)
     with pytest.raises(DataError, match=rf"data.path='{path}': cannot read the records: {path} {named}"):
-        JsonlData(seed=0, path=str(path))
+        JsonlData(JsonlDataConfig(path=str(path)), seed=0)
 
 
 def test_in_a_run_datasets_own_parse_errors_go_to_run_log_only(tmp_path: Path) -> None:
@@ -53,7 +54,7 @@ def test_in_a_run_datasets_own_parse_errors_go_to_run_log_only(tmp_path: Path) -
         logger.addHandler(handler)
     try:
         with pytest.raises(DataError, match="line 2: malformed JSON"):
-            JsonlData(seed=0, path=str(path))
+            JsonlData(JsonlDataConfig(path=str(path)), seed=0)
     finally:
         for logger, handler in handlers:
             logger.removeHandler(handler)
@@ -83,13 +84,13 @@ ROWS = [
 def test_a_row_without_question_or_answer_is_named_by_file_and_line(tmp_path: Path) -> None:
     path = write_rows(tmp_path / "rows.jsonl", ROWS)
     with pytest.raises(DataError, match=rf"{path} line 2: field 'answer' is missing.*data.skip_invalid=true"):
-        JsonlData(seed=0, path=str(path))
+        JsonlData(JsonlDataConfig(path=str(path)), seed=0)
 
 
 def test_skip_invalid_skips_and_counts_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = write_rows(tmp_path / "rows.jsonl", ROWS)
     with caplog.at_level(logging.WARNING):
-        data = JsonlData(seed=0, path=str(path), skip_invalid=True)
+        data = JsonlData(JsonlDataConfig(path=str(path), skip_invalid=True), seed=0)
     assert [(e.id, e.reference) for e in data.train_examples] == [("train/0", "2"), ("train/5", "12")]
     warnings = [r.getMessage() for r in caplog.records if "skip_invalid" in r.getMessage()]
     assert len(warnings) == 1
@@ -100,7 +101,7 @@ def test_skip_invalid_skips_and_counts_them(tmp_path: Path, caplog: pytest.LogCa
 def test_a_directory_split_names_its_file(tmp_path: Path) -> None:
     write_rows(tmp_path / "train.jsonl", ROWS[:1])
     write_rows(tmp_path / "test.jsonl", [*ROWS[:1], None, {"question": "q"}])
-    data = JsonlData(seed=0, path=str(tmp_path), held_out_split="test")
+    data = JsonlData(JsonlDataConfig(path=str(tmp_path), held_out_split="test"), seed=0)
     with pytest.raises(DataError, match=rf"{tmp_path / 'test.jsonl'} line 3: field 'answer'"):
         data.held_out(1)
 
@@ -111,7 +112,7 @@ def test_records_of_a_binary_file_are_named_by_split_and_index(tmp_path: Path) -
         str(path)
     )
     with pytest.raises(DataError, match=rf"data.path='{path}', train record 1: field 'answer'"):
-        JsonlData(seed=0, path=str(path))
+        JsonlData(JsonlDataConfig(path=str(path)), seed=0)
 
 
 def test_gsm8k_rows_without_an_answer_or_its_marker(tmp_path: Path) -> None:
@@ -122,18 +123,18 @@ def test_gsm8k_rows_without_an_answer_or_its_marker(tmp_path: Path) -> None:
     ]
     path = write_rows(tmp_path / "gsm8k.jsonl", rows)
     with pytest.raises(DataError, match=rf"{path} line 2: field 'answer' is missing"):
-        Gsm8kData(seed=0, path=str(path), held_out_split="")
-    data = Gsm8kData(seed=0, path=str(path), held_out_split="", skip_invalid=True)
+        Gsm8kData(Gsm8kDataConfig(path=str(path), held_out_split=""), seed=0)
+    data = Gsm8kData(Gsm8kDataConfig(path=str(path), held_out_split="", skip_invalid=True), seed=0)
     assert [e.reference for e in data.train_examples] == ["3"]
     write_rows(path, [rows[0], rows[2]])
     with pytest.raises(DataError, match=rf"{path} line 2: no '####' in the GSM8K answer '7'"):
-        Gsm8kData(seed=0, path=str(path), held_out_split="")
+        Gsm8kData(Gsm8kDataConfig(path=str(path), held_out_split=""), seed=0)
 
 
 def test_math_rows_without_a_problem(tmp_path: Path) -> None:
     rows = [{"problem": "1+1?", "answer": "2"}, {"problem": None, "answer": "4"}, {"problem": "3+3?", "answer": "6"}]
     path = write_rows(tmp_path / "math.jsonl", rows)
     with pytest.raises(DataError, match=rf"{path} line 2: field 'problem' is missing"):
-        MathData(seed=0, path=str(path), subjects=[], held_out_split="")
-    data = MathData(seed=0, path=str(path), subjects=[], held_out_split="", skip_invalid=True)
+        MathData(MathDataConfig(path=str(path), subjects=[], held_out_split=""), seed=0)
+    data = MathData(MathDataConfig(path=str(path), subjects=[], held_out_split="", skip_invalid=True), seed=0)
     assert sorted(e.reference for e in data.train_examples) == ["2", "6"]

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from retrain.environments.config import VerifiersDataConfig
 from retrain.environments.verifiers_env import VerifiersEnvironment, parse_args
 from retrain.errors import ConfigError
 from retrain.inference.endpoint import EngineEndpoint
@@ -31,24 +32,26 @@ def test_args_take_a_mapping_or_a_json_string():
 
 def test_an_environment_without_training_tasks_fails_naming_it(test_envs):
     with pytest.raises(ConfigError, match="'retrain_arith_single' has no training tasks"):
-        VerifiersEnvironment(seed=0, id="retrain_arith_single", args='{"split": "eval"}')
+        VerifiersEnvironment(VerifiersDataConfig(id="retrain_arith_single", args='{"split": "eval"}'), seed=0)
 
 
 def test_a_missing_environment_says_how_to_install_it():
     with pytest.raises(ConfigError, match="not installed.*prime env install owner/no_such_env.*data.auto_install"):
-        VerifiersEnvironment(seed=0, id="owner/no_such_env")
+        VerifiersEnvironment(VerifiersDataConfig(id="owner/no_such_env"), seed=0)
 
 
 def test_unknown_args_name_data_args(test_envs):
     with pytest.raises(ConfigError, match="data.args do not fit environment 'retrain_arith_single'"):
-        VerifiersEnvironment(seed=0, id="retrain_arith_single", args={"num_tasks": "many"})
+        VerifiersEnvironment(VerifiersDataConfig(id="retrain_arith_single", args={"num_tasks": "many"}), seed=0)
 
 
 @pytest.mark.slow  # ~20 s: 32 episodes on the tiny model
 def test_multi_turn_rows_train_only_the_model_tokens(test_envs, tiny_spec):
     backend = make_backend(tiny_spec)
     tokenizer = tokenizer_of(tiny_spec.name_or_path)
-    environment = VerifiersEnvironment(seed=0, id="retrain_arith_multi", args={"num_tasks": 8}, max_turns=3)
+    environment = VerifiersEnvironment(
+        VerifiersDataConfig(id="retrain_arith_multi", args={"num_tasks": 8}, max_turns=3), seed=0
+    )
     endpoint = EngineEndpoint(make_engine(backend))
     try:
         environment.connect(endpoint.url, tokenizer, tiny_spec.source()[0])

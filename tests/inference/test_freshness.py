@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.pytorch import PytorchEngine
 from retrain.model.probe import PROBE_TEXT, Probe, StaleWeightsError, probe_tolerance
 from retrain.model.resources import EngineResources
@@ -31,7 +32,9 @@ def engine_with_its_own_model(spec, backend):
     """A real PytorchEngine holding a separate copy of the model, as a remote engine would."""
     model = make_backend(spec, seed=7).model
     return PytorchEngine(
-        tokenizer_of(spec.name_or_path), EngineResources(spec=spec, device=backend.device, model=model)
+        PytorchEngineConfig(),
+        tokenizer=tokenizer_of(spec.name_or_path),
+        resources=EngineResources(spec=spec, device=backend.device, model=model),
     )
 
 

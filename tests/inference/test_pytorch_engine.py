@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.pytorch import PytorchEngine, draw
 from retrain.model.logprobs import left_pad
 from retrain.model.probe import StaleWeightsError
@@ -169,8 +170,9 @@ def test_sync_loads_named_tensors_and_adapter_dirs_into_a_model_of_its_own(tiny_
         trained.save(tmp_path)
         own_model = make_backend(tiny_spec, seed=5).model
         engine = PytorchEngine(
-            tokenizer_of(tiny_spec.name_or_path),
-            EngineResources(spec=tiny_spec, device=trained.device, model=own_model),
+            PytorchEngineConfig(),
+            tokenizer=tokenizer_of(tiny_spec.name_or_path),
+            resources=EngineResources(spec=tiny_spec, device=trained.device, model=own_model),
         )
         engine.sync(update)
         served = dict(own_model.named_parameters())
@@ -182,7 +184,7 @@ def test_an_engine_needs_a_model_to_sample_with(tiny_spec):
     backend = make_backend(tiny_spec)
     shares_none = EngineResources(spec=tiny_spec, device=backend.device, model=None)
     with pytest.raises(ValueError, match="inference=pytorch samples in-process"):
-        PytorchEngine(tokenizer_of(tiny_spec.name_or_path), shares_none)
+        PytorchEngine(PytorchEngineConfig(), tokenizer=tokenizer_of(tiny_spec.name_or_path), resources=shares_none)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from retrain.errors import ConfigError
+from retrain.inference.config import VllmEngineConfig
 from retrain.inference.vllm import VllmEngine
 from retrain.model.merged_lora import merged_checkpoint
 from retrain.model.probe import Probe, StaleWeightsError, probe_tolerance
@@ -72,4 +73,4 @@ def test_a_trained_step_is_merged_into_vllms_weights_and_proven_fresh(backend, e
 def test_merging_needs_the_backends_model_in_this_process():
     resources = EngineResources(spec=SPEC, device=torch.device("cpu"), model=None)
     with pytest.raises(ConfigError, match="inference.merge_lora=true merges the backend's LoRA adapter"):
-        VllmEngine(tokenizer_of(SPEC.name_or_path), resources, merge_lora=True)
+        VllmEngine(VllmEngineConfig(merge_lora=True), tokenizer=tokenizer_of(SPEC.name_or_path), resources=resources)

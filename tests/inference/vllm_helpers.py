@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from retrain.inference.base import ENGINE_CHECKS
+from retrain.inference.config import VllmEngineConfig
 from retrain.inference.vllm import VllmEngine
 from retrain.model.logprobs import completion_logprobs
 from retrain.model.spec import ModelSpec
@@ -21,7 +22,9 @@ SAMPLED = SamplingParams(max_tokens=8, temperature=0.7, top_p=1.0)
 def started_engine(backend, **options) -> Iterator[Checked]:
     """A VllmEngine beside `backend`, every generate and probe checked against the engine contract; closed after."""
     set_num_threads = torch.set_num_threads  # vLLM's CPU worker swaps in a no-op for the whole process
-    engine = VllmEngine(tokenizer_of(SPEC.name_or_path), backend.engine_resources(), **options)
+    engine = VllmEngine(
+        VllmEngineConfig(**options), tokenizer=tokenizer_of(SPEC.name_or_path), resources=backend.engine_resources()
+    )
     yield Checked(engine, ENGINE_CHECKS, "inference=vllm")
     engine.close()
     torch.set_num_threads = set_num_threads  # the test modules after this one set threads for real

@@ -12,14 +12,15 @@ from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import pytest
-from hydra.utils import instantiate
 
 from retrain.config import compose
 from retrain.errors import ConfigError
 from retrain.inference.endpoint import EndpointServer
 from retrain.reward.checks import NoVerdict
+from retrain.reward.config import JudgeRewardConfig
 from retrain.reward.judge import JudgeReward, parse_verdict
 from retrain.reward.scorer import RewardScorer
+from retrain.run import build_part
 from retrain.types import Example
 
 
@@ -119,7 +120,7 @@ def test_anything_but_yes_or_no_is_a_failure(reply: str) -> None:
 
 def test_the_judge_sees_question_reference_and_response(base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUDGE_TEST_KEY", "sk-test")
-    judge = JudgeReward(model="judge-1", base_url=base_url, api_key_env="JUDGE_TEST_KEY")
+    judge = JudgeReward(JudgeRewardConfig(model="judge-1", base_url=base_url, api_key_env="JUDGE_TEST_KEY"))
     JudgeServer.requests.clear()
     assert asyncio.run(judge("CORRECT: 12", "12", question="What is 3*4?")) == 1.0
     assert asyncio.run(judge("13", "12", question="What is 3*4?")) == 0.0
@@ -140,7 +141,7 @@ def test_through_the_scorer_unjudged_rows_are_excluded_and_requests_overlap(base
             "reward.retry_backoff_s=0.01",
         ]
     )
-    judge = instantiate(cfg.reward)
+    judge = build_part(cfg, "reward")
     responses = ["CORRECT SLOW"] * 12 + ["wrong SLOW"] * 2 + ["UNSURE", "BROKEN"]
     rows = [Example("q", "12", str(n), {"question": "What is 3*4?"}) for n in range(len(responses))]
     JudgeServer.requests.clear()
@@ -165,7 +166,7 @@ def judged(judge: JudgeReward, answer: str) -> float:
 @pytest.mark.parametrize("answer", ["CORRECT BUSY", "CORRECT DOWN"])
 def test_a_busy_or_failing_judge_is_asked_again_until_it_answers(base_url: str, answer: str) -> None:
     JudgeServer.attempts.clear()
-    judge = JudgeReward(model="m", base_url=base_url, retry_backoff_s=0.01)
+    judge = JudgeReward(JudgeRewardConfig(model="m", base_url=base_url, retry_backoff_s=0.01))
     assert judged(judge, answer) == 1.0
     assert list(JudgeServer.attempts.values()) == [3]  # two failures (429 with Retry-After: 0, or 503), one answer
 
@@ -180,7 +181,7 @@ def test_a_busy_or_failing_judge_is_asked_again_until_it_answers(base_url: str, 
 )
 def test_a_judge_that_cannot_score_gives_no_verdict(base_url: str, answer: str, attempts: int, why: str) -> None:
     JudgeServer.attempts.clear()
-    judge = JudgeReward(model="m", base_url=base_url, max_retries=2, retry_backoff_s=0.01)
+    judge = JudgeReward(JudgeRewardConfig(model="m", base_url=base_url, max_retries=2, retry_backoff_s=0.01))
     with pytest.raises(NoVerdict, match=why):
         judged(judge, answer)
     assert list(JudgeServer.attempts.values()) == [attempts]
@@ -188,7 +189,7 @@ def test_a_judge_that_cannot_score_gives_no_verdict(base_url: str, answer: str, 
 
 @pytest.mark.parametrize(("answer", "why"), [("ANNOUNCED", "announces 1000000000 bytes"), ("ENDLESS", "ran past")])
 def test_a_huge_reply_is_never_read_whole(base_url: str, answer: str, why: str) -> None:
-    judge = JudgeReward(model="m", base_url=base_url, max_reply_bytes=100_000, retry_backoff_s=0.01)
+    judge = JudgeReward(JudgeRewardConfig(model="m", base_url=base_url, max_reply_bytes=100_000, retry_backoff_s=0.01))
     started = time.monotonic()
     with pytest.raises(NoVerdict, match=f"{why}.*reward.max_reply_bytes=100000"):
         judged(judge, answer)
@@ -199,18 +200,20 @@ def test_an_unreachable_judge_is_retried_then_gives_no_verdict() -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    judge = JudgeReward(model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, retry_backoff_s=0.01)
+    judge = JudgeReward(
+        JudgeRewardConfig(model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, retry_backoff_s=0.01)
+    )
     with pytest.raises(NoVerdict, match="failed 2 times; the last: ConnectError"):
         judged(judge, "12")
 
 
 def test_max_wait_bounds_a_judge_call_retries_included(base_url: str) -> None:
-    judge = JudgeReward(model="m", base_url=base_url, max_wait_s=0.2)
+    judge = JudgeReward(JudgeRewardConfig(model="m", base_url=base_url, max_wait_s=0.2))
     started = time.monotonic()
     with pytest.raises(NoVerdict, match=r"did not answer within reward.max_wait_s=0.2 s"):
         judged(judge, "CORRECT SLOW")  # the server takes 0.5 s
     assert time.monotonic() - started < 0.45
-    slow_backoff = JudgeReward(model="m", base_url=base_url, retry_backoff_s=1.0, max_wait_s=0.5)
+    slow_backoff = JudgeReward(JudgeRewardConfig(model="m", base_url=base_url, retry_backoff_s=1.0, max_wait_s=0.5))
     with pytest.raises(NoVerdict, match="leaves no time to retry"):
         judged(slow_backoff, "BROKEN")
 
@@ -230,4 +233,4 @@ def test_max_wait_bounds_a_judge_call_retries_included(base_url: str) -> None:
 )
 def test_bad_settings_name_their_key(kwargs: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
-        JudgeReward(**{"model": "m", **kwargs})
+        JudgeReward(JudgeRewardConfig(**{"model": "m", **kwargs}))

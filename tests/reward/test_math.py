@@ -7,12 +7,13 @@ import threading
 import time
 
 import pytest
-from hydra.utils import instantiate
 
 from retrain.config import compose
 from retrain.errors import ConfigError
+from retrain.reward.config import MathRewardConfig
 from retrain.reward.math import MathReward, _within
 from retrain.reward.scorer import RewardScorer
+from retrain.run import build_part
 from retrain.types import Example
 
 # Two expressions that math-verify cannot compare within a second (sympy expands the power).
@@ -21,7 +22,7 @@ SLOW_RESPONSE, SLOW_REFERENCE = "\\boxed{(x+1)^{100000}}", "x^{100000}"
 
 @pytest.fixture(scope="module")
 def reward() -> MathReward:
-    return MathReward()
+    return MathReward(MathRewardConfig())
 
 
 @pytest.mark.parametrize(
@@ -56,7 +57,7 @@ def test_other_answers_score_zero(reward: MathReward, response: str, reference: 
 
 
 def test_the_reference_is_parsed_once_per_distinct_string() -> None:
-    reward = MathReward(cache_size=2)
+    reward = MathReward(MathRewardConfig(cache_size=2))
     for _ in range(8):
         reward("\\boxed{1/2}", "\\frac{1}{2}")
     info = reward._parsed_reference.cache_info()
@@ -82,7 +83,7 @@ def test_it_works_off_the_main_thread_without_signals(reward: MathReward) -> Non
 
 
 def test_a_comparison_past_its_bound_raises_and_the_scorer_counts_it() -> None:
-    reward = MathReward(verify_timeout_s=1)
+    reward = MathReward(MathRewardConfig(verify_timeout_s=1))
     with pytest.raises(TimeoutError, match="could not compare within 1 s"):
         reward(SLOW_RESPONSE, SLOW_REFERENCE)
     rows = [Example("q", SLOW_REFERENCE, "slow"), Example("q", "\\frac{1}{2}", "fine")]
@@ -107,7 +108,7 @@ def test_a_call_that_returns_past_its_bound_raises_as_if_the_alarm_had_fired() -
 
 def test_reward_math_composes_and_instantiates() -> None:
     cfg = compose(["reward=math", "reward.verify_timeout_s=2"])
-    reward = instantiate(cfg.reward)
+    reward = build_part(cfg, "reward")
     assert isinstance(reward, MathReward) and reward.verify_timeout_s == 2
     assert reward("\\boxed{0.5}", "1/2") == 1.0
 
@@ -115,4 +116,4 @@ def test_reward_math_composes_and_instantiates() -> None:
 @pytest.mark.parametrize("key", ["parse_timeout_s", "verify_timeout_s", "cache_size"])
 def test_bad_settings_name_their_key(key: str) -> None:
     with pytest.raises(ConfigError, match=f"reward.{key}"):
-        MathReward(**{key: 0})
+        MathReward(MathRewardConfig(**{key: 0}))

@@ -23,6 +23,7 @@ from retrain.reward import scorer as scorer_module
 from retrain.reward.checks import MESSAGE_LIMIT
 from retrain.reward.match import match_reward
 from retrain.reward.scorer import RewardScorer, fill_excluded, in_process_form, is_async_reward
+from retrain.run import build_part
 from retrain.types import Example
 from tests.plugins import reward_plugins as plugins
 
@@ -72,7 +73,7 @@ def test_only_known_pure_built_ins_score_in_process() -> None:
         local = in_process_form(reward)
         assert type(local) is functools.partial and local.func is match_reward
     assert in_process_form(functools.partial(functools.partial(match_reward, "\\boxed{1}"), "1"))() == 1.0
-    math = instantiate(compose(["reward=math"]).reward)
+    math = build_part(compose(["reward=math"]), "reward")
     for reward in (plugins.my_reward, plugins.ScaledMatchReward(), math, UnhashableReward()):
         assert in_process_form(reward) is None
     before = child_processes()

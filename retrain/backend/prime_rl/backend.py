@@ -25,8 +25,7 @@ from typing import Any
 import torch
 
 from retrain.backend.base import Capabilities
-from retrain.backend.capabilities import check_arguments
-from retrain.backend.prime_rl.config import PrimeRlBackendConfig as Defaults
+from retrain.backend.prime_rl.config import PrimeRlBackendConfig
 from retrain.backend.prime_rl.transport import FilesystemSender, RolloutSender, ZmqSender
 from retrain.backend.prime_rl.weights import BroadcastModel, broadcast_dir, wait_for_broadcast
 from retrain.backend.settings import LossSettings, OptimSettings
@@ -60,51 +59,24 @@ class PrimeRlBackend:
     probe_tolerance = PROBE_TOLERANCE_HALF
 
     def __init__(
-        self,
-        model: ModelSpec,
-        optim: OptimSettings,
-        loss: LossSettings,
-        seed: int,
-        output_dir: str = Defaults.output_dir,
-        inference_url: str = Defaults.inference_url,
-        transport: str = Defaults.transport,
-        zmq_host: str = Defaults.zmq_host,
-        zmq_port: int = Defaults.zmq_port,
-        zmq_hwm: int = Defaults.zmq_hwm,
-        strict_advantages: bool = Defaults.strict_advantages,
-        sync_wait_s: float = Defaults.sync_wait_s,
-        sync_poll_s: float = Defaults.sync_poll_s,
-        seq_len: int = Defaults.seq_len,
-        num_train_workers: int = Defaults.num_train_workers,
+        self, config: PrimeRlBackendConfig, model: ModelSpec, optim: OptimSettings, loss: LossSettings, seed: int
     ) -> None:
-        check_arguments(
-            Defaults,
-            output_dir=output_dir,
-            transport=transport,
-            zmq_port=zmq_port,
-            zmq_hwm=zmq_hwm,
-            strict_advantages=strict_advantages,
-            sync_wait_s=sync_wait_s,
-            sync_poll_s=sync_poll_s,
-            seq_len=seq_len,
-            num_train_workers=num_train_workers,
-        )
-        _require_extra("msgspec", *(["zmq"] if transport == "zmq" else []))
+        _require_extra("msgspec", *(["zmq"] if config.transport == "zmq" else []))
         self.spec = model
-        self.output_dir = Path(output_dir).expanduser()
-        self.inference_url = check_url(inference_url, "backend.inference_url")
-        self.sync_wait_s = sync_wait_s
-        self.sync_poll_s = sync_poll_s
-        self.seq_len = seq_len
-        self.num_train_workers = num_train_workers
+        self.output_dir = Path(config.output_dir).expanduser()
+        self.inference_url = check_url(config.inference_url, "backend.inference_url")
+        self.sync_wait_s = config.sync_wait_s
+        self.sync_poll_s = config.sync_poll_s
+        self.seq_len = config.seq_len
+        self.num_train_workers = config.num_train_workers
         log.info(
             "backend=prime_rl: optimizer, learning rate and loss are the PRIME-RL trainer's own settings; "
             "training.lr=%s and the training.clip_* values are not sent",
             optim.lr,
         )
         self.sender: RolloutSender = (
-            ZmqSender(zmq_host, zmq_port, zmq_hwm, num_train_workers, sync_wait_s)
-            if transport == "zmq"
+            ZmqSender(config.zmq_host, config.zmq_port, config.zmq_hwm, config.num_train_workers, config.sync_wait_s)
+            if config.transport == "zmq"
             else FilesystemSender(self.output_dir)
         )
         self.step = 0  # the last step PRIME-RL trained and broadcast (= weights version)

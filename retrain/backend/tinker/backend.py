@@ -29,7 +29,6 @@ from urllib.parse import urlparse
 import torch
 
 from retrain.backend.base import Capabilities
-from retrain.backend.capabilities import check_arguments
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.backend.tinker.calls import (
     API_KEY_ENV,
@@ -128,25 +127,8 @@ class TinkerBackend:
     probe_tolerance = PROBE_TOLERANCE_HALF
 
     def __init__(
-        self,
-        model: ModelSpec,
-        optim: OptimSettings,
-        loss: LossSettings,
-        seed: int,
-        base_url: str = TinkerBackendConfig.base_url,
-        max_concurrent_calls: int = TinkerBackendConfig.max_concurrent_calls,
-        lock_dir: str = TinkerBackendConfig.lock_dir,
-        max_retries: int = TinkerBackendConfig.max_retries,
-        retry_backoff_s: float = TinkerBackendConfig.retry_backoff_s,
-        sampler_ttl_s: int = TinkerBackendConfig.sampler_ttl_s,
+        self, config: TinkerBackendConfig, model: ModelSpec, optim: OptimSettings, loss: LossSettings, seed: int
     ) -> None:
-        check_arguments(
-            TinkerBackendConfig,
-            max_concurrent_calls=max_concurrent_calls,
-            max_retries=max_retries,
-            retry_backoff_s=retry_backoff_s,
-            sampler_ttl_s=sampler_ttl_s,
-        )
         layers = lora_layers(model)
         self.sdk = load_sdk()
         api_key = api_key_from_env()
@@ -154,10 +136,11 @@ class TinkerBackend:
         self.optim_settings = optim
         self.loss_settings = loss
         self.loss_name, self.loss_config = loss_function(loss)
-        self.sampler_ttl_s = sampler_ttl_s or None
-        slots = FileSemaphore(Path(lock_dir).expanduser() if lock_dir else default_lock_dir(), max_concurrent_calls)
-        self.calls = RemoteCalls(self.sdk, slots, max_retries, retry_backoff_s, api_key)
-        self.base_url = base_url or os.environ.get(BASE_URL_ENV) or None
+        self.sampler_ttl_s = config.sampler_ttl_s or None
+        lock_dir = Path(config.lock_dir).expanduser() if config.lock_dir else default_lock_dir()
+        slots = FileSemaphore(lock_dir, config.max_concurrent_calls)
+        self.calls = RemoteCalls(self.sdk, slots, config.max_retries, config.retry_backoff_s, api_key)
+        self.base_url = config.base_url or os.environ.get(BASE_URL_ENV) or None
         if self.base_url is not None:
             check_reachable(self.base_url)
         self.service = self.sdk.ServiceClient(base_url=self.base_url, api_key=api_key)

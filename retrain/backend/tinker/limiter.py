@@ -71,8 +71,6 @@ class FileSemaphore:
     """At most `slots` holders at once among all threads of all processes using `directory`."""
 
     def __init__(self, directory: Path, slots: int, key: str = "backend.lock_dir") -> None:
-        if slots < 1:
-            raise ConfigError(f"backend.max_concurrent_calls must be >= 1, got {slots}")
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:
