@@ -82,7 +82,7 @@ def test_a_request_without_answer_times_out_and_is_not_resubmitted():
 
     with serve({"POST /v1/slow": slow}) as server:
         http = client(server.url, timeout_s=0.2)
-        with pytest.raises(HttpError, match="no answer within 0.2 s.*inference.timeout_s"):
+        with pytest.raises(HttpError, match="no complete answer within 0.2 s.*inference.timeout_s"):
             http.post("/v1/slow", {"n": 1})
         http.close()
     assert len(server.requests) == 1
