@@ -60,7 +60,7 @@ class ServerRoute:
     url: str  # the route's full url
 
     def fail(self, field: str, problem: str) -> NoReturn:
-        raise ServerReplyError(f"inference={self.engine}: {self.url} answered {problem} at `{field}`")
+        raise ServerReplyError(f"inference={self.engine}: {self.url} answered {problem} at `{field or '(the reply)'}`")
 
     @contextmanager
     def reading(self, what: str) -> Iterator[None]:
