@@ -393,7 +393,10 @@ class Trainer:
     def _count_skipped(self, result: TrainResult) -> None:
         """A run whose optimizer steps keep being skipped trains nothing: stop it after
         training.max_skipped_steps in a row instead of ending `done` with an untrained adapter."""
-        self.skipped_in_a_row = self.skipped_in_a_row + 1 if result.skipped_nonfinite else 0
+        if result.skipped_nonfinite:
+            self.skipped_in_a_row += 1
+        elif result.update is not None:  # a step with nothing to train on neither counts nor resets
+            self.skipped_in_a_row = 0
         limit = self.training.max_skipped_steps
         if limit and self.skipped_in_a_row >= limit:
             raise UserError(
