@@ -183,7 +183,9 @@ class Trainer:
     def _stopped_while_sampling(self) -> dict[str, Any]:
         """A stop request cancelled sampling in flight: the unfinished step is dropped (its prompts go back
         to the data source) and the steps done are checkpointed, as after a step."""
-        log.warning("Stopped while sampling: step %d is dropped; the checkpoint holds the steps before it", self.next_step)
+        log.warning(
+            "Stopped while sampling: step %d is dropped; the checkpoint holds the steps before it", self.next_step
+        )
         self._drop_prefetched()
         if self.next_step > 0 and self._last_saved_step != self.next_step - 1:
             self.save()

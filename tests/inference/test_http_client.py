@@ -277,7 +277,7 @@ def test_close_cancels_a_request_whose_caller_gave_up(caplog):
         def caller() -> None:
             try:
                 http.post("/v1/x", {"n": 1})
-            except BaseException as error:  # noqa: BLE001  # whatever it is, the test checks it below
+            except BaseException as error:  # whatever it is, the test checks it below
                 outcome.append(error)
 
         threading.Thread(target=caller, daemon=True).start()

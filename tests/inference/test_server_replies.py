@@ -217,9 +217,11 @@ def test_impossible_values_are_refused_never_trained_on(engine_name, tamper, exp
 )
 def test_an_unusable_model_list_ends_the_start_in_one_line(engine_name, models, expected, tokenizer):
     engine_cls, routes = ENGINES[engine_name]
-    with serve({**routes(unchanged), "GET /v1/models": lambda body: ok(models)}) as server:
-        with pytest.raises(ServerReplyError) as caught:
-            engine_cls(tokenizer, EngineResources(spec=SPEC, device=torch.device("cpu")), url=server.url)
+    with (
+        serve({**routes(unchanged), "GET /v1/models": lambda body: ok(models)}) as server,
+        pytest.raises(ServerReplyError) as caught,
+    ):
+        engine_cls(tokenizer, EngineResources(spec=SPEC, device=torch.device("cpu")), url=server.url)
     message = str(caught.value)
     assert message.startswith(f"inference={engine_name}: {server.url}/v1/models answered") and "\n" not in message
     assert re.search(expected, message)
