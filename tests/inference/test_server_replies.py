@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from retrain.backend.model import ModelSpec
-from retrain.inference.base import EngineResources
 from retrain.inference.openai_server import OpenAIEngine
 from retrain.inference.replies import ServerReplyError
 from retrain.inference.sglang import SglangEngine
 from retrain.inference.vllm_server import VllmServerEngine
+from retrain.model.resources import EngineResources
+from retrain.model.spec import ModelSpec
 from retrain.types import SamplingParams
 from tests.backend.tiny_model import tokenizer_of
 from tests.inference.loopback import ok, serve

@@ -19,9 +19,9 @@ import pytest
 from retrain.campaign.preemption import requeue_on_preemption
 from retrain.config import compose
 from retrain.errors import UserError
-from retrain.inference.base import StaleWeightsError
+from retrain.housekeeping.rundir import RunDir
+from retrain.model.probe import StaleWeightsError
 from retrain.run import build_trainer
-from retrain.rundir import RunDir
 from tests.conftest import read_metrics, without_timing
 from tests.inference.fake_servers import ServedModel, sglang_routes
 from tests.inference.loopback import Route, serve
