@@ -59,12 +59,23 @@ class TrainingConfig:
     save_every: int = 20  # checkpoint every N steps (and always at the end)
     keep_checkpoints: int = 0  # keep the newest N checkpoints/step_N (final/ always); 0 = keep all
     deterministic: bool = False  # also bit-exact on GPU: deterministic kernels, slower (docs/reproducibility.md)
+    max_skipped_steps: int = 3  # stop after this many optimizer steps in a row skipped (non-finite); 0 = never
+    # mean |engine − trainer| log-prob of the sampled tokens allowed at policy lag 0; None = by dtype (the probe's)
+    logprob_diff_tolerance: float | None = None
 
     def __post_init__(self) -> None:
         from retrain.errors import ConfigError
 
         if self.keep_checkpoints < 0:
             raise ConfigError(f"training.keep_checkpoints must be >= 0 (0 keeps all), got {self.keep_checkpoints}")
+        if self.max_skipped_steps < 0:
+            raise ConfigError(
+                f"training.max_skipped_steps must be 0 (never stop) or more, got {self.max_skipped_steps}"
+            )
+        if self.logprob_diff_tolerance is not None and not self.logprob_diff_tolerance > 0:
+            raise ConfigError(
+                f"training.logprob_diff_tolerance must be > 0 (null = by dtype), got {self.logprob_diff_tolerance}"
+            )
 
 
 @dataclass

@@ -46,7 +46,8 @@ def test_a_step_hands_the_weight_update_to_the_engine_and_proves_it_fresh(build)
 
 
 def test_an_engine_serving_other_weights_stops_the_run(build) -> None:
-    trainer = build("training.lr=0.05")
+    # the sampling-route check (training.logprob_diff_tolerance) would stop it first, on the rollouts: this is the probe's test
+    trainer = build("training.lr=0.05", "training.logprob_diff_tolerance=inf")
     spec = trainer.backend.spec
     other = make_backend(spec, seed=1).model  # its own copy of the model, with another base weight
     with torch.no_grad():

@@ -46,6 +46,11 @@ class NucleusLogprobsWarning:
             )
 
 
+class SamplingInterrupted(Exception):
+    """A stop request cancelled sampling in flight (an engine's optional `interrupt()`): the step is
+    dropped and the run checkpoints the steps it finished (retrain.training.trainer)."""
+
+
 @runtime_checkable
 class InferenceEngine(Protocol):
     """Samples B×G completions with the policy's current weights."""
@@ -54,6 +59,8 @@ class InferenceEngine(Protocol):
     weights_version: int  # the optimizer step whose weights `generate` samples with (0 = the initial adapter)
     # Optional: an engine serving in a coarser precision than the trainer sets `probe_tolerance` (see
     # retrain.training.freshness.probe_tolerance); the freshness proof then allows the looser of it and the backend's.
+    # Optional: `interrupt()` cancels a `generate` in flight from a signal handler or another thread, which then
+    # raises SamplingInterrupted (the server engines do): a stop request then never waits on a stuck request.
 
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None

@@ -107,13 +107,16 @@ class HttpEngineConfig(EngineConfig):
 
     url: str = ""  # the server's base url, e.g. http://127.0.0.1:8000 (required)
     api_key_env: str = ""  # environment variable holding the server's API key ('' = none)
-    timeout_s: float = 600.0  # per request: a step's longest generation must fit
+    timeout_s: float = 600.0  # per request, sending to last byte: a step's longest generation must fit
     max_retries: int = 5  # on 429/5xx and failed connections, with exponential backoff and jitter
     max_concurrency: int = 64  # requests in flight at once
+    max_reply_mb: float = 64.0  # largest reply read (decompressed); a larger one fails the request
 
     def __post_init__(self) -> None:
         check_url(self.url)
         check_request_limits(self.timeout_s, self.max_retries, self.max_concurrency)
+        if not self.max_reply_mb > 0:
+            raise ConfigError(f"inference.max_reply_mb must be > 0, got {self.max_reply_mb}")
 
 
 @dataclass

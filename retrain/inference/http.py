@@ -4,16 +4,22 @@ The trainer is synchronous, a step's requests are many: they run concurrently (a
 `max_concurrency` at once) on one private event loop in a daemon thread, behind blocking calls,
 so callers need no loop of their own (and may even sit inside one) and no loop outlives `close()`.
 Transient failures (429, 5xx, refused or dropped connections) are retried with exponential backoff
-and jitter, honouring Retry-After; a request that gets no answer within `timeout_s` is not
-resubmitted (the server may still be working on it). Every error names the method, the url, and
-the status with an excerpt of the body. The jitter draws from a private RNG, so retries never
-shift a run's random streams, and the API key is sent as a header only, never logged.
+and jitter, honouring Retry-After. `timeout_s` bounds each attempt whole, from sending to the
+last byte of the reply (a server trickling bytes cannot stretch it); an attempt that gets no complete
+answer in time is not resubmitted (the server may still be working on it). A reply is read streamed
+and refused past `max_reply_bytes` of decoded body, so a huge or decompression-bomb answer never
+fills memory. Sampling requests (`post_all`) can be cancelled by `interrupt()` (a stop request), and
+`close()` cancels whatever is still in flight before it stops the loop. Every error names the method,
+the url, and the status with an excerpt of the body. The jitter draws from a private RNG, so retries
+never shift a run's random streams, and the API key is sent as a header only, never logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import email.utils
+import json
 import logging
 import os
 import random
@@ -26,7 +32,8 @@ from typing import Any, TypeVar
 import httpx
 
 from retrain.errors import UserError
-from retrain.inference.config import check_request_limits, check_url
+from retrain.inference.base import SamplingInterrupted
+from retrain.inference.config import HttpEngineConfig, check_request_limits, check_url
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +50,7 @@ RETRY_ERRORS = (
     httpx.RemoteProtocolError,
 )
 BODY_EXCERPT_CHARS = 300
+MIB = 2**20
 
 
 class HttpError(UserError):
@@ -87,12 +95,16 @@ def retry_after_s(response: httpx.Response) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def decode(response: httpx.Response) -> Any:
+def decode(content: bytes, encoding: str | None) -> Any:
     """The JSON body, or the text for a server that answers in plain text (vLLM's LoRA routes)."""
     try:
-        return response.json()
+        return json.loads(content)
     except ValueError:
-        return response.text
+        return content.decode(encoding or "utf-8", errors="replace")
+
+
+class ReplyTooLarge(Exception):
+    """A reply grew past the client's byte limit while it was read."""
 
 
 class HttpClient:
@@ -108,10 +120,13 @@ class HttpClient:
         api_key: str | None = None,
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
+        max_reply_bytes: int = int(HttpEngineConfig.max_reply_mb * MIB),
     ) -> None:
         check_request_limits(timeout_s, max_retries, max_concurrency)
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.max_reply_bytes = max_reply_bytes
+        self._interruptible: set[Future[Any]] = set()  # post_all calls in flight (see interrupt)
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -150,28 +165,68 @@ class HttpClient:
             return [task.result() for task in tasks]
 
         try:
-            return self._run(all_of())
+            return self._run(all_of(), interruptible=True)
         except ExceptionGroup as group:
             raise group.exceptions[0] from None
 
+    def interrupt(self) -> None:
+        """Cancel the `post_all` calls in flight: each raises SamplingInterrupted in its caller.
+
+        Safe from a signal handler and from any thread (a stop request during a stuck step); single
+        `get`/`post` calls (weight loading, the freshness probe) are left to finish or time out."""
+        for future in list(self._interruptible):
+            future.cancel()
+
     def close(self) -> None:
-        """Close the connections and stop the loop (idempotent)."""
+        """Cancel what is still in flight, close the connections and stop the loop (idempotent)."""
         if self._closed:
             return
+
+        async def shut_down() -> None:
+            # a request left running (a caller interrupted by KeyboardInterrupt) ends here, not as
+            # asyncio's "Task was destroyed but it is pending" when the loop closes under it
+            pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            await self._client.aclose()
+
         try:
-            self._run(self._client.aclose())
+            self._run(shut_down())
         finally:
             self._closed = True
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
 
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+    def _run(self, coroutine: Coroutine[Any, Any, T], interruptible: bool = False) -> T:
         if self._closed:
             coroutine.close()
             raise RuntimeError(f"the HTTP client of {self.base_url} is closed")
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-        return future.result()
+        if interruptible:
+            self._interruptible.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise SamplingInterrupted(f"requests to {self.base_url} cancelled by a stop request") from None
+        finally:
+            self._interruptible.discard(future)
+
+    async def _attempt(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[httpx.Response, bytes]:
+        """One request and its whole reply, read streamed within `timeout_s` and `max_reply_bytes`."""
+        async with asyncio.timeout(self.timeout_s):
+            async with self._client.stream(method, path, json=body) as response:
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > self.max_reply_bytes:
+                    raise ReplyTooLarge
+                chunks, size = [], 0
+                async for chunk in response.aiter_bytes():  # decoded: a gzip bomb counts as what it inflates to
+                    size += len(chunk)
+                    if size > self.max_reply_bytes:
+                        raise ReplyTooLarge
+                    chunks.append(chunk)
+                return response, b"".join(chunks)
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None, max_retries: int | None) -> Any:
         url = self.base_url + path
@@ -180,19 +235,27 @@ class HttpClient:
         while True:
             status, text, wait = None, "", None
             try:
-                async with self._slots:
-                    response = await self._client.request(method, path, json=body)
+                async with self._slots:  # waiting for a slot is not part of the request's time
+                    response, content = await self._attempt(method, path, body)
             except RETRY_ERRORS as error:
                 problem = f"{type(error).__name__}: {str(error) or 'connection failed'}"
-            except httpx.TimeoutException:
-                problem = f"no answer within {self.timeout_s:g} s (raise inference.timeout_s for long generations)"
+            except (httpx.TimeoutException, TimeoutError):
+                problem = (
+                    f"no complete answer within {self.timeout_s:g} s (raise inference.timeout_s for long generations)"
+                )
+                raise HttpError(method, url, problem) from None
+            except ReplyTooLarge:
+                problem = (
+                    f"the reply is larger than {self.max_reply_bytes / MIB:g} MiB (inference.max_reply_mb); "
+                    "it was not read further"
+                )
                 raise HttpError(method, url, problem) from None
             except httpx.HTTPError as error:
                 raise HttpError(method, url, f"{type(error).__name__}: {error}") from None
             else:
                 if response.is_success:
-                    return decode(response)
-                status, text = response.status_code, response.text
+                    return decode(content, response.encoding)
+                status, text = response.status_code, content.decode(response.encoding or "utf-8", errors="replace")
                 problem = f"answered {status}: {excerpt(text)}"
                 if status not in RETRY_STATUSES:
                     raise HttpError(method, url, problem, status, text)
@@ -210,7 +273,14 @@ class HttpClient:
         return ceiling * (0.5 + 0.5 * self._jitter.random())
 
 
-def connect(url: str, api_key_env: str, timeout_s: float, max_retries: int, max_concurrency: int) -> HttpClient:
+def connect(
+    url: str,
+    api_key_env: str,
+    timeout_s: float,
+    max_retries: int,
+    max_concurrency: int,
+    max_reply_mb: float = HttpEngineConfig.max_reply_mb,
+) -> HttpClient:
     """The client of an inference server engine: `inference.url` checked, the key read from `api_key_env`."""
     return HttpClient(
         check_url(url),
@@ -218,4 +288,5 @@ def connect(url: str, api_key_env: str, timeout_s: float, max_retries: int, max_
         max_retries=max_retries,
         max_concurrency=max_concurrency,
         api_key=api_key_from_env(api_key_env),
+        max_reply_bytes=int(max_reply_mb * MIB),
     )

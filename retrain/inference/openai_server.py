@@ -15,6 +15,7 @@ Such servers differ in what they take beyond the OpenAI fields, so the engine as
 Only OpenAI's sampling fields (temperature, top_p, max_tokens, seed, logprobs) plus the
 extensions above are sent: the server's own defaults for anything else (top_k, penalties) apply,
 and its log-probs follow its own semantics. docs/inference-engines.md lists what this loses.
+Every reply is read and checked through retrain.inference.replies.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from retrain.inference.base import NucleusLogprobsWarning
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import OpenAIEngineConfig as Defaults
 from retrain.inference.http import HttpError, connect
+from retrain.inference.replies import ReplyLimits, ServerRoute, vocab_size
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
 from retrain.model.probe import Probe, StaleWeightsError
 from retrain.model.resources import EngineResources
@@ -73,6 +75,7 @@ class OpenAIEngine:
         timeout_s: float = Defaults.timeout_s,
         max_retries: int = Defaults.max_retries,
         max_concurrency: int = Defaults.max_concurrency,
+        max_reply_mb: float = Defaults.max_reply_mb,
         model: str = Defaults.model,
         adapter_root: str = Defaults.adapter_root,
         fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
@@ -81,8 +84,10 @@ class OpenAIEngine:
         self.nucleus_warning = NucleusLogprobsWarning("the server")
         self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
         self.fault_skip_weight_sync = fault_skip_weight_sync
-        self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency)
+        self.vocab_size = vocab_size(tokenizer, resources.model)
+        self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency, max_reply_mb)
         self.url = self.client.base_url
+        self.route = ServerRoute("openai", self.url + COMPLETIONS)
         try:
             self.model = model or self._first_model()
             self.features = self._detect(Probe.from_tokenizer(tokenizer).prompt_ids)
@@ -116,8 +121,13 @@ class OpenAIEngine:
                 )
         answers = self.client.post_all(COMPLETIONS, bodies)
         per_answer = group_size if together else 1
-        completions = [completion for answer in answers for completion in self._completions(answer, per_answer)]
+        limits = ReplyLimits(sampling.max_tokens, self.vocab_size)
+        completions = [c for answer in answers for c in self._completions(answer, per_answer, limits)]
         return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
+
+    def interrupt(self) -> None:
+        """Cancel a `generate` in flight (a stop request): it raises SamplingInterrupted."""
+        self.client.interrupt()
 
     def sync(self, update: WeightUpdate) -> None:
         if self.adapters is not None:
@@ -148,12 +158,20 @@ class OpenAIEngine:
             "top_p": 1.0,
         }
         answer = self.client.post(COMPLETIONS, body)
-        scored = answer["choices"][0]["logprobs"]["token_logprobs"]
-        start = len(probe.prompt_ids)
-        values = scored[start : start + len(probe.completion_ids)]
-        if len(values) != len(probe.completion_ids) or any(value is None for value in values):
-            raise HttpError("POST", self.url + COMPLETIONS, f"echoed log-probs {scored} miss the probe's tokens")
-        return torch.tensor([float(value) for value in values], dtype=torch.float32)
+        route = self.route
+        with route.reading("freshness-probe reply"):
+            choices = route.array(route.member(answer, "choices", ""), "choices")
+            if not choices:
+                route.fail("choices", "no choice")
+            logprobs = route.member(choices[0], "logprobs", "choices[0]")
+            scored = route.array(route.member(logprobs, "token_logprobs", "choices[0].logprobs"), "choices[0].logprobs")
+            start = len(probe.prompt_ids)
+            values = scored[start : start + len(probe.completion_ids)]
+            if len(values) != len(probe.completion_ids) or any(value is None for value in values):
+                route.fail(
+                    "choices[0].logprobs.token_logprobs", f"echoed log-probs {scored} that miss the probe's tokens"
+                )
+            return torch.tensor(route.logprobs(values, "choices[0].logprobs.token_logprobs"), dtype=torch.float32)
 
     def close(self) -> None:
         try:
@@ -183,47 +201,63 @@ class OpenAIEngine:
             body.update(return_token_ids=True, stop_token_ids=self.stop_ids)
         return body
 
-    def _completions(self, answer: dict[str, Any], n: int) -> list[Completion]:
-        url = self.url + COMPLETIONS
-        choices = sorted(answer["choices"], key=lambda choice: choice.get("index", 0))
-        if len(choices) != n:
-            raise HttpError("POST", url, f"answered {len(choices)} completions, expected {n}")
-        completions = []
-        for choice in choices:
-            logprobs = choice.get("logprobs") or {}
-            values = logprobs.get("token_logprobs")
-            if values is None:
-                raise HttpError("POST", url, "answered without logprobs.token_logprobs: the trainer needs them")
-            if self.features.token_ids and choice.get("token_ids") is not None:
-                token_ids, token_logprobs = list(choice["token_ids"]), [float(v) for v in values]
-            else:
-                token_ids, token_logprobs = self._retokenized(logprobs.get("tokens") or [], values)
-            completions.append(
-                Completion(token_ids, token_logprobs, hit_max_tokens=choice.get("finish_reason") == "length")
-            )
-        return completions
+    def _completions(self, answer: Any, n: int, limits: ReplyLimits) -> list[Completion]:
+        """The completions of one answer, in order (checked: replies.py)."""
+        route = self.route
+        with route.reading("completion"):
+            choices = route.array(route.member(answer, "choices", ""), "choices")
+            if len(choices) != n:
+                route.fail("choices", f"{len(choices)} completions, expected {n}")
+            for i, choice in enumerate(choices):
+                route.integer(route.mapping(choice, f"choices[{i}]").get("index", 0), f"choices[{i}].index")
+            choices = sorted(choices, key=lambda choice: choice.get("index", 0))
+            completions = []
+            for i, choice in enumerate(choices):
+                field = f"choices[{i}]"
+                logprobs = route.member(choice, "logprobs", field)
+                values = route.logprobs(
+                    route.member(logprobs, "token_logprobs", f"{field}.logprobs"), f"{field}.logprobs.token_logprobs"
+                )
+                if self.features.token_ids and choice.get("token_ids") is not None:
+                    token_ids = route.token_ids(choice["token_ids"], f"{field}.token_ids")
+                    token_logprobs = values
+                else:
+                    tokens = route.array(logprobs.get("tokens") or [], f"{field}.logprobs.tokens")
+                    if len(tokens) > limits.max_tokens:
+                        route.fail(
+                            f"{field}.logprobs.tokens", f"{len(tokens)} tokens where max_tokens is {limits.max_tokens}"
+                        )
+                    if len(tokens) != len(values):
+                        route.fail(field, f"{len(values)} log-probs for {len(tokens)} tokens (one per token is needed)")
+                    token_ids, token_logprobs = self._retokenized(tokens, values, f"{field}.logprobs.tokens")
+                    limits = ReplyLimits(max(limits.max_tokens, len(token_ids)), limits.vocab_size)  # re-encoded text
+                completions.append(
+                    route.completion(token_ids, token_logprobs, choice.get("finish_reason") == "length", limits, field)
+                )
+            return completions
 
-    def _retokenized(self, tokens: list[Any], values: list[float]) -> tuple[list[int], list[float]]:
+    def _retokenized(self, tokens: list[Any], values: list[float], field: str) -> tuple[list[int], list[float]]:
         """Token ids of the returned token strings, each log-prob on its token's first id (module docstring)."""
         ids: list[int] = []
         logprobs: list[float] = []
-        for token, value in zip(tokens, values):
-            if isinstance(token, int):
+        for i, (token, value) in enumerate(zip(tokens, values)):
+            if isinstance(token, int) and not isinstance(token, bool):
                 pieces = [token]
-            elif token.startswith(TOKEN_ID_PREFIX):
+            elif isinstance(token, str) and token.startswith(TOKEN_ID_PREFIX):
                 pieces = [int(token[len(TOKEN_ID_PREFIX) :])]
             else:
-                pieces = list(self.tokenizer.encode(token, add_special_tokens=False))
+                pieces = list(self.tokenizer.encode(self.route.text(token, f"{field}[{i}]"), add_special_tokens=False))
             ids.extend(pieces)
-            logprobs.extend([float(value)] + [0.0] * (len(pieces) - 1) if pieces else [])
+            logprobs.extend([value] + [0.0] * (len(pieces) - 1) if pieces else [])
         return ids, logprobs
 
     # ---- what the server supports ------------------------------------------------------------
     def _first_model(self) -> str:
-        models = self.client.get("/v1/models").get("data") or []
+        route = ServerRoute("openai", self.url + "/v1/models")
+        models = route.array(route.member(self.client.get("/v1/models"), "data", ""), "data")
         if not models:
             raise ConfigError(f"inference.model is empty and {self.url}/v1/models lists no model: name one")
-        return str(models[0]["id"])
+        return str(route.member(models[0], "id", "data[0]"))
 
     def _detect(self, prompt: list[int]) -> ServerFeatures:
         """Ask the server, with tiny requests, what it supports (see the module docstring)."""
@@ -238,11 +272,13 @@ class OpenAIEngine:
                     raise
                 continue
             token_prompts = isinstance(text_or_ids, list)
-            token_ids = bool(extra) and answer["choices"][0].get("token_ids") is not None
+            choices = self.route.array(self.route.member(answer, "choices", ""), "choices")
+            first = self.route.mapping(choices[0] if choices else None, "choices[0]")
+            token_ids = bool(extra) and first.get("token_ids") is not None
             break
         else:
             raise HttpError("POST", self.url + COMPLETIONS, "refused token-id and text prompts alike")
-        if (answer["choices"][0].get("logprobs") or {}).get("token_logprobs") is None:
+        if (first.get("logprobs") or {}).get("token_logprobs") is None:
             raise ConfigError(
                 f"inference=openai: the server at {self.url} answers no log-probs (`logprobs`), which training needs"
             )
@@ -260,7 +296,7 @@ class OpenAIEngine:
             if error.status not in (400, 422):
                 raise
             return False
-        return len(answer.get("choices", [])) == 2
+        return isinstance(answer, dict) and isinstance(answer.get("choices"), list) and len(answer["choices"]) == 2
 
     def _has_lora_route(self) -> bool:
         try:

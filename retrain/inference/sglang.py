@@ -16,7 +16,8 @@ with vLLM (docs/inference-engines.md).
 Weights follow training through retrain.inference.served_adapters (`/load_lora_adapter`,
 `/unload_lora_adapter`; the server needs --enable-lora, --max-lora-rank and --lora-target-modules).
 The freshness probe scores the probe's continuation from meta_info.input_token_logprobs
-(`return_logprob` with `logprob_start_len`) at T = 1 under the served adapter.
+(`return_logprob` with `logprob_start_len`) at T = 1 under the served adapter. Every reply is read
+and checked through retrain.inference.replies.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch
 from retrain.inference.base import NucleusLogprobsWarning
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import SglangEngineConfig as Defaults
-from retrain.inference.http import HttpError, connect
+from retrain.inference.http import connect
+from retrain.inference.replies import ReplyLimits, ServerRoute, shown, vocab_size
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
 from retrain.model.probe import Probe
 from retrain.model.resources import EngineResources
@@ -66,14 +68,17 @@ class SglangEngine:
         timeout_s: float = Defaults.timeout_s,
         max_retries: int = Defaults.max_retries,
         max_concurrency: int = Defaults.max_concurrency,
+        max_reply_mb: float = Defaults.max_reply_mb,
         adapter_root: str = Defaults.adapter_root,
         fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
     ) -> None:
         self.tokenizer = tokenizer
         self.nucleus_warning = NucleusLogprobsWarning("SGLang")
         self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
-        self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency)
+        self.vocab_size = vocab_size(tokenizer, resources.model)
+        self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency, max_reply_mb)
         self.url = self.client.base_url
+        self.route = ServerRoute("sglang", self.url + GENERATE)
         try:
             self.client.get("/health")
             self.adapters = ServedAdapters(
@@ -96,11 +101,16 @@ class SglangEngine:
             for index, prompt in enumerate(prompt_ids)
         ]
         answers = self.client.post_all(GENERATE, bodies)
-        completions = [c for answer in answers for c in self._completions(answer, group_size)]
+        limits = ReplyLimits(sampling.max_tokens, self.vocab_size)
+        completions = [c for answer in answers for c in self._completions(answer, group_size, limits)]
         return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
 
     def sync(self, update: WeightUpdate) -> None:
         self.adapters.sync(update)
+
+    def interrupt(self) -> None:
+        """Cancel a `generate` in flight (a stop request): it raises SamplingInterrupted."""
+        self.client.interrupt()
 
     def probe_logprobs(self, probe: Probe) -> torch.Tensor:
         body: dict[str, Any] = {
@@ -111,12 +121,14 @@ class SglangEngine:
             "lora_path": self.adapters.served,
         }
         answer = self.client.post(GENERATE, body)
-        scored = answer["meta_info"]["input_token_logprobs"][-len(probe.completion_ids) :]
-        if [int(entry[1]) for entry in scored] != probe.completion_ids:
-            raise HttpError(
-                "POST", self.url + GENERATE, f"scored tokens {scored} instead of the probe's {probe.completion_ids}"
-            )
-        return torch.tensor([float(entry[0]) for entry in scored], dtype=torch.float32)
+        route, field = self.route, "meta_info.input_token_logprobs"
+        with route.reading("freshness-probe reply"):
+            meta = route.member(answer, "meta_info", "")
+            scored = route.array(route.member(meta, "input_token_logprobs", "meta_info"), field)
+            scored = scored[-len(probe.completion_ids) :]
+            if [entry[1] for entry in scored] != probe.completion_ids:
+                route.fail(field, f"scores of tokens {scored} instead of the probe's {probe.completion_ids}")
+            return torch.tensor(route.logprobs([entry[0] for entry in scored], field), dtype=torch.float32)
 
     def close(self) -> None:
         try:
@@ -142,25 +154,40 @@ class SglangEngine:
             "lora_path": [self.adapters.served] * group_size,
         }
 
-    def _completions(self, answer: Any, group_size: int) -> list[Completion]:
-        """One prompt's G completions, in order, from a batched `/generate` answer."""
-        url = self.url + GENERATE
-        if not isinstance(answer, list) or len(answer) != group_size:
-            raise HttpError("POST", url, f"answered {str(answer)[:200]} for a batch of {group_size} copies of a prompt")
-        completions = []
-        for item in answer:
-            meta = item["meta_info"]
-            triples = meta.get("output_token_logprobs")
-            if triples is None:
-                raise HttpError("POST", url, "answered without meta_info.output_token_logprobs")
-            finish = (meta.get("finish_reason") or {}).get("type")
-            if finish not in ("stop", "length"):
-                raise HttpError("POST", url, f"a completion ended with finish_reason={meta.get('finish_reason')!r}")
-            completions.append(
-                Completion(
-                    token_ids=[int(triple[1]) for triple in triples],
-                    logprobs=[float(triple[0]) for triple in triples],
-                    hit_max_tokens=finish == "length",
+    def _completions(self, answer: Any, group_size: int, limits: ReplyLimits) -> list[Completion]:
+        """One prompt's G completions, in order, from a batched `/generate` answer (checked: replies.py)."""
+        route = self.route
+        with route.reading("completion"):
+            items = route.array(answer, "(the reply)")
+            if len(items) != group_size:
+                route.fail("(the reply)", f"{len(items)} completions for a batch of {group_size} copies of a prompt")
+            completions = []
+            for i, item in enumerate(items):
+                field = f"[{i}].meta_info"
+                meta = route.member(item, "meta_info", f"[{i}]")
+                triples = route.array(
+                    route.member(meta, "output_token_logprobs", field), f"{field}.output_token_logprobs"
                 )
-            )
-        return completions
+                entries = [
+                    route.array(triple, f"{field}.output_token_logprobs[{t}]") for t, triple in enumerate(triples)
+                ]
+                if any(len(entry) < 2 for entry in entries):
+                    route.fail(f"{field}.output_token_logprobs", "an entry without [log-prob, token id]")
+                reason = route.member(meta, "finish_reason", field)
+                finish = reason.get("type") if isinstance(reason, dict) else None
+                if finish not in ("stop", "length"):
+                    route.fail(f"{field}.finish_reason", f"{shown(reason)}, where {{type: stop or length}} belongs")
+                ids_field, logprobs_field = (
+                    f"{field}.output_token_logprobs[*][1]",
+                    f"{field}.output_token_logprobs[*][0]",
+                )
+                completions.append(
+                    route.completion(
+                        route.token_ids([entry[1] for entry in entries], ids_field),
+                        route.logprobs([entry[0] for entry in entries], logprobs_field),
+                        finish == "length",
+                        limits,
+                        f"[{i}]",
+                    )
+                )
+            return completions

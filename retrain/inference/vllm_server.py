@@ -17,6 +17,7 @@ mass) (visible in policy/ratio_mean at the first update): top_p = 1 gives exact 
 Weights follow training through retrain.inference.served_adapters (`/v1/load_lora_adapter`,
 which needs `--enable-lora` and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1). The freshness probe scores
 the probe's continuation with `prompt_logprobs` (raw logits, i.e. T = 1) under the served adapter.
+Every reply is read and checked through retrain.inference.replies.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from retrain.inference.completions import (
 )
 from retrain.inference.config import VllmServerEngineConfig as Defaults
 from retrain.inference.http import HttpError, connect
+from retrain.inference.replies import ReplyLimits, ServerRoute, shown, vocab_size
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
 from retrain.model.probe import Probe
 from retrain.model.resources import EngineResources
@@ -77,13 +79,16 @@ class VllmServerEngine:
         timeout_s: float = Defaults.timeout_s,
         max_retries: int = Defaults.max_retries,
         max_concurrency: int = Defaults.max_concurrency,
+        max_reply_mb: float = Defaults.max_reply_mb,
         adapter_root: str = Defaults.adapter_root,
         fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
     ) -> None:
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
-        self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency)
+        self.vocab_size = vocab_size(tokenizer, resources.model)
+        self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency, max_reply_mb)
         self.url = self.client.base_url
+        self.completions_route = ServerRoute("vllm_server", self.url + COMPLETIONS)
         try:
             self.base_model = self._base_model()
             self.tempered_logprobs = self._reports_tempered_logprobs(Probe.from_tokenizer(tokenizer).prompt_ids)
@@ -108,11 +113,16 @@ class VllmServerEngine:
             for index, prompt in enumerate(prompt_ids)
         ]
         responses = self.client.post_all(COMPLETIONS, bodies)
-        completions = [c for response in responses for c in self._completions(response, group_size)]
+        limits = ReplyLimits(sampling.max_tokens, self.vocab_size)
+        completions = [c for response in responses for c in self._completions(response, group_size, limits)]
         return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
 
     def sync(self, update: WeightUpdate) -> None:
         self.adapters.sync(update)
+
+    def interrupt(self) -> None:
+        """Cancel a `generate` in flight (a stop request): it raises SamplingInterrupted."""
+        self.client.interrupt()
 
     def probe_logprobs(self, probe: Probe) -> torch.Tensor:
         body = {
@@ -123,15 +133,24 @@ class VllmServerEngine:
             "prompt_logprobs": 0,
             **NEUTRAL_SAMPLING,
         }
+        route = self.completions_route
         response = self.client.post(COMPLETIONS, body)
-        scored = response["choices"][0].get("prompt_logprobs")
-        if not scored:
-            raise HttpError("POST", self.url + COMPLETIONS, "answered without prompt_logprobs")
-        entries = scored[-len(probe.completion_ids) :]
-        return torch.tensor(
-            [float(entry[str(token)]["logprob"]) for entry, token in zip(entries, probe.completion_ids)],
-            dtype=torch.float32,
-        )
+        with route.reading("freshness-probe reply"):
+            choices = route.array(route.member(response, "choices", ""), "choices")
+            if not choices:
+                route.fail("choices", "no choice")
+            scored = route.array(
+                route.member(choices[0], "prompt_logprobs", "choices[0]"), "choices[0].prompt_logprobs"
+            )
+            entries = scored[-len(probe.completion_ids) :]
+            if len(entries) != len(probe.completion_ids):
+                route.fail("choices[0].prompt_logprobs", f"{len(scored)} entries for a longer probe")
+            field = "choices[0].prompt_logprobs"
+            values = [
+                route.member(route.member(entry, str(token), field), "logprob", f"{field}.{token}")
+                for entry, token in zip(entries, probe.completion_ids)
+            ]
+            return torch.tensor(route.logprobs(values, field), dtype=torch.float32)
 
     def close(self) -> None:
         try:
@@ -160,36 +179,48 @@ class VllmServerEngine:
             "return_token_ids": True,
         }
 
-    def _completions(self, response: dict[str, Any], group_size: int) -> list[Completion]:
-        """One prompt's G completions, in order, from a `/v1/completions` answer."""
-        url = self.url + COMPLETIONS
-        choices = sorted(response["choices"], key=lambda choice: choice["index"])
-        if len(choices) != group_size:
-            raise HttpError("POST", url, f"answered {len(choices)} completions for a prompt, expected {group_size}")
-        completions = []
-        for choice in choices:
-            token_ids = choice.get("token_ids")
-            logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
-            if token_ids is None or logprobs is None:
-                raise HttpError(
-                    "POST", url, "answered without token_ids or log-probs: the server must support return_token_ids"
-                )
-            if choice.get("finish_reason") not in ("stop", "length"):
-                raise HttpError("POST", url, f"a completion ended with finish_reason={choice.get('finish_reason')!r}")
-            completions.append(
-                Completion(
-                    token_ids=list(token_ids),
-                    logprobs=[float(value) for value in logprobs],
-                    hit_max_tokens=choice["finish_reason"] == "length",
-                )
+    def _completions(self, response: Any, group_size: int, limits: ReplyLimits) -> list[Completion]:
+        """One prompt's G completions, in order, from a `/v1/completions` answer (checked: replies.py)."""
+        route = self.completions_route
+        with route.reading("completion"):
+            choices = route.array(route.member(response, "choices", ""), "choices")
+            if len(choices) != group_size:
+                route.fail("choices", f"{len(choices)} completions for a prompt, expected {group_size}")
+            indexed = sorted(
+                (route.integer(route.member(choice, "index", f"choices[{i}]"), f"choices[{i}].index"), i)
+                for i, choice in enumerate(choices)
             )
-        return completions
+            completions = []
+            for _, i in indexed:
+                choice, field = choices[i], f"choices[{i}]"
+                if choice.get("token_ids") is None:
+                    route.fail(f"{field}.token_ids", "no token ids: the server must support return_token_ids")
+                token_ids = route.token_ids(choice["token_ids"], f"{field}.token_ids")
+                logprobs = route.member(route.member(choice, "logprobs", field), "token_logprobs", f"{field}.logprobs")
+                finish = choice.get("finish_reason")
+                if finish not in ("stop", "length"):
+                    route.fail(f"{field}.finish_reason", f"{shown(finish)}, where stop or length belongs")
+                completions.append(
+                    route.completion(
+                        token_ids,
+                        route.logprobs(logprobs, f"{field}.logprobs.token_logprobs"),
+                        finish == "length",
+                        limits,
+                        field,
+                    )
+                )
+            return completions
 
     # ---- what the server is ------------------------------------------------------------------
     def _base_model(self) -> str:
         """The base model's served name: the first model `/v1/models` lists that is no adapter."""
-        models = self.client.get("/v1/models")["data"]
-        bases = [model["id"] for model in models if not model.get("parent")]
+        route = ServerRoute("vllm_server", self.url + "/v1/models")
+        models = route.array(route.member(self.client.get("/v1/models"), "data", ""), "data")
+        bases = [
+            route.text(route.member(model, "id", f"data[{i}]"), f"data[{i}].id")
+            for i, model in enumerate(models)
+            if not route.mapping(model, f"data[{i}]").get("parent")
+        ]
         if not bases:
             raise HttpError("GET", self.url + "/v1/models", f"lists no base model: {models}")
         return bases[0]
@@ -210,9 +241,11 @@ class VllmServerEngine:
                 "logprobs": 2,
                 "return_tokens_as_token_ids": True,
             }
-            top = self.client.post(COMPLETIONS, body)["choices"][0]["logprobs"]["top_logprobs"][0]
-            best = sorted(top.values(), reverse=True)
-            gaps.append(best[0] - best[1])
+            answer = self.client.post(COMPLETIONS, body)
+            with self.completions_route.reading("log-prob mode check (choices[0].logprobs.top_logprobs)"):
+                top = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+                best = sorted((float(value) for value in top.values()), reverse=True)
+                gaps.append(best[0] - best[1])
         if gaps[0] < 1e-3:
             log.warning("could not tell which --logprobs-mode %s runs (a near tie on the check prompt)", self.url)
             return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import functools
 import logging
+import math
 import os
 import random
 import socket
@@ -33,10 +34,11 @@ from retrain.backend.capabilities import capabilities_of
 from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
 from retrain.environments.base import RolloutEnvironment, ScoredRollouts
+from retrain.errors import UserError
 from retrain.housekeeping.rundir import Checkpoint, RunDir
 from retrain.housekeeping.trainer_state import TrainerState
-from retrain.inference.base import InferenceEngine
-from retrain.model.probe import Probe
+from retrain.inference.base import InferenceEngine, SamplingInterrupted
+from retrain.model.probe import Probe, StaleWeightsError
 from retrain.reward.scorer import Scorer, fill_excluded
 from retrain.training.batching import Batching
 from retrain.training.freshness import Freshness, FreshnessProof
@@ -58,7 +60,7 @@ class StepSample:
     examples: list[Example]
     served_version: int  # the engine's weights version when sampling started
     rollouts: Future[Rollouts | ScoredRollouts]  # scored already when the data source is an environment
-    data_state: dict[str, Any] | None  # the data source's state before these prompts were drawn
+    data_state: dict[str, Any]  # the data source's state before these prompts were drawn
 
 
 def step_generator_seed(seed: int, step: int) -> int:
@@ -131,11 +133,17 @@ class Trainer:
         self._sampler = ThreadPoolExecutor(1, "retrain-sampler") if backend.engine_resources().overlap else None
         self._prefetched: StepSample | None = None
         self._last_saved_step = -1
+        self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite loss or grad norm (this process)
 
     # ---- control -------------------------------------------------------------------------
     def request_stop(self) -> None:
-        """Ask the loop to checkpoint after the current step and return (signal- and thread-safe)."""
+        """Ask the loop to checkpoint after the current step and return (signal- and thread-safe). An engine
+        that can cancel sampling in flight (`interrupt`) does: the step waiting on it is dropped, and the run
+        checkpoints the steps it finished, instead of waiting out a stuck request."""
         self._stop.set()
+        interrupt = getattr(self.engine, "interrupt", None)
+        if callable(interrupt):
+            interrupt()
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -150,11 +158,16 @@ class Trainer:
             if self.next_step == 0 and self.eval_examples:
                 self._evaluate("before")
             self._write_status("running")
-            self._loop()
-            if self._stop.is_set() and self.next_step < self.training.max_steps:
-                return self._write_status("stopped")
-            if self.eval_examples:
-                self._evaluate("after")
+            try:
+                self._loop()
+                if self._stop.is_set() and self.next_step < self.training.max_steps:
+                    return self._write_status("stopped")
+                if self.eval_examples:
+                    self._evaluate("after")
+            except SamplingInterrupted:
+                if not self._stop.is_set():
+                    raise
+                return self._stopped_while_sampling()
             self.save(final=True)
             return self._write_status("done")
         except BaseException as error:
@@ -166,6 +179,17 @@ class Trainer:
                 self._sampler.shutdown()
             if self.wandb is not None:
                 self.wandb.finish()
+
+    def _stopped_while_sampling(self) -> dict[str, Any]:
+        """A stop request cancelled sampling in flight: the unfinished step is dropped (its prompts go back
+        to the data source) and the steps done are checkpointed, as after a step."""
+        log.warning(
+            "Stopped while sampling: step %d is dropped; the checkpoint holds the steps before it", self.next_step
+        )
+        self._drop_prefetched()
+        if self.next_step > 0 and self._last_saved_step != self.next_step - 1:
+            self.save()
+        return self._write_status("stopped")
 
     def _loop(self) -> None:
         training = self.training
@@ -206,7 +230,11 @@ class Trainer:
         sample = prefetched if prefetched is not None else self._start_sampling(step)
         examples, served_version = sample.examples, sample.served_version
         B = len(examples)
-        sampled = sample.rollouts.result()
+        try:
+            sampled = sample.rollouts.result()
+        except SamplingInterrupted:
+            self.data.load_state_dict(sample.data_state)  # the prompts are drawn again when the run resumes
+            raise
         t_reward = time.perf_counter()
         # excluded: no verdict, neither trained on nor counted
         rollouts, rewards, excluded, reward_counts = self._rewards(sampled, examples, G)
@@ -227,6 +255,8 @@ class Trainer:
         t_train = time.perf_counter()
         policy_lag = self.weights_version - served_version  # optimizer steps between sampling and training weights
         result = self.backend.train(batch) if batch.num_datums else _no_update()
+        self._check_sampling_route(result.metrics.get("engine/logprob_abs_diff"), policy_lag, served_version)
+        self._count_skipped(result)
         t_wait = time.perf_counter()
         if self._prefetched is not None:  # the engine's weights change only between generate calls
             wait([self._prefetched.rollouts])
@@ -287,14 +317,18 @@ class Trainer:
 
     def _start_sampling(self, step: int, sampler: ThreadPoolExecutor | None = None) -> StepSample:
         """Draw step `step`'s prompts and sample them: now, or on `sampler` beside training (split mode)."""
-        data_state = self.data.state_dict() if sampler is not None else None
+        data_state = self.data.state_dict()
         examples = self.data.next_batch(self.batching.batch_size(step))
         seed = step_generator_seed(self.training.seed, step)
         served_version = self.engine.weights_version
         rollouts: Future[Rollouts | ScoredRollouts]
         if sampler is None:
             rollouts = Future()
-            rollouts.set_result(self._sample(examples, self.training.group_size, self.sampling, seed)())
+            try:
+                rollouts.set_result(self._sample(examples, self.training.group_size, self.sampling, seed)())
+            except SamplingInterrupted:
+                self.data.load_state_dict(data_state)
+                raise
         else:
             rollouts = sampler.submit(self._sample(examples, self.training.group_size, self.sampling, seed))
         return StepSample(examples, served_version, rollouts, data_state)
@@ -339,6 +373,39 @@ class Trainer:
         if self._prefetched is not None:
             wait([self._prefetched.rollouts])
             self._prefetched = None
+
+    def _check_sampling_route(self, logprob_diff: float | None, policy_lag: int, version: int) -> None:
+        """The freshness proof's second check, on the sampling route itself: rollouts sampled with the weights
+        the trainer holds (policy lag 0) must carry the trainer's log-probs, within a tolerance by dtype (the
+        probe's) widened by what top-p's renormalised nucleus may add (-log top_p). An engine that scores the
+        probe with new weights but samples with old ones passes the probe and fails here."""
+        if logprob_diff is None or policy_lag != 0:
+            return  # nothing trained, or sampled a version behind (split mode): the weights differ by design
+        tolerance = self.training.logprob_diff_tolerance
+        if tolerance is None:
+            tolerance = max(self.backend.probe_tolerance, getattr(self.engine, "probe_tolerance", 0.0))
+        allowed = tolerance - (math.log(self.sampling.top_p) if 0 < self.sampling.top_p < 1 else 0.0)
+        if not logprob_diff <= allowed:
+            raise StaleWeightsError(
+                f"the inference engine samples with other weights than the trainer's: its log-probs of the tokens "
+                f"it sampled with weights version {version} differ from the trainer's by {logprob_diff:.3g} on "
+                f"average (engine/logprob_abs_diff; allowed {allowed:.3g}, training.logprob_diff_tolerance)"
+            )
+
+    def _count_skipped(self, result: TrainResult) -> None:
+        """A run whose optimizer steps keep being skipped trains nothing: stop it after
+        training.max_skipped_steps in a row instead of ending `done` with an untrained adapter."""
+        if result.skipped_nonfinite:
+            self.skipped_in_a_row += 1
+        elif result.update is not None:  # a step with nothing to train on neither counts nor resets
+            self.skipped_in_a_row = 0
+        limit = self.training.max_skipped_steps
+        if limit and self.skipped_in_a_row >= limit:
+            raise UserError(
+                f"{self.skipped_in_a_row} optimizer steps in a row were skipped for a non-finite loss or grad norm "
+                f"(last loss {result.loss}, grad norm {result.grad_norm}; training.max_skipped_steps={limit}): "
+                "the adapter is not training; look for non-finite log-probs from the engine or a too-high training.lr"
+            )
 
     def _sync_engine(self, update: WeightUpdate) -> Freshness:
         """Hand the new weights to the engine, then prove it serves them (StaleWeightsError if not)."""

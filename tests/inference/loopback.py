@@ -1,8 +1,8 @@
 """A real HTTP server on 127.0.0.1 for the tests of the engines that talk to servers.
 
 It stands for the remote service (vLLM, SGLang, an OpenAI-compatible server): each route is a
-Python function of the request's JSON body that returns (status, JSON or text, headers); every
-request is recorded, headers included.
+Python function of the request's JSON body that returns (status, JSON, text or raw bytes, headers);
+every request is recorded, headers included.
 """
 
 from __future__ import annotations
@@ -66,9 +66,13 @@ def serve(routes: dict[str, Route]) -> Iterator[Loopback]:
                 loopback.requests.append(Recorded(method, self.path, body, dict(self.headers.items())))
             route = loopback.routes.get(f"{method} {self.path}")
             status, payload, headers = route(body) if route else (404, {"detail": "Not Found"}, {})
-            data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+            if isinstance(payload, bytes):  # sent as it is (e.g. a gzip body with its content-encoding header)
+                data = payload
+            else:
+                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
             self.send_response(status)
-            self.send_header("content-type", "text/plain" if isinstance(payload, str) else "application/json")
+            if "content-type" not in headers:
+                self.send_header("content-type", "text/plain" if isinstance(payload, str) else "application/json")
             self.send_header("content-length", str(len(data)))
             for name, value in headers.items():
                 self.send_header(name, value)

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import gc
+import gzip
 import logging
 import socket
 import threading
 import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from retrain.errors import ConfigError
+from retrain.inference.base import SamplingInterrupted
 from retrain.inference.config import check_url
+from retrain.inference.endpoint import EndpointServer
 from retrain.inference.http import HttpClient, HttpError
 from tests.inference.loopback import ok, serve
 
@@ -82,7 +88,7 @@ def test_a_request_without_answer_times_out_and_is_not_resubmitted():
 
     with serve({"POST /v1/slow": slow}) as server:
         http = client(server.url, timeout_s=0.2)
-        with pytest.raises(HttpError, match="no answer within 0.2 s.*inference.timeout_s"):
+        with pytest.raises(HttpError, match="no complete answer within 0.2 s.*inference.timeout_s"):
             http.post("/v1/slow", {"n": 1})
         http.close()
     assert len(server.requests) == 1
@@ -157,3 +163,127 @@ def test_close_stops_the_loop_and_is_idempotent():
 def test_a_missing_or_bad_url_names_the_key(url):
     with pytest.raises(ConfigError, match="inference.url"):
         check_url(url)
+
+
+# ---- a whole request is bounded: in time and in size ------------------------------------------
+@contextmanager
+def trickling_server(bytes_per_second: float, length: int):
+    """A server that answers 200 at once, then sends its body one byte at a time (each read is quick)."""
+
+    class Trickle(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(length))
+            self.end_headers()
+            try:
+                for _ in range(length):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(1 / bytes_per_second)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up, as it should
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = EndpointServer(("127.0.0.1", 0), Trickle)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_timeout_s_bounds_the_whole_request_not_each_read():
+    with trickling_server(bytes_per_second=20, length=200) as url:  # 10 s of body, a byte every 50 ms
+        http = client(url, timeout_s=0.5)
+        started = time.perf_counter()
+        with pytest.raises(HttpError, match="no complete answer within 0.5 s"):
+            http.post("/v1/x", {"n": 1})
+        took = time.perf_counter() - started
+        http.close()
+    assert took < 2.0
+
+
+def test_a_reply_past_the_size_cap_is_refused_unread():
+    huge = {"text": "x" * (3 * 2**20)}
+    with serve({"POST /v1/x": lambda body: ok(huge)}) as server:
+        http = client(server.url, max_reply_bytes=2**20)
+        with pytest.raises(HttpError, match=r"larger than 1 MiB \(inference.max_reply_mb\)"):
+            http.post("/v1/x", {"n": 1})
+        assert len(server.requests) == 1  # not retried
+        http.close()
+
+
+def test_a_gzip_bomb_is_capped_at_its_decompressed_size():
+    bomb = gzip.compress(b"[" + b"0," * (16 * 2**20) + b"0]")  # ~32 MiB of JSON in ~32 KiB
+    assert len(bomb) < 2**20
+    headers = {"content-encoding": "gzip", "content-type": "application/json"}
+    with serve({"POST /v1/x": lambda body: (200, bomb, headers)}) as server:
+        http = client(server.url, max_reply_bytes=2**20)
+        with pytest.raises(HttpError, match="larger than 1 MiB"):
+            http.post("/v1/x", {"n": 1})
+        http.close()
+
+
+def test_a_small_gzip_reply_is_read():
+    headers = {"content-encoding": "gzip", "content-type": "application/json"}
+    with serve({"POST /v1/x": lambda body: (200, gzip.compress(b'{"ok": 1}'), headers)}) as server:
+        http = client(server.url)
+        assert http.post("/v1/x", {"n": 1}) == {"ok": 1}
+        http.close()
+
+
+# ---- a stop request does not wait on a stuck request -------------------------------------------
+def test_interrupt_cancels_sampling_in_flight_and_close_leaves_no_pending_task(caplog):
+    release = threading.Event()
+
+    def stuck(body):
+        release.wait(10)
+        return ok({})
+
+    routes = {"POST /v1/x": stuck, "POST /v1/y": lambda body: ok({"ok": body["n"]})}
+    with serve(routes) as server, caplog.at_level(logging.ERROR, logger="asyncio"):
+        http = client(server.url)
+        threading.Timer(0.3, http.interrupt).start()
+        started = time.perf_counter()
+        with pytest.raises(SamplingInterrupted, match=f"requests to {server.url} cancelled by a stop request"):
+            http.post_all("/v1/x", [{"n": n} for n in range(3)])
+        assert time.perf_counter() - started < 3
+        assert http.post("/v1/y", {"n": 1}) == {"ok": 1}  # the client still works
+        http.close()
+        release.set()
+        gc.collect()
+    assert not [record for record in caplog.records if "destroyed" in record.getMessage()]
+
+
+def test_close_cancels_a_request_whose_caller_gave_up(caplog):
+    release = threading.Event()
+
+    def stuck(body):
+        release.wait(10)
+        return ok({})
+
+    with serve({"POST /v1/x": stuck}) as server, caplog.at_level(logging.ERROR, logger="asyncio"):
+        http = client(server.url)
+        outcome: list[BaseException] = []
+
+        def caller() -> None:
+            try:
+                http.post("/v1/x", {"n": 1})
+            except BaseException as error:  # whatever it is, the test checks it below
+                outcome.append(error)
+
+        threading.Thread(target=caller, daemon=True).start()
+        time.sleep(0.3)  # the request is in flight; its caller is gone (a second Ctrl-C)
+        http.close()
+        release.set()
+        gc.collect()
+    assert not [record for record in caplog.records if "destroyed" in record.getMessage()]
+    assert len(outcome) == 1 and not isinstance(outcome[0], AssertionError)

@@ -117,6 +117,10 @@ class PrimeRlEngine:
     ) -> Rollouts:
         return self.sampler.generate(prompt_ids, group_size, sampling, generator_seed)
 
+    def interrupt(self) -> None:
+        """Cancel a `generate` in flight (a stop request): it raises SamplingInterrupted."""
+        self.sampler.interrupt()
+
     def sync(self, update: WeightUpdate) -> None:
         self.reloads.sync(update)
         self.weights_version = self.reloads.version

@@ -1,0 +1,157 @@
+"""The trainer against a server engine (inference=sglang on a loopback server serving the real tiny model):
+it stops when optimizer steps keep being skipped, it proves the sampling route fresh (not only the probe),
+and a first Ctrl-C during a stuck request checkpoints and stops, to resume exactly."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retrain.campaign.preemption import requeue_on_preemption
+from retrain.config import compose
+from retrain.errors import UserError
+from retrain.housekeeping.rundir import RunDir
+from retrain.model.probe import StaleWeightsError
+from retrain.run import build_trainer
+from tests.conftest import read_metrics, without_timing
+from tests.inference.fake_servers import ServedModel, sglang_routes
+from tests.inference.loopback import Route, serve
+
+QUICK = [
+    "experiment=quickstart",
+    "eval.num_examples=0",
+    "scoring.workers=1",
+    "logging.console_groups=0",
+    "logging.progress_bar=false",
+    "training.batch_size=2",
+    "training.group_size=4",
+    "training.save_every=10",
+    "inference=sglang",
+]
+
+
+@pytest.fixture(scope="module")
+def served_model():
+    return ServedModel()
+
+
+@contextmanager
+def sglang_server(model: ServedModel, wrap=None) -> Iterator[str]:
+    """SGLang's API on loopback; `wrap(generate)` may change how /generate answers."""
+    model.adapters.clear()
+    routes = sglang_routes(model)
+    if wrap is not None:
+        routes["POST /generate"] = wrap(routes["POST /generate"])
+    with serve(routes) as loopback:
+        yield loopback.url
+
+
+def trainer_of(run_dir: Path, url: str, parts: ExitStack, *overrides: str):
+    return build_trainer(compose([*QUICK, f"inference.url={url}", *overrides]), run_dir, parts)
+
+
+def train(run_dir: Path, url: str, *overrides: str) -> dict[str, Any]:
+    with ExitStack() as parts:
+        return trainer_of(run_dir, url, parts, *overrides).run()
+
+
+def is_probe(body: dict) -> bool:
+    return body.get("logprob_start_len") is not None
+
+
+@pytest.mark.slow
+def test_consecutive_skipped_steps_stop_the_run(served_model, tmp_path):
+    """A server whose log-probs are finite but absurd (-1e30) makes every step's loss non-finite: the run
+    fails after training.max_skipped_steps instead of ending `done` with an untrained adapter."""
+
+    def absurd(generate: Route) -> Route:
+        def route(body):
+            status, answers, headers = generate(body)
+            if not is_probe(body):
+                for answer in answers:
+                    for triple in answer["meta_info"]["output_token_logprobs"]:
+                        triple[0] = -1e30
+            return status, answers, headers
+
+        return route
+
+    with sglang_server(served_model, absurd) as url, pytest.raises(UserError) as caught:
+        train(
+            tmp_path, url, "training.max_steps=6", "training.max_skipped_steps=2", "training.logprob_diff_tolerance=inf"
+        )
+    assert "2 optimizer steps in a row were skipped" in str(caught.value)
+    assert "training.max_skipped_steps=2" in str(caught.value)
+    assert RunDir(tmp_path).read_status()["state"] == "failed"
+    assert not any(record["grad_norm"] for record in read_metrics(tmp_path) if not record["skipped_nonfinite"])
+
+
+@pytest.mark.slow
+def test_a_server_that_samples_with_old_weights_fails_the_sampling_route_check(served_model, tmp_path):
+    """It loads every adapter and scores the probe with the one it was asked for (the probe passes), but
+    samples with the first adapter it served: engine/logprob_abs_diff on the sampled tokens gives it away."""
+
+    def stale_sampler(generate: Route) -> Route:
+        def route(body):
+            if not is_probe(body):
+                served_model.adapters.setdefault("first", served_model.adapters[body["lora_path"][0]])
+                body = {**body, "lora_path": ["first"] * len(body["input_ids"])}
+            return generate(body)
+
+        return route
+
+    with sglang_server(served_model, stale_sampler) as url, pytest.raises(StaleWeightsError) as caught:
+        train(tmp_path, url, "training.max_steps=4")
+    message = str(caught.value)
+    assert "samples with other weights than the trainer's" in message and "engine/logprob_abs_diff" in message
+    records = read_metrics(tmp_path)
+    assert records and all(record.get("engine/logprob_abs_diff", 0.0) < 1e-4 for record in records)  # the steps before
+
+
+@pytest.mark.slow
+def test_a_first_ctrl_c_during_a_stuck_request_checkpoints_stops_and_resumes_exactly(served_model, tmp_path, caplog):
+    steps, stuck_at = 4, 2
+    with sglang_server(served_model) as url:
+        train(tmp_path / "straight", url, f"training.max_steps={steps}")
+    straight = without_timing(read_metrics(tmp_path / "straight"))
+
+    sampling_requests = [0]
+    arrived, release = threading.Event(), threading.Event()
+
+    def stuck_at_step(generate: Route) -> Route:
+        def route(body):
+            if not is_probe(body):
+                sampling_requests[0] += 1
+                if sampling_requests[0] > stuck_at * 2:  # batch_size 2: two requests per step
+                    arrived.set()
+                    release.wait(30)  # the server hangs on this step's request
+            return generate(body)
+
+        return route
+
+    run_dir = tmp_path / "interrupted"
+    ctrl_c = threading.Thread(target=lambda: arrived.wait(60) and os.kill(os.getpid(), signal.SIGINT), daemon=True)
+    with sglang_server(served_model, stuck_at_step) as url, caplog.at_level(logging.WARNING):
+        ctrl_c.start()
+        with ExitStack() as parts, pytest.raises(SystemExit) as exit:
+            trainer = trainer_of(run_dir, url, parts, f"training.max_steps={steps}")
+            with requeue_on_preemption(trainer):
+                trainer.run()
+        release.set()
+    gc.collect()
+    assert exit.value.code == 128 + signal.SIGINT
+    assert RunDir(run_dir).read_status()["state"] == "stopped"
+    assert [path.name for path in RunDir(run_dir).step_dirs()] == [f"step_{stuck_at}"]
+    assert "destroyed" not in caplog.text and "Stopped while sampling" in caplog.text
+
+    with sglang_server(served_model) as url:
+        assert train(run_dir, url, f"training.max_steps={steps}")["state"] == "done"
+    assert without_timing(read_metrics(run_dir)) == straight
