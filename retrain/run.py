@@ -39,6 +39,7 @@ from retrain.config import (
     check_known_keys,
     container_dict,
 )
+from retrain.data.prompts import template_line
 from retrain.determinism import reproducible_torch
 from retrain.environments.base import RolloutEnvironment
 from retrain.errors import CheckpointError, ConfigError
@@ -106,6 +107,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     parts.callback(scorer.close)
     data = instantiate(cfg.data, seed=seed)
     log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
+    if "prompt_template" in cfg.data:
+        log.info("%s", template_line(str(cfg.data.prompt_template)))
     evaluation: EvalConfig = OmegaConf.to_object(cfg.eval)  # type: ignore[assignment]
     eval_examples = held_out_examples(data, evaluation.num_examples)
 
@@ -230,7 +233,9 @@ def held_out_examples(data: Any, num_examples: int) -> list[Example]:
     try:
         return list(held_out(num_examples))
     except ConfigError as error:
-        raise ConfigError(f"eval.num_examples={num_examples}: {error}") from error
+        raise ConfigError(
+            f"eval.num_examples={num_examples}: {error}; or set eval.num_examples=0 to train without evaluation"
+        ) from error
 
 
 def target_object(cfg: DictConfig, group: str) -> Any:

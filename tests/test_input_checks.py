@@ -124,6 +124,21 @@ def test_evaluation_on_data_without_a_held_out_split_fails_at_start(
     path.write_text("".join(json.dumps({"question": f"{n}+1", "answer": str(n + 1)}) + "\n" for n in range(8)))
     message = refused(tmp_path, caplog, "data=jsonl", f"data.path={path}", "eval.num_examples=4")
     assert "eval.num_examples=4" in message and "no held-out split" in message
+    assert "set eval.num_examples=0" in message
+    # the run log says which prompt template the questions go in: the default asks for a boxed answer
+    assert "Prompt template (data.prompt_template, the default, asks for \\boxed{})" in caplog.text
+
+
+def test_a_held_out_split_that_a_single_file_lacks_names_both_fixes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps({"question": f"{n}+1", "answer": str(n + 1)}) + "\n" for n in range(8)))
+    overrides = ["data=jsonl", f"data.path={path}", "data.held_out_split=test", "eval.num_examples=4"]
+    message = refused(tmp_path, caplog, *overrides, "data.prompt_template='{question}'")
+    assert "data.held_out_split='test'" in message and "a single file, which is one split named 'train'" in message
+    assert "set eval.num_examples=0" in message
+    assert "Prompt template (data.prompt_template): '{question}'" in caplog.text
 
 
 def test_a_prompt_longer_than_the_context_is_refused_naming_the_row(
