@@ -56,6 +56,7 @@ class TrainingConfig:
     max_grad_norm: float = 1.0  # 0 disables clipping
     clip_eps: float = 0.0  # 0: pure importance-sampling loss
     clip_eps_high: float | None = None  # DAPO clip-higher; None = clip_eps
+    kl_coef: float = 0.0  # > 0: adds kl_coef * k3 KL to the base model (adapter disabled) to the loss; docs/loss.md
     save_every: int = 20  # checkpoint every N steps (and always at the end)
     keep_checkpoints: int = 0  # keep the newest N checkpoints/step_N (final/ always); 0 = keep all
     deterministic: bool = False  # also bit-exact on GPU: deterministic kernels, slower (docs/reproducibility.md)

@@ -88,6 +88,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     log.info("backend %s: %s (source=%s)", plan.backend.name, flags, plan.backend.source)
     plan.preflight()  # first: what an algorithm cannot do on this backend, before what the backend still lacks
     plan.check_options()
+    check_kl_support(training, backend_cls)
     warn_if_untrainable(algorithm, training)
     check_wandb_login(str(cfg.logging.wandb_project))
 
@@ -189,6 +190,15 @@ def plan_parts(cfg: DictConfig) -> PartsPlan:
     backend = describe_backend(backend_cls)
     engine_cls = backend_cls if backend.capabilities.samples_itself else target_class(cfg, "inference")
     return PartsPlan(algorithm, backend_cls, backend, container_dict(cfg.backend, "backend"), engine_cls)
+
+
+def check_kl_support(training: TrainingConfig, backend_cls: type) -> None:
+    """`training.kl_coef > 0` needs a backend that can compute the base model's log-probs (`kl_to_base`)."""
+    if training.kl_coef > 0 and not getattr(backend_cls, "kl_to_base", False):
+        raise ConfigError(
+            f"training.kl_coef={training.kl_coef}: backend {plugin_name(backend_cls)} has no KL to the base model "
+            "(backend=local has); set training.kl_coef=0"
+        )
 
 
 def build_engine(cfg: DictConfig, backend: Backend, capabilities: Capabilities, tokenizer: Any) -> InferenceEngine:

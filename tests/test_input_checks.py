@@ -92,6 +92,8 @@ VLLM_SERVER = [
         ([*TINKER, "backend.sampler_ttl_s=60"], r"backend.sampler_ttl_s=60: must be 0 \(never expire\) or >= 3600"),
         ([*TINKER, "backend.max_retries=-1"], "backend.max_retries=-1: must be >= 0"),
         ([*TINKER, "backend.max_concurrent_calls=0"], "backend.max_concurrent_calls=0: must be >= 1"),
+        ([*TINKER, "training.kl_coef=0.1"], r"training.kl_coef=0.1: backend \S+TinkerBackend has no KL to the base"),
+        ([DEMO, "training.kl_coef=-1"], r"training.kl_coef must be >= 0 \(0 = no KL term\), got -1"),
         # the parts built after the data (scoring), or after the model too (an engine): their schemas check first
         ([DEMO, "scoring.timeout_s=0"], "scoring.timeout_s must be positive, got 0.0"),
         ([DEMO, "scoring.workers=-1"], r"scoring.workers must be 0 \(one per core\) or more, got -1"),
