@@ -106,10 +106,12 @@ class LoggingConfig:
 
 @dataclass
 class EvalConfig:
-    """Held-out accuracy before and after training (when the data source has a held-out split)."""
+    """Held-out accuracy before and after training, and every `every` steps between (when the data source
+    has a held-out split)."""
 
     num_examples: int = 0  # 0 disables evaluation
     samples: int = 4  # sampled completions per held-out prompt (greedy always uses 1)
+    every: int = 0  # also after every N-th step (its metrics record holds eval/*_accuracy); 0 = before and after only
 
 
 @dataclass

@@ -36,6 +36,7 @@ from retrain.data.base import DataSource
 from retrain.environments.base import RolloutEnvironment, ScoredRollouts
 from retrain.inference.base import InferenceEngine
 from retrain.inference.freshness import Freshness, FreshnessProof, Probe
+from retrain.learning_curve import LEARNING_CURVE_PNG, write_learning_curve
 from retrain.logging import JsonlLog, WandbSink, console_line
 from retrain.reward.scorer import Scorer, fill_excluded
 from retrain.rundir import Checkpoint, RunDir
@@ -182,6 +183,8 @@ class Trainer:
                 step = self.next_step
                 record = self.train_step(step)
                 self.next_step = step + 1
+                if self._evaluates_after(step):
+                    record.update(self._evaluate(f"{step + 1} steps"))
                 self._log_step(record)
                 bar.update(1)
                 if training.save_every > 0 and self.next_step % training.save_every == 0:
@@ -330,7 +333,19 @@ class Trainer:
         """Split mode samples step `step` early unless a checkpoint comes first: a run resumed from
         it starts without a prefetched step, so the uninterrupted run must not have one there either."""
         every = self.training.save_every
-        return step < self.training.max_steps and not (every > 0 and step % every == 0) and not self._stop.is_set()
+        saves = every > 0 and step % every == 0
+        return (
+            step < self.training.max_steps
+            and not saves
+            and not self._evaluates_after(step - 1)
+            and not self._stop.is_set()
+        )
+
+    def _evaluates_after(self, step: int) -> bool:
+        """Whether held-out accuracy is measured after step `step` (eval.every; the last step's is "after")."""
+        every = self.evaluation.every
+        done = step + 1
+        return bool(self.eval_examples) and every > 0 and done % every == 0 and done < self.training.max_steps
 
     def _drop_prefetched(self) -> None:
         """Forget a step sampled ahead (a stop came): the checkpoint holds the data state from before it."""
@@ -423,24 +438,32 @@ class Trainer:
         self.wandb_run_id = self.wandb.run_id
 
     # ---- evaluation ----------------------------------------------------------------------
-    def _evaluate(self, when: str) -> None:
-        """Held-out accuracy, greedy and sampled, with a fixed sampling seed so before/after pair up."""
+    def _evaluate(self, when: str) -> dict[str, float]:
+        """Held-out accuracy, greedy and sampled, with a fixed sampling seed so the measurements pair up.
+
+        "before" and "after" training go into the run's status and wandb's summary; one after a step
+        (`eval.every`, `when` = "N steps") goes into that step's metrics record, as returned here.
+        """
         examples = self.eval_examples
         greedy = SamplingParams(max_tokens=self.sampling.max_tokens, temperature=0.0, top_p=1.0)
-        results = {
-            f"eval/{when}_greedy_accuracy": self._accuracy(examples, greedy, 1),
-            f"eval/{when}_sampled_accuracy": self._accuracy(examples, self.sampling, self.evaluation.samples),
+        accuracy = {
+            "greedy_accuracy": self._accuracy(examples, greedy, 1),
+            "sampled_accuracy": self._accuracy(examples, self.sampling, self.evaluation.samples),
         }
-        self.eval_results.update(results)
         log.info(
-            "Held-out accuracy %s training (%d problems): greedy=%.1f%% sampled=%.1f%%",
-            when,
+            "Held-out accuracy %s (%d problems): greedy=%.1f%% sampled=%.1f%%",
+            f"{when} training" if when in ("before", "after") else f"after {when}",
             len(examples),
-            100 * results[f"eval/{when}_greedy_accuracy"],
-            100 * results[f"eval/{when}_sampled_accuracy"],
+            100 * accuracy["greedy_accuracy"],
+            100 * accuracy["sampled_accuracy"],
         )
+        if when not in ("before", "after"):
+            return {f"eval/{name}": value for name, value in accuracy.items()}
+        results = {f"eval/{when}_{name}": value for name, value in accuracy.items()}
+        self.eval_results.update(results)
         if self.wandb is not None:
             self.wandb.summary(results)
+        return results
 
     def _accuracy(self, examples: list[Example], sampling: SamplingParams, samples: int) -> float:
         """Share of correct completions; prompts go in chunks of the configured batch size."""
@@ -480,7 +503,22 @@ class Trainer:
         checkpoint = self.files.save_checkpoint(completed, self.backend.save, state, final=final)
         self._last_saved_step = completed - 1
         self.files.prune_checkpoints(self.training.keep_checkpoints)
+        self._draw_learning_curve()
         return checkpoint.path
+
+    def _draw_learning_curve(self) -> None:
+        """learning_curve.png beside metrics.jsonl, redrawn at every checkpoint; a plot that fails costs a warning,
+        never the run."""
+        try:
+            write_learning_curve(
+                self.run_dir / LEARNING_CURVE_PNG,
+                self.metrics.records(),
+                self.eval_results,
+                self.training.max_steps,
+                f"{self.algorithm.label}, seed {self.training.seed}: {self.run_dir.name}",
+            )
+        except Exception as error:  # matplotlib's many errors (a font, a full disk): the run's files matter more
+            log.warning("could not draw %s: %s: %s", LEARNING_CURVE_PNG, type(error).__name__, error)
 
     def _start_over(self) -> None:
         """No checkpoint to resume from: drop what an attempt killed before its first checkpoint logged, so a

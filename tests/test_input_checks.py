@@ -54,6 +54,8 @@ def refused(tmp_path: Path, caplog: pytest.LogCaptureFixture, *overrides: str) -
         ("training.top_p=1.5", r"training.top_p must be in \(0, 1\], got 1.5"),
         ("eval.num_examples=-1", "eval.num_examples must be >= 0"),
         ("eval.samples=0", "eval.samples must be >= 1, got 0"),
+        ("eval.every=-1", r"eval.every must be >= 0 \(0 = before and after training only\), got -1"),
+        ("eval.every=5", r"eval.every=5 needs held-out problems: set eval.num_examples > 0"),
         ("training.lr=nan", "training.lr=nan is not a finite number"),
         ("training.lr=-inf", "training.lr=-inf is not a finite number"),
         ("training.betas=[0.9,nan]", r"training.betas\[1\]=nan is not a finite number"),
