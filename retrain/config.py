@@ -102,6 +102,7 @@ class LoggingConfig:
     console_groups: int = 2  # per step, print this many "group: k/G correct" lines
     generations_per_step: int = 4  # completions written to emergence/generations.jsonl per step
     progress_bar: bool = True
+    tensorboard: bool = False  # also write TensorBoard event files into <run dir>/tensorboard (extra [tensorboard])
 
 
 @dataclass

@@ -47,7 +47,7 @@ from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.freshness import Probe
 from retrain.launch import claimed_run_dir, record_launch
-from retrain.logging import check_wandb_login
+from retrain.logging import check_tensorboard, check_wandb_login
 from retrain.plugins import checked, import_failure, locate, plugin_name
 from retrain.reward.scorer import RewardScorer
 from retrain.rundir import LOCAL_CHECKPOINT_FILES, STATE_FILE, Checkpoint, RunDir
@@ -91,6 +91,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     check_kl_support(training, backend_cls)
     warn_if_untrainable(algorithm, training)
     check_wandb_login(str(cfg.logging.wandb_project))
+    check_tensorboard(bool(cfg.logging.tensorboard))
 
     resume = find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls))
     identity = config_identity(cfg)  # checked against the run dir's when it was claimed (retrain/launch.py)

@@ -37,7 +37,7 @@ from retrain.environments.base import RolloutEnvironment, ScoredRollouts
 from retrain.inference.base import InferenceEngine
 from retrain.inference.freshness import Freshness, FreshnessProof, Probe
 from retrain.learning_curve import LEARNING_CURVE_PNG, write_learning_curve
-from retrain.logging import JsonlLog, WandbSink, console_line
+from retrain.logging import JsonlLog, TensorBoardSink, WandbSink, console_line
 from retrain.reward.scorer import Scorer, fill_excluded
 from retrain.rundir import Checkpoint, RunDir
 from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainResult, WeightUpdate
@@ -116,6 +116,7 @@ class Trainer:
         self.run_config = run_config or {}
         self.config_identity = config_identity or {}
         self.wandb: WandbSink | None = None
+        self.tensorboard: TensorBoardSink | None = None
         self.wandb_run_id: str | None = None
         self.files = RunDir(run_dir)
         self.metrics = JsonlLog(self.files.metrics)
@@ -146,6 +147,8 @@ class Trainer:
             elif self._restore(self.resume_checkpoint):
                 return self._write_status("done")
             self._start_wandb()
+            if self.output.tensorboard:
+                self.tensorboard = TensorBoardSink(self.run_dir, self.next_step)
             if self.next_step == 0 and self.eval_examples:
                 self._evaluate("before")
             self._write_status("running")
@@ -165,6 +168,8 @@ class Trainer:
                 self._sampler.shutdown()
             if self.wandb is not None:
                 self.wandb.finish()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
 
     def _loop(self) -> None:
         training = self.training
@@ -364,6 +369,8 @@ class Trainer:
         self.metrics.append(record)
         if self.wandb is not None:
             self.wandb.log(record, step=record["step"])
+        if self.tensorboard is not None:
+            self.tensorboard.log(record, step=record["step"])
         log.info(console_line(record, self.algorithm.label, not self.capabilities.reports_sync_loss))
         self._write_status("running")
 
@@ -463,6 +470,8 @@ class Trainer:
         self.eval_results.update(results)
         if self.wandb is not None:
             self.wandb.summary(results)
+        if self.tensorboard is not None:  # no summary there: plotted where they were measured
+            self.tensorboard.log(results, step=0 if when == "before" else self.training.max_steps)
         return results
 
     def _accuracy(self, examples: list[Example], sampling: SamplingParams, samples: int) -> float:
