@@ -142,7 +142,7 @@ def write_merged(checkpoint: Path, spec: Any, out: Path, dtype: str = "auto") ->
     with _quiet_loading():
         base = AutoModelForCausalLM.from_pretrained(source, revision=spec.revision, dtype=torch.float32)
         merged = PeftModel.from_pretrained(base, str(checkpoint)).merge_and_unload()
-        merged.to(target)  # type: ignore[arg-type]
+        merged.to(target)
         with _written_into(out) as staging:
             merged.save_pretrained(str(staging))
             spec.load_tokenizer().save_pretrained(str(staging))
