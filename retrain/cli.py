@@ -48,6 +48,7 @@ SUBCOMMANDS = {
     "init-plugin": "retrain.commands.init_plugin",
     "migrate-config": "retrain.commands.migrate_config",
     "man": "retrain.commands.man",
+    "export": "retrain.commands.export",
 }
 # Hydra's words when a `_target_` does not import: "Error locating target 'x', ...\nfull_key: reward"
 UNLOCATABLE_TARGET = re.compile(

@@ -56,6 +56,7 @@ class TrainingConfig:
     max_grad_norm: float = 1.0  # 0 disables clipping
     clip_eps: float = 0.0  # 0: pure importance-sampling loss
     clip_eps_high: float | None = None  # DAPO clip-higher; None = clip_eps
+    kl_coef: float = 0.0  # > 0: adds kl_coef * k3 KL to the base model (adapter disabled) to the loss; docs/loss.md
     save_every: int = 20  # checkpoint every N steps (and always at the end)
     keep_checkpoints: int = 0  # keep the newest N checkpoints/step_N (final/ always); 0 = keep all
     deterministic: bool = False  # also bit-exact on GPU: deterministic kernels, slower (docs/reproducibility.md)
@@ -112,14 +113,17 @@ class LoggingConfig:
     console_groups: int = 2  # per step, print this many "group: k/G correct" lines
     generations_per_step: int = 4  # completions written to emergence/generations.jsonl per step
     progress_bar: bool = True
+    tensorboard: bool = False  # also write TensorBoard event files into <run dir>/tensorboard (extra [tensorboard])
 
 
 @dataclass
 class EvalConfig:
-    """Held-out accuracy before and after training (when the data source has a held-out split)."""
+    """Held-out accuracy before and after training, and every `every` steps between (when the data source
+    has a held-out split)."""
 
     num_examples: int = 0  # 0 disables evaluation
     samples: int = 4  # sampled completions per held-out prompt (greedy always uses 1)
+    every: int = 0  # also after every N-th step (its metrics record holds eval/*_accuracy); 0 = before and after only
 
 
 @dataclass

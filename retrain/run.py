@@ -37,6 +37,7 @@ from retrain.config import (
     container_dict,
 )
 from retrain.config_checks.validation import check_prompt_lengths, check_run_config, warn_if_untrainable
+from retrain.data.prompts import template_line
 from retrain.environments.base import RolloutEnvironment
 from retrain.errors import CheckpointError, ConfigError
 from retrain.housekeeping.allocator import keep_freed_memory
@@ -51,7 +52,7 @@ from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.plugins import checked, import_failure, is_built_in, locate, plugin_name
 from retrain.reward.scorer import RewardScorer
 from retrain.training.batching import build_batching
-from retrain.training.metrics_log import check_wandb_login
+from retrain.training.metrics_log import check_tensorboard, check_wandb_login
 from retrain.training.trainer import PlanningDetection, Trainer
 from retrain.types import Example
 
@@ -85,8 +86,10 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     log.info("backend %s: %s (source=%s)", plan.backend.name, flags, plan.backend.source)
     plan.preflight()  # first: what an algorithm cannot do on this backend, before what the backend still lacks
     plan.check_options()
+    check_kl_support(training, backend_cls)
     warn_if_untrainable(algorithm, training)
     check_wandb_login(str(cfg.logging.wandb_project))
+    check_tensorboard(bool(cfg.logging.tensorboard))
 
     resume = find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls))
     identity = config_identity(
@@ -106,6 +109,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     parts.callback(scorer.close)
     data = build_part(cfg, "data", seed=seed)
     log.info("Loaded %d examples (%s)", len(data), cfg.data._target_)
+    if "prompt_template" in cfg.data:
+        log.info("%s", template_line(str(cfg.data.prompt_template)))
     evaluation: EvalConfig = OmegaConf.to_object(cfg.eval)  # type: ignore[assignment]
     eval_examples = held_out_examples(data, evaluation.num_examples)
 
@@ -192,6 +197,15 @@ def plan_parts(cfg: DictConfig) -> PartsPlan:
     return PartsPlan(algorithm, backend_cls, backend, container_dict(cfg.backend, "backend"), engine_cls)
 
 
+def check_kl_support(training: TrainingConfig, backend_cls: type) -> None:
+    """`training.kl_coef > 0` needs a backend that can compute the base model's log-probs (`kl_to_base`)."""
+    if training.kl_coef > 0 and not getattr(backend_cls, "kl_to_base", False):
+        raise ConfigError(
+            f"training.kl_coef={training.kl_coef}: backend {plugin_name(backend_cls)} has no KL to the base model "
+            "(backend=local has); set training.kl_coef=0"
+        )
+
+
 def build_engine(cfg: DictConfig, backend: Backend, capabilities: Capabilities, tokenizer: Any) -> InferenceEngine:
     """The backend's own sampler when it samples itself (a remote service), else `inference=...` built
     beside it from what it shares. The two are always different objects, so the freshness proof compares
@@ -234,7 +248,9 @@ def held_out_examples(data: Any, num_examples: int) -> list[Example]:
     try:
         return list(held_out(num_examples))
     except ConfigError as error:
-        raise ConfigError(f"eval.num_examples={num_examples}: {error}") from error
+        raise ConfigError(
+            f"eval.num_examples={num_examples}: {error}; or set eval.num_examples=0 to train without evaluation"
+        ) from error
 
 
 def build_part(cfg: DictConfig, group: str, **run_objects: Any) -> Any:

@@ -57,6 +57,8 @@ def refused(tmp_path: Path, caplog: pytest.LogCaptureFixture, *overrides: str) -
         ("training.top_p=1.5", r"training.top_p must be in \(0, 1\], got 1.5"),
         ("eval.num_examples=-1", "eval.num_examples must be >= 0"),
         ("eval.samples=0", "eval.samples must be >= 1, got 0"),
+        ("eval.every=-1", r"eval.every must be >= 0 \(0 = before and after training only\), got -1"),
+        ("eval.every=5", r"eval.every=5 needs held-out problems: set eval.num_examples > 0"),
         ("training.lr=nan", "training.lr=nan is not a finite number"),
         ("training.lr=-inf", "training.lr=-inf is not a finite number"),
         ("training.betas=[0.9,nan]", r"training.betas\[1\]=nan is not a finite number"),
@@ -95,6 +97,8 @@ VLLM_SERVER = [
         ([*TINKER, "backend.sampler_ttl_s=60"], r"backend.sampler_ttl_s=60: must be 0 \(never expire\) or >= 3600"),
         ([*TINKER, "backend.max_retries=-1"], "backend.max_retries=-1: must be >= 0"),
         ([*TINKER, "backend.max_concurrent_calls=0"], "backend.max_concurrent_calls=0: must be >= 1"),
+        ([*TINKER, "training.kl_coef=0.1"], r"training.kl_coef=0.1: backend \S+TinkerBackend has no KL to the base"),
+        ([DEMO, "training.kl_coef=-1"], r"training.kl_coef must be >= 0 \(0 = no KL term\), got -1"),
         # the parts built after the data (scoring), or after the model too (an engine): their schemas check first
         ([DEMO, "scoring.timeout_s=0"], "scoring.timeout_s must be positive, got 0.0"),
         ([DEMO, "scoring.workers=-1"], r"scoring.workers must be 0 \(one per core\) or more, got -1"),
@@ -127,6 +131,21 @@ def test_evaluation_on_data_without_a_held_out_split_fails_at_start(
     path.write_text("".join(json.dumps({"question": f"{n}+1", "answer": str(n + 1)}) + "\n" for n in range(8)))
     message = refused(tmp_path, caplog, "data=jsonl", f"data.path={path}", "eval.num_examples=4")
     assert "eval.num_examples=4" in message and "no held-out split" in message
+    assert "set eval.num_examples=0" in message
+    # the run log says which prompt template the questions go in: the default asks for a boxed answer
+    assert "Prompt template (data.prompt_template, the default, asks for \\boxed{})" in caplog.text
+
+
+def test_a_held_out_split_that_a_single_file_lacks_names_both_fixes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps({"question": f"{n}+1", "answer": str(n + 1)}) + "\n" for n in range(8)))
+    overrides = ["data=jsonl", f"data.path={path}", "data.held_out_split=test", "eval.num_examples=4"]
+    message = refused(tmp_path, caplog, *overrides, "data.prompt_template='{question}'")
+    assert "data.held_out_split='test'" in message and "a single file, which is one split named 'train'" in message
+    assert "set eval.num_examples=0" in message
+    assert "Prompt template (data.prompt_template): '{question}'" in caplog.text
 
 
 def test_a_prompt_longer_than_the_context_is_refused_naming_the_row(

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from retrain.campaign.manifest import CampaignSettings, start_manifest
 from retrain.campaign.plan import expand
 from retrain.commands.status import main
 from tests.campaign.rundirs import dead_pid, simulate_run
+from tests.conftest import cli_env
 
 
 def test_a_live_run_is_running_and_a_vanished_one_dead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,3 +145,48 @@ def test_a_garbage_run_in_a_sweep_is_reported_not_fatal(tmp_path: Path, capsys: 
     assert summary["counts"] == {"done": 1, "unreadable": 1}
     assert [f["name"] for f in summary["failed"]] == ["grpo_none_s2"]
     assert "status.json holds a list" in summary["failed"][0]["error"]
+
+
+def test_watch_refreshes_a_live_run_until_its_count_and_a_finished_one_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    live = simulate_run(tmp_path, "grpo_none", 1, 0.5, state="running", pid=os.getpid())
+    assert main([str(live.dir), "--watch", "--interval", "0.01", "--count", "3"]) == 0
+    frames = capsys.readouterr().out.split(f"retrain status {live.dir}  (")[1:]
+    assert len(frames) == 3 and all("state: running" in frame for frame in frames)
+    done = simulate_run(tmp_path, "grpo_none", 2, 0.5)
+    assert main([str(done.dir), "--watch", "--interval", "0.01"]) == 0
+    assert capsys.readouterr().out.count("state: done") == 1
+    with pytest.raises(SystemExit):
+        main([str(done.dir), "--watch", "--interval", "0"])
+
+
+@pytest.mark.slow
+def test_watch_follows_a_real_run_to_its_end(tmp_path: Path) -> None:
+    """A training process of its own; `retrain status --watch` started once its run dir reports, as a user would."""
+    run_dir = tmp_path / "run"
+    args = ["experiment=quickstart", "training.max_steps=8", "eval.num_examples=0", "logging.progress_bar=false"]
+    training = subprocess.Popen(
+        [sys.executable, "-m", "retrain", *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "status.json").is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        watched = subprocess.run(
+            [sys.executable, "-m", "retrain", "status", str(run_dir), "--watch", "--interval", "0.2", "--count", "600"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=cli_env(),
+        )
+    finally:
+        training.wait(timeout=180)
+    assert watched.returncode == 0, watched.stderr
+    frames = watched.stdout.split(f"retrain status {run_dir}  (")[1:]
+    assert len(frames) >= 2 and "state: running" in frames[0]
+    assert "state: done  (steps 8/8" in frames[-1] and all("state: done" not in frame for frame in frames[:-1])

@@ -60,6 +60,13 @@ def test_quickstart_writes_the_run_dir_contract(tmp_path: Path, cli_here: CliHer
     assert "Step 3 [" in (run_dir / "run.log").read_text()
 
 
+def test_kl_to_the_base_model_is_logged_when_its_coefficient_is_set(tmp_path: Path, cli_here: CliHere) -> None:
+    records = read_metrics(small_run(tmp_path, "kl", "training.seed=3", "training.kl_coef=0.05", steps=2, cli=cli_here))
+    assert [record["num_tokens"] > 0 for record in records] == [True, True]
+    assert records[0]["policy/kl"] == pytest.approx(0.0, abs=1e-7)  # the adapter starts at zero: the base model
+    assert records[1]["policy/kl"] > 0  # after one update
+
+
 def test_same_seed_gives_identical_metrics(tmp_path: Path) -> None:
     """With the default thread count, as users run (docs/reproducibility.md)."""
     first = without_timing(read_metrics(small_run(tmp_path, "a", "training.seed=7", cli=DEFAULT_THREADS)))

@@ -48,20 +48,36 @@ class TokenLoss:
     loss: torch.Tensor  # [R, T] differentiable
     ratio: torch.Tensor  # [R, T] detached
     clipped: torch.Tensor  # [R, T] bool: the clipped branch of the objective was taken
+    kl: torch.Tensor | None = None  # [R, T] detached k3 to the base model, when training.kl_coef > 0
 
 
 def policy_token_loss(
-    new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, settings: LossSettings
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    settings: LossSettings,
+    base_logprobs: torch.Tensor | None = None,
 ) -> TokenLoss:
-    """−ratio·A, or with clip_eps > 0 the pessimistic −min(ratio·A, clip(ratio, 1−ε, 1+ε_high)·A)."""
+    """−ratio·A, or with clip_eps > 0 the pessimistic −min(ratio·A, clip(ratio, 1−ε, 1+ε_high)·A); with
+    kl_coef > 0 (and the base model's log-probs) plus kl_coef·k3 (`k3_kl`)."""
     ratio = torch.exp(new_logprobs - old_logprobs)
     unclipped = ratio * advantages
     if not settings.clipped:
-        return TokenLoss(loss=-unclipped, ratio=ratio.detach(), clipped=torch.zeros_like(ratio, dtype=torch.bool))
-    bounded = ratio.clamp(1.0 - settings.clip_eps, 1.0 + settings.upper_eps) * advantages
-    return TokenLoss(
-        loss=-torch.minimum(unclipped, bounded), ratio=ratio.detach(), clipped=(bounded < unclipped).detach()
-    )
+        loss, clipped = -unclipped, torch.zeros_like(ratio, dtype=torch.bool)
+    else:
+        bounded = ratio.clamp(1.0 - settings.clip_eps, 1.0 + settings.upper_eps) * advantages
+        loss, clipped = -torch.minimum(unclipped, bounded), (bounded < unclipped).detach()
+    if settings.kl_coef == 0 or base_logprobs is None:
+        return TokenLoss(loss=loss, ratio=ratio.detach(), clipped=clipped)
+    kl = k3_kl(new_logprobs, base_logprobs)
+    return TokenLoss(loss=loss + settings.kl_coef * kl, ratio=ratio.detach(), clipped=clipped, kl=kl.detach())
+
+
+def k3_kl(logprobs: torch.Tensor, base_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy ‖ base) on tokens sampled from the policy:
+    exp(base − logp) − (base − logp) − 1, never negative, 0 where the two agree, unbiased in expectation."""
+    log_ratio = base_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1
 
 
 @built_in
@@ -76,6 +92,7 @@ class LocalBackend:
         returns_entropies=True,
     )
     checkpoint_files = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_FILE)
+    kl_to_base = True  # training.kl_coef: the base model is this model with its adapter disabled
 
     def __init__(
         self, config: LocalBackendConfig, model: ModelSpec, optim: OptimSettings, loss: LossSettings, seed: int
@@ -140,9 +157,15 @@ class LocalBackend:
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
         ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0, 0.0
+        chunks = rows.split(step_size)
+        # the base model's log-probs first, through PEFT's own forward (which honours the disabled adapter)
+        base = [self._base_logprobs(rollouts, chunk) for chunk in chunks] if self.loss_settings.kl_coef > 0 else None
+        kl_sum = 0.0
         with lean_lora(self.plain_lora_layers):  # routed once per step, for every micro-batch
-            for chunk in rows.split(step_size):
-                token_loss, mask = self._micro_batch_loss(rollouts, advantages, contributing, chunk)
+            for index, chunk in enumerate(chunks):
+                token_loss, mask = self._micro_batch_loss(
+                    rollouts, advantages, contributing, chunk, None if base is None else base[index]
+                )
                 micro_loss = (token_loss.loss * mask).sum() / num_tokens
                 micro_loss.backward()
                 loss_total += float(micro_loss.detach())
@@ -150,12 +173,16 @@ class LocalBackend:
                 ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
                 clipped += int(token_loss.clipped[mask].sum())
                 logprob_gap += float(token_loss.ratio[mask].log().abs().sum())
+                if token_loss.kl is not None:
+                    kl_sum += float(token_loss.kl[mask].sum())
         metrics = {
             "policy/ratio_mean": ratio_sum / num_tokens,
             "policy/ratio_max": ratio_max,
             "policy/clip_frac": clipped / num_tokens,
             # mean |trainer − sampler| log-prob of the trained tokens before the update: ~0 for a fresh engine
             "engine/logprob_abs_diff": logprob_gap / num_tokens,
+            # mean k3 KL to the base model over the trained tokens, before the update
+            **({"policy/kl": kl_sum / num_tokens} if base is not None else {}),
         }
 
         grad_norm = self._clip_gradients()
@@ -184,15 +211,36 @@ class LocalBackend:
             return probe.logprobs_under(self.model, self.device).cpu()
 
     def _micro_batch_loss(
-        self, rollouts: Rollouts, advantages: torch.Tensor, contributing: torch.Tensor, rows: torch.Tensor
+        self,
+        rollouts: Rollouts,
+        advantages: torch.Tensor,
+        contributing: torch.Tensor,
+        rows: torch.Tensor,
+        base_logprobs: torch.Tensor | None = None,
     ) -> tuple[TokenLoss, torch.Tensor]:
         """Forward the chosen rows exactly as the sampler saw them (trimmed of all-padding columns)."""
+        new_logprobs = self._rows_logprobs(rollouts, rows)
+        width = new_logprobs.shape[1]
+        old_logprobs = rollouts.logprobs[rows, :width]
+        token_loss = policy_token_loss(
+            new_logprobs, old_logprobs, advantages[rows, :width], self.loss_settings, base_logprobs
+        )
+        return token_loss, contributing[rows, :width]
+
+    def _base_logprobs(self, rollouts: Rollouts, rows: torch.Tensor) -> torch.Tensor:
+        """The chosen rows' log-probs under the base model: the same forward with the LoRA adapter disabled."""
+        with torch.no_grad(), self.model.disable_adapter():
+            return self._rows_logprobs(rollouts, rows)
+
+    def _rows_logprobs(self, rollouts: Rollouts, rows: torch.Tensor) -> torch.Tensor:
+        """[len(rows), width] log-probs of the rows' completions at the sampler's temperature (width: the
+        chosen rows' longest completion), their prompts trimmed of all-padding columns."""
         prompts, prompt_index = (rows // rollouts.group_size).unique(return_inverse=True)
         prompt_mask = rollouts.prompt_mask[prompts]
         completion_mask = rollouts.completion_mask[rows]
         first = int(prompt_mask.any(dim=0).nonzero()[0])
         width = int(completion_mask.any(dim=0).nonzero()[-1]) + 1
-        new_logprobs = completion_logprobs(
+        return completion_logprobs(
             self.model,
             rollouts.prompt_ids[prompts, first:],
             prompt_mask[:, first:],
@@ -202,9 +250,6 @@ class LocalBackend:
             rollouts.temperature,
             share_prompts=not self.activation_checkpointing,
         )
-        old_logprobs = rollouts.logprobs[rows, :width]
-        token_loss = policy_token_loss(new_logprobs, old_logprobs, advantages[rows, :width], self.loss_settings)
-        return token_loss, contributing[rows, :width]
 
     def _clip_gradients(self) -> float:
         """Total gradient norm before clipping (clipping only when max_grad_norm > 0)."""

@@ -52,17 +52,21 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class LossSettings:
-    """Importance-sampling loss knobs (docs/loss.md). `clip_eps = 0` is the pure IS loss; `clip_eps_high` None or
-    0 means "same as clip_eps" (set it larger for DAPO-style clip-higher)."""
+    """Importance-sampling loss knobs. `clip_eps = 0` is the pure IS loss; `clip_eps_high` None or
+    0 means "same as clip_eps" (set it larger for DAPO-style clip-higher). `kl_coef > 0` adds
+    kl_coef·k3, the KL estimator against the base model (docs/loss.md); 0 leaves the loss as it is."""
 
     clip_eps: float
     clip_eps_high: float | None
+    kl_coef: float = 0.0
 
     @classmethod
     def from_config(cls, training: TrainingConfig) -> LossSettings:
-        return cls(clip_eps=training.clip_eps, clip_eps_high=training.clip_eps_high)
+        return cls(clip_eps=training.clip_eps, clip_eps_high=training.clip_eps_high, kl_coef=training.kl_coef)
 
     def __post_init__(self) -> None:
+        if not self.kl_coef >= 0:  # also refuses nan
+            raise ConfigError(f"training.kl_coef must be >= 0 (0 = no KL term), got {self.kl_coef}")
         if self.clip_eps < 0:
             raise ConfigError(f"training.clip_eps must be >= 0, got {self.clip_eps}")
         if self.clip_eps_high is not None and self.clip_eps_high < 0:

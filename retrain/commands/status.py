@@ -3,6 +3,7 @@
     retrain status outputs/sweeps/2025-01-01/12-00-00      # a sweep: the campaign summary
     retrain status outputs/sweeps/.../maxrl_gtpo_sepa_s42  # one run
     retrain status outputs                                 # one line per sweep and run found below
+    retrain status outputs/runs/... --watch                # refreshed until the run (or sweep) ends
 
 Everything is derived from the files the runs write, and each process's (or SLURM job's) liveness:
 a run that says "running" but whose process is gone is reported `dead`. A sweep is `running`,
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from retrain.campaign.summary import build_summary, render_markdown
 from retrain.housekeeping.rundir import RunDir
 
 SWEEP_MARKERS = (MANIFEST, "multirun.yaml")
+RUNNING = "running"
 LAST_K = 10
 
 
@@ -158,30 +161,67 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--write", action="store_true", help="sweeps: also rewrite manifest.json, summary.md/json and the plot"
     )
+    parser.add_argument(
+        "--watch", action="store_true", help="refresh until nothing under the path is running any more (Ctrl-C quits)"
+    )
+    parser.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between refreshes (default 5)")
+    parser.add_argument("--count", type=int, default=0, help="--watch: stop after this many refreshes (0 = no limit)")
     return parser
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     path: Path = args.path
+    if args.interval <= 0 or args.count < 0:
+        parser.error("--interval must be > 0 and --count >= 0")
     if not path.is_dir():
         print(f"retrain status: {path} is not a directory", file=sys.stderr)
         return 2
     path = path.resolve()
+    if not args.watch:
+        code, text, _ = report(path, args.json, args.write)
+        print(text, end="", file=sys.stdout if code == 0 else sys.stderr)
+        return code
+    return watch(path, args.json, args.write, args.interval, args.count)
+
+
+def report(path: Path, as_json: bool, write: bool) -> tuple[int, str, bool]:
+    """(exit code, the text to print, whether anything there is still running) for a run, sweep or folder."""
     if is_sweep_dir(path):
-        campaign = refresh(path) if args.write else collect(path)
+        campaign = refresh(path) if write else collect(path)
         summary = build_summary(
             campaign, plot="learning_curves.png" if (path / "learning_curves.png").is_file() else None
         )
-        print(json.dumps(summary, indent=2, default=str) if args.json else render_markdown(summary), end="")
-        return 0
+        text = json.dumps(summary, indent=2, default=str) + "\n" if as_json else render_markdown(summary)
+        return 0, text, campaign.state == RUNNING
     if RunDir(path).has_run():
-        report = run_report(read_run(path))
-        print(json.dumps(report, indent=2, default=str) if args.json else render_run(report))
-        return 0
+        run = run_report(read_run(path))
+        return (
+            0,
+            (json.dumps(run, indent=2, default=str) if as_json else render_run(run)) + "\n",
+            run["state"] == RUNNING,
+        )
     entries = overview(path)
     if not entries:
-        print(f"retrain status: no runs or sweeps under {path}", file=sys.stderr)
-        return 1
-    print(json.dumps(entries, indent=2, default=str) if args.json else render_overview(entries))
-    return 0
+        return 1, f"retrain status: no runs or sweeps under {path}\n", False
+    text = json.dumps(entries, indent=2, default=str) if as_json else render_overview(entries)
+    return 0, text + "\n", any(entry["state"] == RUNNING for entry in entries)
+
+
+def watch(path: Path, as_json: bool, write: bool, interval: float, count: int) -> int:
+    """`report` again every `interval` seconds until nothing is running (or `count` refreshes); on a terminal
+    each refresh replaces the last, elsewhere (a log, a pipe) they follow each other under a time line."""
+    on_terminal = sys.stdout.isatty()
+    shown = 0
+    try:
+        while True:
+            code, text, running = report(path, as_json, write)
+            shown += 1
+            header = f"retrain status {path}  ({time.strftime('%H:%M:%S')}, every {interval:g} s; Ctrl-C quits)\n"
+            print(("\x1b[H\x1b[2J" if on_terminal else "") + header + text, end="", flush=True)
+            if code != 0 or not running or (count and shown >= count):
+                return code
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0

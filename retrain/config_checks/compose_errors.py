@@ -43,7 +43,7 @@ LISTED_OPTIONS = 12  # more than this, and only the closest is named (--help lis
 def compose_error_line(error: BaseException) -> str | None:
     """The one-line message for a compose-time mistake, or None when `error` is not one."""
     if isinstance(error, OverrideParseException):
-        return f"cannot parse the override {error.override!r}: {_joined(error.message)}"
+        return f"cannot parse the override {error.override!r}: {_joined(error.message)}{_quoting_hint(error.override)}"
     if isinstance(error, MissingConfigException):
         return _missing_option(error)
     if isinstance(error, SearchPathException):  # `--config-dir` names no directory
@@ -63,6 +63,14 @@ def compose_error_line(error: BaseException) -> str | None:
     if merging is not None:
         return f"{merging['override']}: {_first_line(str(cause))}"
     return f"{where}{cause.full_key}: {_first_line(str(cause))}" if cause.full_key else _joined(str(error))
+
+
+def _quoting_hint(override: str) -> str:
+    """How to pass a text with braces (a prompt template): the shell removes one pair of quotes, so Hydra needs its own."""
+    key, equals, value = override.partition("=")
+    if not equals or "{" not in value or value[:1] in "'\"[":
+        return ""
+    return f"; quote the value for Hydra inside the shell's quotes: \"{key}='{value}'\""
 
 
 def unresolvable(error: InterpolationResolutionError) -> str:

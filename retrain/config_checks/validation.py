@@ -42,6 +42,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "eval.num_examples": (lambda v: v >= 0, ">= 0 (0 = no evaluation)"),
     "eval.samples": (lambda v: v >= 1, ">= 1"),
+    "eval.every": (lambda v: v >= 0, ">= 0 (0 = before and after training only)"),
     "training.save_every": (lambda v: v >= 0, ">= 0 (0 = only at the end)"),
 }
 SELF_CHECKED = ("model", "scoring", "inference", "reward", "data")  # each part's schema checks its own values
@@ -68,6 +69,8 @@ def check_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if not valid(value):
             raise ConfigError(f"{key} must be {rule}, got {value}")
+    if cfg.eval.every > 0 and cfg.eval.num_examples == 0:
+        raise ConfigError(f"eval.every={cfg.eval.every} needs held-out problems: set eval.num_examples > 0")
     training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]
     # the optimiser's and the loss's own checks, now rather than after the tokenizer has loaded
     OptimSettings.from_config(training)

@@ -28,3 +28,11 @@ def fill_template(template: str, **values: str) -> str:
         return template
     pattern = re.compile(r"\{(" + "|".join(re.escape(name) for name in values) + r")\}")
     return pattern.sub(lambda match: values[match.group(1)], template)
+
+
+def template_line(template: str) -> str:
+    """The run log's line naming the prompt template in use: the default asks for a `\\boxed{}` answer,
+    which a model not trained to box answers may never give (reward=match then scores every completion 0)."""
+    if template == DEFAULT_PROMPT_TEMPLATE:
+        return f"Prompt template (data.prompt_template, the default, asks for \\boxed{{}}): {template!r}"
+    return f"Prompt template (data.prompt_template): {template!r}"

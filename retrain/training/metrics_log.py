@@ -122,6 +122,18 @@ def wandb_key(key: str) -> str:
     return key if key.startswith(("train/", "eval/")) else f"train/{key}"
 
 
+def logged_scalars(record: dict[str, Any]) -> dict[str, float | int]:
+    """A step record's numbers under wandb's keys (`wandb_key`), as wandb and TensorBoard log them: finite
+    numbers as they are, booleans as 0/1, everything else (names, nulls, NaN) left out."""
+    numeric: dict[str, float | int] = {
+        wandb_key(k): v
+        for k, v in record.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+    numeric.update({wandb_key(k): int(v) for k, v in record.items() if isinstance(v, bool)})
+    return numeric
+
+
 def check_wandb_login(project: str) -> None:
     """A run that logs to wandb learns before its data and model load that wandb has no usable API key;
     `wandb.init` would say so only once the model has loaded. wandb's own login looks (the environment,
@@ -182,16 +194,44 @@ class WandbSink:
         return self.run.id
 
     def log(self, record: dict[str, Any], step: int) -> None:
-        numeric = {
-            wandb_key(k): v
-            for k, v in record.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        }
-        numeric.update({wandb_key(k): int(v) for k, v in record.items() if isinstance(v, bool)})
-        self.run.log(numeric, step=step)
+        self.run.log(logged_scalars(record), step=step)
 
     def summary(self, values: dict[str, Any]) -> None:
         self.run.summary.update(values)
 
     def finish(self) -> None:
         self.run.finish()
+
+
+TENSORBOARD_DIR = "tensorboard"  # inside the run dir
+
+
+def check_tensorboard(enabled: bool) -> None:
+    """`logging.tensorboard=true` without the tensorboard package: said before the data and model load."""
+    if not enabled:
+        return
+    try:
+        import tensorboard  # noqa: F401  (torch.utils.tensorboard needs it)
+    except ImportError as error:
+        raise ConfigError(
+            "logging.tensorboard=true needs the tensorboard package: pip install 'retrain[tensorboard]'"
+        ) from error
+
+
+class TensorBoardSink:
+    """Each step's numbers as TensorBoard scalars, under the keys wandb gets (`logged_scalars`), in
+    <run dir>/tensorboard. A resumed run first drops what the files hold from its first step on, so no
+    step shows twice (the steps after the checkpoint are logged again)."""
+
+    def __init__(self, run_dir: Path, first_step: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR), purge_step=first_step or None)
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        for key, value in logged_scalars(record).items():
+            self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()  # a live run is followed in TensorBoard as it trains
+
+    def close(self) -> None:
+        self.writer.close()

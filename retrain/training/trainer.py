@@ -42,7 +42,8 @@ from retrain.model.probe import Probe, StaleWeightsError
 from retrain.reward.scorer import Scorer, fill_excluded
 from retrain.training.batching import Batching
 from retrain.training.freshness import Freshness, FreshnessProof
-from retrain.training.metrics_log import JsonlLog, WandbSink, console_line
+from retrain.training.learning_curve import LEARNING_CURVE_PNG, write_learning_curve
+from retrain.training.metrics_log import JsonlLog, TensorBoardSink, WandbSink, console_line
 from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger("retrain")
@@ -119,6 +120,7 @@ class Trainer:
         self.run_config = run_config or {}
         self.config_identity = config_identity or {}
         self.wandb: WandbSink | None = None
+        self.tensorboard: TensorBoardSink | None = None
         self.wandb_run_id: str | None = None
         self.files = RunDir(run_dir)
         self.metrics = JsonlLog(self.files.metrics)
@@ -155,6 +157,8 @@ class Trainer:
             elif self._restore(self.resume_checkpoint):
                 return self._write_status("done")
             self._start_wandb()
+            if self.output.tensorboard:
+                self.tensorboard = TensorBoardSink(self.run_dir, self.next_step)
             if self.next_step == 0 and self.eval_examples:
                 self._evaluate("before")
             self._write_status("running")
@@ -179,6 +183,8 @@ class Trainer:
                 self._sampler.shutdown()
             if self.wandb is not None:
                 self.wandb.finish()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
 
     def _stopped_while_sampling(self) -> dict[str, Any]:
         """A stop request cancelled sampling in flight: the unfinished step is dropped (its prompts go back
@@ -208,6 +214,8 @@ class Trainer:
                 step = self.next_step
                 record = self.train_step(step)
                 self.next_step = step + 1
+                if self._evaluates_after(step):
+                    record.update(self._evaluate(f"{step + 1} steps"))
                 self._log_step(record)
                 bar.update(1)
                 if training.save_every > 0 and self.next_step % training.save_every == 0:
@@ -366,7 +374,19 @@ class Trainer:
         """Split mode samples step `step` early unless a checkpoint comes first: a run resumed from
         it starts without a prefetched step, so the uninterrupted run must not have one there either."""
         every = self.training.save_every
-        return step < self.training.max_steps and not (every > 0 and step % every == 0) and not self._stop.is_set()
+        saves = every > 0 and step % every == 0
+        return (
+            step < self.training.max_steps
+            and not saves
+            and not self._evaluates_after(step - 1)
+            and not self._stop.is_set()
+        )
+
+    def _evaluates_after(self, step: int) -> bool:
+        """Whether held-out accuracy is measured after step `step` (eval.every; the last step's is "after")."""
+        every = self.evaluation.every
+        done = step + 1
+        return bool(self.eval_examples) and every > 0 and done % every == 0 and done < self.training.max_steps
 
     def _drop_prefetched(self) -> None:
         """Forget a step sampled ahead (a stop came): the checkpoint holds the data state from before it."""
@@ -418,6 +438,8 @@ class Trainer:
         self.metrics.append(record)
         if self.wandb is not None:
             self.wandb.log(record, step=record["step"])
+        if self.tensorboard is not None:
+            self.tensorboard.log(record, step=record["step"])
         log.info(console_line(record, self.algorithm.label, not self.capabilities.reports_sync_loss))
         self._write_status("running")
 
@@ -492,24 +514,34 @@ class Trainer:
         self.wandb_run_id = self.wandb.run_id
 
     # ---- evaluation ----------------------------------------------------------------------
-    def _evaluate(self, when: str) -> None:
-        """Held-out accuracy, greedy and sampled, with a fixed sampling seed so before/after pair up."""
+    def _evaluate(self, when: str) -> dict[str, float]:
+        """Held-out accuracy, greedy and sampled, with a fixed sampling seed so the measurements pair up.
+
+        "before" and "after" training go into the run's status and wandb's summary; one after a step
+        (`eval.every`, `when` = "N steps") goes into that step's metrics record, as returned here.
+        """
         examples = self.eval_examples
         greedy = SamplingParams(max_tokens=self.sampling.max_tokens, temperature=0.0, top_p=1.0)
-        results = {
-            f"eval/{when}_greedy_accuracy": self._accuracy(examples, greedy, 1),
-            f"eval/{when}_sampled_accuracy": self._accuracy(examples, self.sampling, self.evaluation.samples),
+        accuracy = {
+            "greedy_accuracy": self._accuracy(examples, greedy, 1),
+            "sampled_accuracy": self._accuracy(examples, self.sampling, self.evaluation.samples),
         }
-        self.eval_results.update(results)
         log.info(
-            "Held-out accuracy %s training (%d problems): greedy=%.1f%% sampled=%.1f%%",
-            when,
+            "Held-out accuracy %s (%d problems): greedy=%.1f%% sampled=%.1f%%",
+            f"{when} training" if when in ("before", "after") else f"after {when}",
             len(examples),
-            100 * results[f"eval/{when}_greedy_accuracy"],
-            100 * results[f"eval/{when}_sampled_accuracy"],
+            100 * accuracy["greedy_accuracy"],
+            100 * accuracy["sampled_accuracy"],
         )
+        if when not in ("before", "after"):
+            return {f"eval/{name}": value for name, value in accuracy.items()}
+        results = {f"eval/{when}_{name}": value for name, value in accuracy.items()}
+        self.eval_results.update(results)
         if self.wandb is not None:
             self.wandb.summary(results)
+        if self.tensorboard is not None:  # no summary there: plotted where they were measured
+            self.tensorboard.log(results, step=0 if when == "before" else self.training.max_steps)
+        return results
 
     def _accuracy(self, examples: list[Example], sampling: SamplingParams, samples: int) -> float:
         """Share of correct completions; prompts go in chunks of the configured batch size."""
@@ -549,7 +581,22 @@ class Trainer:
         checkpoint = self.files.save_checkpoint(completed, self.backend.save, state.to_json(), final=final)
         self._last_saved_step = completed - 1
         self.files.prune_checkpoints(self.training.keep_checkpoints)
+        self._draw_learning_curve()
         return checkpoint.path
+
+    def _draw_learning_curve(self) -> None:
+        """learning_curve.png beside metrics.jsonl, redrawn at every checkpoint; a plot that fails costs a warning,
+        never the run."""
+        try:
+            write_learning_curve(
+                self.run_dir / LEARNING_CURVE_PNG,
+                self.metrics.records(),
+                self.eval_results,
+                self.training.max_steps,
+                f"{self.algorithm.label}, seed {self.training.seed}: {self.run_dir.name}",
+            )
+        except Exception as error:  # matplotlib's many errors (a font, a full disk): the run's files matter more
+            log.warning("could not draw %s: %s: %s", LEARNING_CURVE_PNG, type(error).__name__, error)
 
     def _start_over(self) -> None:
         """No checkpoint to resume from: drop what an attempt killed before its first checkpoint logged, so a

@@ -159,7 +159,7 @@ def test_bad_overrides_fail_naming_the_key(capsys: pytest.CaptureFixture[str]) -
     assert explain_main(["training.lrr=1"]) == 1  # Hydra's compose error, as the run reports it
     assert capsys.readouterr().err == (
         "retrain explain: unknown config key 'training.lrr'; did you mean 'training.lr'? (known: batch_size, betas, "
-        "clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, lr, max_grad_norm, max_steps, "
+        "clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, kl_coef, lr, max_grad_norm, max_steps, "
         "max_tokens, save_every, seed, temperature, top_p, weight_decay)\n"
     )
 

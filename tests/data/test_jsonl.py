@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import datasets
 import pytest
+import yaml
 
 from retrain.config import compose
 from retrain.data.config import JsonlDataConfig
 from retrain.data.jsonl import JsonlData
 from retrain.errors import ConfigError
 from retrain.run import build_part
+from tests.conftest import REPO, run_cli
 
 RECORDS = [
     {"problem": f"What is {n} squared?", "final": f" {n * n} ", "uid": f"sq-{n}", "difficulty": n % 3}
@@ -100,3 +104,29 @@ def test_data_jsonl_needs_a_path_and_composes_with_one(tmp_path: Path) -> None:
         ]
     )
     assert len(build_part(cfg, "data", seed=0)) == 20
+
+
+def documented_template_arguments() -> list[str]:
+    """Every `"data.prompt_template='...'"` argument docs/data.md shows, as bash passes it on."""
+    text = (REPO / "docs" / "data.md").read_text()
+    quoted = re.findall(r"\"data\.prompt_template='[^'\n]*'\"", text)
+    assert len(quoted) >= 2, "docs/data.md shows the two-quote form for prompt templates"
+    return [shlex.split(argument)[0] for argument in quoted]
+
+
+@pytest.mark.parametrize("argument", documented_template_arguments())
+def test_the_documented_template_form_composes_through_the_cli(tmp_path: Path, argument: str) -> None:
+    """The docs' form, after bash has removed its own quotes, gives the template between Hydra's."""
+    path = write_jsonl(tmp_path / "squares.jsonl", RECORDS)
+    shown = run_cli(["data=jsonl", f"data.path={path}", argument, "--cfg", "job"], cwd=tmp_path).stdout
+    template = argument.split("=", 1)[1].strip("'")
+    assert yaml.safe_load(shown)["data"]["prompt_template"] == template
+
+
+def test_braces_without_hydras_quotes_fail_naming_the_form_that_works(tmp_path: Path) -> None:
+    """`data.prompt_template='Q: {question}'` in bash: Hydra gets the braces bare."""
+    result = run_cli(["data=jsonl", "data.prompt_template=Q: {question}", "--cfg", "job"], cwd=tmp_path, check=False)
+    assert result.returncode != 0
+    assert "quote the value for Hydra inside the shell's quotes: \"data.prompt_template='Q: {question}'\"" in (
+        result.stderr
+    )
