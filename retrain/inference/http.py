@@ -33,7 +33,7 @@ import httpx
 
 from retrain.errors import UserError
 from retrain.inference.base import SamplingInterrupted
-from retrain.inference.config import HttpEngineConfig, check_request_limits, check_url
+from retrain.inference.config import HttpEngineConfig, check_request_limits
 
 log = logging.getLogger(__name__)
 
@@ -271,22 +271,3 @@ class HttpClient:
         """Exponential backoff with jitter: in [½, 1] × backoff_s · 2^attempt, capped."""
         ceiling = min(self.max_backoff_s, self.backoff_s * 2**attempt)
         return ceiling * (0.5 + 0.5 * self._jitter.random())
-
-
-def connect(
-    url: str,
-    api_key_env: str,
-    timeout_s: float,
-    max_retries: int,
-    max_concurrency: int,
-    max_reply_mb: float = HttpEngineConfig.max_reply_mb,
-) -> HttpClient:
-    """The client of an inference server engine: `inference.url` checked, the key read from `api_key_env`."""
-    return HttpClient(
-        check_url(url),
-        timeout_s=timeout_s,
-        max_retries=max_retries,
-        max_concurrency=max_concurrency,
-        api_key=api_key_from_env(api_key_env),
-        max_reply_bytes=int(max_reply_mb * MIB),
-    )

@@ -28,11 +28,12 @@ import torch
 
 from retrain.errors import ConfigError
 from retrain.inference.base import NucleusLogprobsWarning
-from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
-from retrain.inference.config import OpenAIEngineConfig as Defaults
-from retrain.inference.http import HttpError, connect
-from retrain.inference.replies import ReplyLimits, ServerRoute, vocab_size
+from retrain.inference.completions import Completion, request_seed, rollouts_from_completions
+from retrain.inference.config import OpenAIEngineConfig
+from retrain.inference.http import HttpError
+from retrain.inference.replies import ReplyLimits, ServerRoute
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
+from retrain.inference.server_engine import ServerEngine
 from retrain.model.probe import Probe, StaleWeightsError
 from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
@@ -61,45 +62,26 @@ class ServerFeatures:
 
 
 @built_in
-class OpenAIEngine:
+class OpenAIEngine(ServerEngine):
     """Samples on an OpenAI-compatible server; see the module docstring."""
 
     returns_entropies = False
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        resources: EngineResources,
-        url: str = Defaults.url,
-        api_key_env: str = Defaults.api_key_env,
-        timeout_s: float = Defaults.timeout_s,
-        max_retries: int = Defaults.max_retries,
-        max_concurrency: int = Defaults.max_concurrency,
-        max_reply_mb: float = Defaults.max_reply_mb,
-        model: str = Defaults.model,
-        adapter_root: str = Defaults.adapter_root,
-        fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
-    ) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, config: OpenAIEngineConfig, tokenizer: Any, resources: EngineResources) -> None:
+        super().__init__(config, tokenizer, resources, "openai", COMPLETIONS)
         self.nucleus_warning = NucleusLogprobsWarning("the server")
-        self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
-        self.fault_skip_weight_sync = fault_skip_weight_sync
-        self.vocab_size = vocab_size(tokenizer, resources.model)
-        self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency, max_reply_mb)
-        self.url = self.client.base_url
-        self.route = ServerRoute("openai", self.url + COMPLETIONS)
-        try:
-            self.model = model or self._first_model()
+        self.fault_skip_weight_sync = config.fault_skip_weight_sync
+        with self.closed_on_failure():
+            self.model = config.model or self._first_model()
             self.features = self._detect(Probe.from_tokenizer(tokenizer).prompt_ids)
             log.info("OpenAI-compatible server at %s (model %s): %s", self.url, self.model, self.features)
             self.adapters = (
-                ServedAdapters(self.client, OPENAI_LORA_ROUTES, resources, adapter_root, fault_skip_weight_sync)
+                ServedAdapters(
+                    self.client, OPENAI_LORA_ROUTES, resources, config.adapter_root, config.fault_skip_weight_sync
+                )
                 if self.features.lora_routes
                 else None
             )
-        except BaseException:
-            self.client.close()
-            raise
 
     @property
     def weights_version(self) -> int:

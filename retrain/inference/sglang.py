@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 from retrain.inference.base import NucleusLogprobsWarning
-from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
-from retrain.inference.config import SglangEngineConfig as Defaults
-from retrain.inference.http import connect
-from retrain.inference.replies import ReplyLimits, ServerRoute, shown, vocab_size
+from retrain.inference.completions import Completion, request_seed, rollouts_from_completions
+from retrain.inference.config import SglangEngineConfig
+from retrain.inference.replies import ReplyLimits, shown
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
+from retrain.inference.server_engine import ServerEngine
 from retrain.model.probe import Probe
 from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
@@ -54,39 +54,19 @@ NEUTRAL_SAMPLING = {
 
 
 @built_in
-class SglangEngine:
+class SglangEngine(ServerEngine):
     """Samples on an SGLang server; see the module docstring."""
 
     returns_entropies = False
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        resources: EngineResources,
-        url: str = Defaults.url,
-        api_key_env: str = Defaults.api_key_env,
-        timeout_s: float = Defaults.timeout_s,
-        max_retries: int = Defaults.max_retries,
-        max_concurrency: int = Defaults.max_concurrency,
-        max_reply_mb: float = Defaults.max_reply_mb,
-        adapter_root: str = Defaults.adapter_root,
-        fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
-    ) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, config: SglangEngineConfig, tokenizer: Any, resources: EngineResources) -> None:
+        super().__init__(config, tokenizer, resources, "sglang", GENERATE)
         self.nucleus_warning = NucleusLogprobsWarning("SGLang")
-        self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
-        self.vocab_size = vocab_size(tokenizer, resources.model)
-        self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency, max_reply_mb)
-        self.url = self.client.base_url
-        self.route = ServerRoute("sglang", self.url + GENERATE)
-        try:
+        with self.closed_on_failure():
             self.client.get("/health")
             self.adapters = ServedAdapters(
-                self.client, SGLANG_LORA_ROUTES, resources, adapter_root, fault_skip_weight_sync
+                self.client, SGLANG_LORA_ROUTES, resources, config.adapter_root, config.fault_skip_weight_sync
             )
-        except BaseException:
-            self.client.close()
-            raise
 
     @property
     def weights_version(self) -> int:

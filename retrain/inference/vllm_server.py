@@ -33,12 +33,12 @@ from retrain.inference.completions import (
     Completion,
     request_seed,
     rollouts_from_completions,
-    stop_token_ids,
 )
-from retrain.inference.config import VllmServerEngineConfig as Defaults
-from retrain.inference.http import HttpError, connect
-from retrain.inference.replies import ReplyLimits, ServerRoute, shown, vocab_size
+from retrain.inference.config import VllmServerEngineConfig
+from retrain.inference.http import HttpError
+from retrain.inference.replies import ReplyLimits, ServerRoute, shown
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
+from retrain.inference.server_engine import ServerEngine
 from retrain.model.probe import Probe
 from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
@@ -65,39 +65,19 @@ MODE_CHECK_TEMPERATURE = 0.5  # processed log-probs at T = 0.5 double the gaps b
 
 
 @built_in
-class VllmServerEngine:
+class VllmServerEngine(ServerEngine):
     """Samples on a vLLM server; see the module docstring."""
 
     returns_entropies = False
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        resources: EngineResources,
-        url: str = Defaults.url,
-        api_key_env: str = Defaults.api_key_env,
-        timeout_s: float = Defaults.timeout_s,
-        max_retries: int = Defaults.max_retries,
-        max_concurrency: int = Defaults.max_concurrency,
-        max_reply_mb: float = Defaults.max_reply_mb,
-        adapter_root: str = Defaults.adapter_root,
-        fault_skip_weight_sync: bool = Defaults.fault_skip_weight_sync,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.stop_ids = stop_token_ids(tokenizer, getattr(resources.model, "generation_config", None))
-        self.vocab_size = vocab_size(tokenizer, resources.model)
-        self.client = connect(url, api_key_env, timeout_s, max_retries, max_concurrency, max_reply_mb)
-        self.url = self.client.base_url
-        self.completions_route = ServerRoute("vllm_server", self.url + COMPLETIONS)
-        try:
+    def __init__(self, config: VllmServerEngineConfig, tokenizer: Any, resources: EngineResources) -> None:
+        super().__init__(config, tokenizer, resources, "vllm_server", COMPLETIONS)
+        with self.closed_on_failure():
             self.base_model = self._base_model()
             self.tempered_logprobs = self._reports_tempered_logprobs(Probe.from_tokenizer(tokenizer).prompt_ids)
             self.adapters = ServedAdapters(
-                self.client, VLLM_LORA_ROUTES, resources, adapter_root, fault_skip_weight_sync
+                self.client, VLLM_LORA_ROUTES, resources, config.adapter_root, config.fault_skip_weight_sync
             )
-        except BaseException:
-            self.client.close()
-            raise
         self.nucleus_warning = NucleusLogprobsWarning("the vLLM server")
 
     @property
@@ -133,7 +113,7 @@ class VllmServerEngine:
             "prompt_logprobs": 0,
             **NEUTRAL_SAMPLING,
         }
-        route = self.completions_route
+        route = self.route
         response = self.client.post(COMPLETIONS, body)
         with route.reading("freshness-probe reply"):
             choices = route.array(route.member(response, "choices", ""), "choices")
@@ -181,7 +161,7 @@ class VllmServerEngine:
 
     def _completions(self, response: Any, group_size: int, limits: ReplyLimits) -> list[Completion]:
         """One prompt's G completions, in order, from a `/v1/completions` answer (checked: replies.py)."""
-        route = self.completions_route
+        route = self.route
         with route.reading("completion"):
             choices = route.array(route.member(response, "choices", ""), "choices")
             if len(choices) != group_size:
@@ -242,7 +222,7 @@ class VllmServerEngine:
                 "return_tokens_as_token_ids": True,
             }
             answer = self.client.post(COMPLETIONS, body)
-            with self.completions_route.reading("log-prob mode check (choices[0].logprobs.top_logprobs)"):
+            with self.route.reading("log-prob mode check (choices[0].logprobs.top_logprobs)"):
                 top = answer["choices"][0]["logprobs"]["top_logprobs"][0]
                 best = sorted((float(value) for value in top.values()), reverse=True)
                 gaps.append(best[0] - best[1])

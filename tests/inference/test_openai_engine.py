@@ -9,6 +9,7 @@ import torch
 
 from retrain.errors import ConfigError
 from retrain.inference.completions import request_seed
+from retrain.inference.config import OpenAIEngineConfig
 from retrain.inference.openai_server import OpenAIEngine, ServerFeatures
 from retrain.model.probe import Probe, StaleWeightsError
 from retrain.types import SamplingParams
@@ -38,7 +39,11 @@ def backend(tiny_spec):
 
 
 def engine_on(server, backend, **options) -> OpenAIEngine:
-    return OpenAIEngine(tokenizer_of(backend.spec.name_or_path), backend.engine_resources(), url=server.url, **options)
+    return OpenAIEngine(
+        OpenAIEngineConfig(url=server.url, **options),
+        tokenizer=tokenizer_of(backend.spec.name_or_path),
+        resources=backend.engine_resources(),
+    )
 
 
 def test_a_bare_server_gets_text_prompts_and_one_request_per_completion(fresh_model, backend):

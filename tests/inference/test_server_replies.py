@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from retrain.inference.config import OpenAIEngineConfig, SglangEngineConfig, VllmServerEngineConfig
 from retrain.inference.openai_server import OpenAIEngine
 from retrain.inference.replies import ServerReplyError
 from retrain.inference.sglang import SglangEngine
@@ -23,6 +24,12 @@ from retrain.model.spec import ModelSpec
 from retrain.types import SamplingParams
 from tests.backend.tiny_model import tokenizer_of
 from tests.inference.loopback import ok, serve
+
+CONFIGS: dict[type, type] = {
+    VllmServerEngine: VllmServerEngineConfig,
+    SglangEngine: SglangEngineConfig,
+    OpenAIEngine: OpenAIEngineConfig,
+}
 
 SPEC = ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4)
 SAMPLING = SamplingParams(max_tokens=4, temperature=1.0, top_p=1.0)
@@ -103,7 +110,9 @@ def tokenizer():
 def generate_with(engine_name: str, tamper: Tamper, tokenizer: Any):
     engine_cls, routes = ENGINES[engine_name]
     with serve(routes(tamper)) as server:
-        engine = engine_cls(tokenizer, EngineResources(spec=SPEC, device=torch.device("cpu")), url=server.url)
+        engine = engine_cls(
+            CONFIGS[engine_cls](url=server.url), tokenizer, EngineResources(spec=SPEC, device=torch.device("cpu"))
+        )
         try:
             return engine.generate([[1, 2, 3], [4, 5]], 2, SAMPLING, generator_seed=0), server.url
         finally:
@@ -221,7 +230,9 @@ def test_an_unusable_model_list_ends_the_start_in_one_line(engine_name, models, 
         serve({**routes(unchanged), "GET /v1/models": lambda body: ok(models)}) as server,
         pytest.raises(ServerReplyError) as caught,
     ):
-        engine_cls(tokenizer, EngineResources(spec=SPEC, device=torch.device("cpu")), url=server.url)
+        engine_cls(
+            CONFIGS[engine_cls](url=server.url), tokenizer, EngineResources(spec=SPEC, device=torch.device("cpu"))
+        )
     message = str(caught.value)
     assert message.startswith(f"inference={engine_name}: {server.url}/v1/models answered") and "\n" not in message
     assert re.search(expected, message)

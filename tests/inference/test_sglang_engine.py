@@ -10,6 +10,7 @@ import torch
 from retrain.errors import ConfigError
 from retrain.inference.adapters import AdapterPublisher
 from retrain.inference.completions import request_seed
+from retrain.inference.config import SglangEngineConfig
 from retrain.inference.sglang import SglangEngine
 from retrain.model.probe import Probe, StaleWeightsError
 from retrain.types import SamplingParams, WeightUpdate
@@ -43,7 +44,11 @@ def server(fresh_model):
 
 
 def engine_on(server, backend, **options) -> SglangEngine:
-    return SglangEngine(tokenizer_of(backend.spec.name_or_path), backend.engine_resources(), url=server.url, **options)
+    return SglangEngine(
+        SglangEngineConfig(url=server.url, **options),
+        tokenizer=tokenizer_of(backend.spec.name_or_path),
+        resources=backend.engine_resources(),
+    )
 
 
 def test_rollouts_are_group_major_with_the_trainers_logprobs(server, backend):

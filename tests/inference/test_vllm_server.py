@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from retrain.inference.base import ENGINE_CHECKS
+from retrain.inference.config import VllmServerEngineConfig
 from retrain.inference.vllm_server import VllmServerEngine
 from retrain.model.probe import Probe
 from retrain.model.spec import ModelSpec
@@ -81,7 +82,11 @@ def backend():
 
 
 def engine_for(backend, url: str, **options) -> VllmServerEngine:
-    return VllmServerEngine(tokenizer_of(SPEC.name_or_path), backend.engine_resources(), url=url, **options)
+    return VllmServerEngine(
+        VllmServerEngineConfig(url=url, **options),
+        tokenizer=tokenizer_of(SPEC.name_or_path),
+        resources=backend.engine_resources(),
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

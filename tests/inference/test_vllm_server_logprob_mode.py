@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from retrain.errors import ConfigError
+from retrain.inference.config import VllmServerEngineConfig
 from retrain.inference.vllm_server import VllmServerEngine
 from retrain.types import SamplingParams
 from tests.backend.tiny_model import make_backend, tokenizer_of
@@ -34,7 +35,11 @@ def vllm_routes(tempered: bool):
 def test_the_servers_logprob_mode_is_detected(tiny_spec, tempered):
     backend = make_backend(tiny_spec)
     with serve(vllm_routes(tempered)) as server:
-        engine = VllmServerEngine(tokenizer_of(tiny_spec.name_or_path), backend.engine_resources(), url=server.url)
+        engine = VllmServerEngine(
+            VllmServerEngineConfig(url=server.url),
+            tokenizer=tokenizer_of(tiny_spec.name_or_path),
+            resources=backend.engine_resources(),
+        )
         assert engine.tempered_logprobs == tempered and engine.adapters.served == "policy-v0"
         if not tempered:
             with pytest.raises(ConfigError, match="raw logits.*--logprobs-mode processed_logprobs"):

@@ -26,6 +26,7 @@ import torch
 
 from retrain.backend.prime_rl.weights import is_adapter
 from retrain.inference.adapters import adapter_name
+from retrain.inference.config import VllmServerEngineConfig
 from retrain.inference.http import HttpClient, HttpError
 from retrain.inference.vllm_server import VllmServerEngine
 from retrain.model.probe import Probe, StaleWeightsError
@@ -106,7 +107,8 @@ class PrimeRlEngine:
     returns_entropies = False
 
     def __init__(self, tokenizer: Any, spec: ModelSpec, url: str) -> None:
-        self.sampler = VllmServerEngine(tokenizer, EngineResources(spec=spec, device=torch.device("cpu")), url=url)
+        resources = EngineResources(spec=spec, device=torch.device("cpu"))
+        self.sampler = VllmServerEngine(VllmServerEngineConfig(url=url), tokenizer, resources)
         self.sampler.adapters.close()  # it loaded nothing (no live model): its publisher's temp dir goes
         self.reloads = ServerReloads(self.sampler.client)
         self.sampler.adapters = self.reloads  # type: ignore[assignment]  # the follower contract above
