@@ -34,6 +34,7 @@ from transformers.cache_utils import DynamicLayer
 
 from retrain.backend.train_mode import set_training
 from retrain.errors import ConfigError
+from retrain.inference.attention_kernels import attending_with, attention_implementation
 from retrain.inference.base import EngineResources, StaleWeightsError
 from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
@@ -124,6 +125,7 @@ class PytorchEngine:
         prefix_caching: bool = PytorchEngineConfig.prefix_caching,
         fault_skip_weight_sync: bool = PytorchEngineConfig.fault_skip_weight_sync,
         merge_lora: bool = PytorchEngineConfig.merge_lora,
+        attention_kernel: str = PytorchEngineConfig.attention_kernel,
     ) -> None:
         if resources.model is None:
             raise ConfigError(
@@ -135,6 +137,7 @@ class PytorchEngine:
             self.model = copy.deepcopy(resources.model).to(resources.device)
         self.tokenizer = tokenizer
         self.device = torch.device(resources.device)
+        self._attention = attention_implementation(attention_kernel, self.device, self.model.dtype)
         self.prefix_caching = prefix_caching
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = torch.tensor(
@@ -287,9 +290,10 @@ class PytorchEngine:
     @contextmanager
     def _serving(self) -> Iterator[None]:
         """The weights to sample with: the model's own, or (fault hook) the frozen initial adapter;
-        through merged LoRA weights where `merge_lora` applies (merged after the swap), the lean forward elsewhere."""
+        through merged LoRA weights where `merge_lora` applies (merged after the swap), the lean forward elsewhere;
+        attending with `inference.attention_kernel`."""
         merged = self._merged.serving() if self._merged is not None else nullcontext()
-        with self._frozen_adapter(), lean_lora(self._lean), merged:
+        with self._frozen_adapter(), lean_lora(self._lean), merged, attending_with(self.model, self._attention):
             yield
 
     @contextmanager

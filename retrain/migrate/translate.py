@@ -405,13 +405,13 @@ class _Translation:
             self.map("inference", "url", "inference.url")
         server = option not in ("pytorch", "vllm")
         for key in ("attention_kernel", "kv_cache_dtype"):
-            if option == "vllm":
+            if option == "vllm" or (option == "pytorch" and key == "attention_kernel"):
                 self.map("inference", key, f"inference.{key}")
             elif server:
                 self.drop("inference", key, f"a flag of the {engine} server itself, set where it starts")
             else:
                 self.drop(
-                    "inference", key, "inference=pytorch has no such setting (PyTorch attention, a plain KV cache)"
+                    "inference", key, "inference=pytorch has no such setting (a plain KV cache in the model's dtype)"
                 )
         if option == "vllm":
             self.map("inference", "dtype", "inference.dtype")

@@ -106,6 +106,7 @@ def test_the_annotated_full_config_migrates_key_by_key(tmp_path, capsys):
             "algorithm.sepa.correct_rate_gate": 0.1,
             "inference._target_": "retrain.inference.pytorch.PytorchEngine",
             "inference.prefix_caching": True,
+            "inference.attention_kernel": "default",
             "reward._target_": "retrain.reward.match.match_reward",
             "data._target_": "retrain.data.math.MathData",
             "data.max_examples": 0,
@@ -139,7 +140,7 @@ def test_the_annotated_full_config_migrates_key_by_key(tmp_path, capsys):
         "[backend.options] transport",
         "[backend.options] sync_poll_s",
         "[plugins] search_paths",
-        "[inference] attention_kernel",
+        "[inference] kv_cache_dtype",
         "[environment] provider",
         "[backend] adapter_path",
     ):
