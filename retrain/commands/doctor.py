@@ -42,6 +42,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "tinker": ("tinker",),
     "prime_rl": ("msgspec", "zmq"),
     "verifiers": ("verifiers",),
+    "semantic": ("sentence_transformers",),
 }
 # inference `_target_` -> the extra its engine imports in-process (server engines need only httpx)
 ENGINE_EXTRAS = {"retrain.inference.vllm.VllmEngine": "vllm"}

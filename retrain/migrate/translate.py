@@ -350,18 +350,16 @@ class _Translation:
         )
 
     def _planning(self) -> None:
-        detector = self.text("planning", "detector", "regex")
-        if detector == "regex":
-            self.drop("planning", "detector", "built in: planning phrases are found by retrain's only detector")
+        self.map("planning", "detector", "algorithm.planning.detector")
+        if self.text("planning", "detector", "regex") == "semantic":
+            self.map("planning", "model", "algorithm.planning.model")
         else:
-            self.drop(
-                "planning",
-                "detector",
-                "not available: retrain detects planning phrases with its regex "
-                "detector (the semantic detector is not ported)",
-            )
-        for key in ("model", "threshold"):
-            self.drop("planning", key, "semantic detector only: not available")
+            self.drop("planning", "model", "semantic detector only; the regex detector is chosen")
+        self.drop(
+            "planning",
+            "threshold",
+            "another scale: algorithm.planning.threshold is a cosine similarity to the nearest gram (default 0.6)",
+        )
         grams = self.get("logging", "strategic_grams", "")
         if grams in ("", []):
             self.read.discard(("logging", "strategic_grams"))
