@@ -96,7 +96,8 @@ def sync_blocks(root: Path, blocks: Sequence[Block] | None = None) -> list[Block
 
 def _rendered(root: Path, blocks: Sequence[Block]) -> tuple[list[Block], dict[str, str]]:
     """The stale blocks, and each page's text with its blocks rendered anew (each block rendered once)."""
-    stale, pages = [], {}
+    stale: list[Block] = []
+    pages: dict[str, str] = {}
     for block in blocks:
         text = pages[block.page] if block.page in pages else block.current(root)
         pages[block.page] = block.synced(text)
