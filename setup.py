@@ -15,7 +15,7 @@ setup(
     package_dir=data_packages,
     package_data={
         **{name: ["*.yaml"] for name in conf_packages},
-        "retrain.manual": ["*.md"],
+        "retrain.manual": ["*.md", "*.yaml"],  # default-config.yaml: a generated page `retrain man --check` reads
         "retrain.templates": ["*/*.yaml", "*/*.py.tmpl"],
         "retrain.assets": ["*/*.json", "*/*.safetensors", "*/*.md", "*/*.jinja", "*/*.txt"],
     },

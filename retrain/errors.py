@@ -28,6 +28,24 @@ class ConfigError(UserError, ValueError):
     """A configured value is wrong; the message names the key (e.g. `data.path`) and the value."""
 
 
+class ConfigErrors(ConfigError):
+    """Several wrong values reported at once, each problem naming its key, so one launch shows them all."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        several = f"{len(problems)} config values cannot work: " + "; ".join(problems)
+        super().__init__(problems[0] if len(problems) == 1 else several)
+
+    def __reduce__(self) -> tuple[type[ConfigErrors], tuple[list[str]]]:
+        return (type(self), (self.problems,))  # rebuilt from its problems, not from its message
+
+
+def refuse_all(problems: list[str]) -> None:
+    """Raise ConfigErrors for `problems`; return when there are none."""
+    if problems:
+        raise ConfigErrors(problems)
+
+
 class DataError(UserError, ValueError):
     """A data file or data set could not be read (malformed records, an unreadable file)."""
 

@@ -136,6 +136,4 @@ def test_reference_of_the_default_config_is_current() -> None:
     """docs/default-config.yaml shows every default; a changed default must show up in review."""
     reference = Path(__file__).resolve().parents[1] / "docs" / "default-config.yaml"
     composed = OmegaConf.to_yaml(compose())
-    assert reference.read_text() == composed, (
-        "the default config changed: regenerate with `python -m retrain --cfg job > docs/default-config.yaml`"
-    )
+    assert reference.read_text() == composed, "the default config changed: regenerate with `retrain man --sync`"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from retrain.algorithm.checks import checked_algorithm
 from retrain.assets import TINY_MODEL_DIR
 from retrain.config import compose
 from retrain.config_checks.validation import check_prompt_lengths, model_context, warn_if_untrainable
-from retrain.errors import ConfigError, DataError
+from retrain.errors import ConfigError, ConfigErrors, DataError
 from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.run import run
 from retrain.types import Example
@@ -67,6 +68,8 @@ def refused(tmp_path: Path, caplog: pytest.LogCaptureFixture, *overrides: str) -
         ("+reward.scale=nan", "reward.scale=nan is not a finite number"),
         ("training.weight_decay=-1", "training.weight_decay must be >= 0"),
         ("training.save_every=-1", r"training.save_every must be >= 0 \(0 = only at the end\), got -1"),
+        ("training.seed=-2", r"training.seed must be -1 \(draw a seed\) or in 0..4294967295, got -2"),
+        ("training.seed=4294967296", r"training.seed must be -1 \(draw a seed\) or in 0..4294967295, got 4294967296"),
     ],
 )
 def test_a_bad_value_fails_naming_its_key_before_the_model_loads(
@@ -74,6 +77,30 @@ def test_a_bad_value_fails_naming_its_key_before_the_model_loads(
 ) -> None:
     message = refused(tmp_path, caplog, override)
     assert re.search(named, message), message
+
+
+def test_every_bad_value_is_named_in_one_message(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    message = refused(
+        tmp_path, caplog, "training.batch_size=0", "training.lr=-1", "training.eps=0", "scoring.timeout_s=0"
+    )
+    assert message.startswith("4 config values cannot work: "), message
+    for named in ("training.batch_size must be >= 1", "training.lr must be > 0", "training.eps must be > 0"):
+        assert named in message
+    assert "scoring.timeout_s must be positive" in message
+
+
+def test_a_key_wrong_twice_is_named_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    message = refused(tmp_path, caplog, "training.lr=-inf", "training.seed=-2")  # -inf: not finite, and not > 0
+    assert message == (
+        "2 config values cannot work: training.lr=-inf is not a finite number; "
+        "training.seed must be -1 (draw a seed) or in 0..4294967295, got -2"
+    )
+
+
+def test_the_errors_of_a_refused_config_survive_a_trip_to_another_process() -> None:
+    errors = ConfigErrors(["training.lr must be > 0, got -1.0", "training.seed must be ..., got -2"])
+    copied = pickle.loads(pickle.dumps(errors))  # a submitit job's error comes back pickled
+    assert copied.problems == errors.problems and str(copied) == str(errors)
 
 
 PRIME_RL = ["backend=prime_rl", "algorithm=maxrl_none", "backend.output_dir=/runs/prime-rl"]

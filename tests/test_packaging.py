@@ -71,6 +71,8 @@ def test_built_wheel_runs_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     retrain = str(tmp_path / "venv" / "bin" / "retrain")
     manual = subprocess.run([retrain, "man", "--list-topics"], capture_output=True, text=True, cwd=workdir, env=env)
     assert manual.returncode == 0 and manual.stdout.split() == sorted(p.stem for p in (REPO / "docs").glob("*.md"))
+    check = subprocess.run([retrain, "man", "--check"], capture_output=True, text=True, cwd=workdir, env=env)
+    assert check.returncode == 0, check.stderr  # the wheel's manual holds every generated page, current
     scaffold = [retrain, "init-plugin", "--kind", "reward", "--name", "my_reward", "--with-test"]
     assert subprocess.run(scaffold, capture_output=True, cwd=workdir, env=env).returncode == 0  # templates shipped
     assert (workdir / "conf" / "reward" / "my_reward.yaml").is_file() and (workdir / "test_my_reward.py").is_file()

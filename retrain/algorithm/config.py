@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from retrain.algorithm.grams import DEFAULT_GRAMS
+from retrain.algorithm.grams import DEFAULT_GRAMS, DEFAULT_SEMANTIC_MODEL, DEFAULT_SEMANTIC_THRESHOLD
 
 # The original retrain's transform modes (`transform_mode`, docs/migrate-config.md), each in execution order (SEPA rewrites the uncertainty GTPO then reads);
 # condition `<advantage>_<mode>` runs them, the mode being named by `mode_name`.
@@ -68,6 +68,9 @@ class SEPAConfig(SEPASettings):
 class PlanningConfig:
     _target_: str = "retrain.algorithm.planning.PlanningDetector"
     grams: Any = field(default_factory=lambda: list(DEFAULT_GRAMS))  # list, JSON array or CSV string
+    detector: str = "regex"  # regex (the grams' words) | semantic (clauses that mean a gram; the [semantic] extra)
+    model: str = DEFAULT_SEMANTIC_MODEL  # semantic: the sentence-transformers encoder (Hub id or local dir)
+    threshold: float = DEFAULT_SEMANTIC_THRESHOLD  # semantic: cosine similarity to the nearest gram, in (-1, 1]
 
 
 @dataclass

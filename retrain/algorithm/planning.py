@@ -5,6 +5,10 @@ between words count as one space, typographic apostrophes as ASCII, whole words 
 phrase split into odd sub-word pieces ("dou" + "ble check") is still found. Each match's character
 span is mapped back to exactly the tokens whose bytes overlap it, through a per-tokenizer table of
 the bytes every token id contributes; a multi-byte character split across tokens marks all of them.
+
+`detector="semantic"` (`algorithm.planning.detector`) finds the spans by meaning instead: a clause a
+sentence encoder places near a gram (retrain/algorithm/semantic_planning.py); the same table maps them
+to tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from retrain.algorithm.grams import APOSTROPHES, parse_grams
+from retrain.algorithm.grams import (
+    APOSTROPHES,
+    DEFAULT_SEMANTIC_MODEL,
+    DEFAULT_SEMANTIC_THRESHOLD,
+    DETECTORS,
+    parse_grams,
+)
+from retrain.errors import ConfigError
 
 WORD_SEPARATOR = r"(?:\s+|-)"  # a run of whitespace, or a hyphen joining two words
 
@@ -123,49 +134,74 @@ def _char_byte_lengths(text: str) -> np.ndarray:
 
 
 class PlanningDetector:
-    """Finds strategic grams in completions and marks the tokens that spell them."""
+    """Finds strategic grams in completions and marks the tokens that spell them (or, with
+    `detector="semantic"`, the tokens of every clause that means one; `model` and `threshold` are its)."""
 
-    def __init__(self, grams: Any = None) -> None:
+    def __init__(
+        self,
+        grams: Any = None,
+        detector: str = "regex",
+        model: str = DEFAULT_SEMANTIC_MODEL,
+        threshold: float = DEFAULT_SEMANTIC_THRESHOLD,
+    ) -> None:
         self.grams = parse_grams(grams)
         alternatives = "|".join(gram_regex(g) for g in sorted(self.grams, key=len, reverse=True))
         # a lookahead finds overlapping matches ("wait let me think" holds two grams)
         self._pattern = re.compile(rf"(?<!\w)(?=((?:{alternatives}))(?!\w))", re.IGNORECASE)
+        if detector not in DETECTORS:
+            raise ConfigError(f"algorithm.planning.detector={detector!r} is not one of {', '.join(DETECTORS)}")
+        self.detector = detector
+        self._semantic = None
+        if detector == "semantic":
+            from retrain.algorithm.semantic_planning import SemanticSpans
+
+            self._semantic = SemanticSpans(self.grams, model, threshold)
 
     def spans(self, text: str) -> np.ndarray:
-        """[M, 2] character spans (start, end) of every gram occurrence in `text`."""
-        found = [match.span(1) for match in self._pattern.finditer(text)]
-        return np.array(found, dtype=np.int64).reshape(-1, 2)
+        """[M, 2] character spans (start, end) of every gram occurrence in `text` (semantic: of every clause
+        that means one)."""
+        return self.spans_of([text])[0]
+
+    def spans_of(self, texts: list[str]) -> list[np.ndarray]:
+        """`spans` of each text; the semantic detector encodes all their clauses at once."""
+        if self._semantic is not None:
+            return self._semantic(texts)
+        return [
+            np.array([match.span(1) for match in self._pattern.finditer(text)], dtype=np.int64).reshape(-1, 2)
+            for text in texts
+        ]
 
     def mask(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, tokenizer: Any) -> torch.Tensor:
         """[N, T] bool planning mask of a step's completions (False on padding)."""
         table = token_bytes(tokenizer)
         ids = completion_ids.detach().cpu().numpy()
         real = completion_mask.detach().cpu().numpy().astype(bool)
+        positions = [np.flatnonzero(real[row]) for row in range(ids.shape[0])]
+        decoded = [table.lookup(ids[row, kept]) for row, kept in enumerate(positions)]
+        texts = [data.decode("utf-8", "surrogateescape") for data, _ in decoded]
         planning = np.zeros(ids.shape, dtype=bool)
-        for row in range(ids.shape[0]):
-            positions = np.flatnonzero(real[row])
-            if positions.size:
-                planning[row, positions] = self._row(ids[row, positions], table)
+        for row, (text, (_, lengths), spans) in enumerate(zip(texts, decoded, self.spans_of(texts))):
+            if positions[row].size:
+                planning[row, positions[row]] = _tokens_in_spans(text, lengths, spans)
         return torch.from_numpy(planning)
 
-    def _row(self, ids: np.ndarray, table: TokenBytes) -> np.ndarray:
-        data, lengths = table.lookup(ids)
-        text = data.decode("utf-8", "surrogateescape")
-        spans = self.spans(text)
-        hits = np.zeros(ids.shape[0], dtype=bool)
-        if spans.shape[0] == 0:
-            return hits
-        char_of_byte = np.repeat(np.arange(len(text)), _char_byte_lengths(text))
-        nonempty = np.flatnonzero(lengths > 0)
-        first_byte = (np.cumsum(lengths) - lengths)[nonempty]
-        starts = char_of_byte[first_byte]
-        ends = char_of_byte[first_byte + lengths[nonempty] - 1] + 1
-        # tokens overlapping [s, e): ends > s (a suffix) and starts < e (a prefix) of the sorted tokens
-        low = np.searchsorted(ends, spans[:, 0], side="right")
-        high = np.searchsorted(starts, spans[:, 1], side="left")
-        keep = high > low
-        marks = np.zeros(nonempty.size + 1, dtype=np.int64)
-        np.add.at(marks, low[keep], 1)
-        np.add.at(marks, high[keep], -1)
-        hits[nonempty] = np.cumsum(marks)[:-1] > 0
+
+def _tokens_in_spans(text: str, lengths: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Which tokens (their byte `lengths` spell `text`) overlap any of the character `spans`."""
+    hits = np.zeros(lengths.shape[0], dtype=bool)
+    if spans.shape[0] == 0:
         return hits
+    char_of_byte = np.repeat(np.arange(len(text)), _char_byte_lengths(text))
+    nonempty = np.flatnonzero(lengths > 0)
+    first_byte = (np.cumsum(lengths) - lengths)[nonempty]
+    starts = char_of_byte[first_byte]
+    ends = char_of_byte[first_byte + lengths[nonempty] - 1] + 1
+    # tokens overlapping [s, e): ends > s (a suffix) and starts < e (a prefix) of the sorted tokens
+    low = np.searchsorted(ends, spans[:, 0], side="right")
+    high = np.searchsorted(starts, spans[:, 1], side="left")
+    keep = high > low
+    marks = np.zeros(nonempty.size + 1, dtype=np.int64)
+    np.add.at(marks, low[keep], 1)
+    np.add.at(marks, high[keep], -1)
+    hits[nonempty] = np.cumsum(marks)[:-1] > 0
+    return hits

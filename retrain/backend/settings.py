@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from retrain.errors import ConfigError
+from retrain.errors import refuse_all
 
 if TYPE_CHECKING:
     from retrain.config import TrainingConfig
@@ -37,16 +37,16 @@ class OptimSettings:
         )
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ConfigError(f"training.lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"training.weight_decay must be >= 0, got {self.weight_decay}")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ConfigError(f"training.betas must be two values in [0, 1), got {self.betas}")
-        if self.eps <= 0:
-            raise ConfigError(f"training.eps must be > 0, got {self.eps}")
-        if self.max_grad_norm < 0:
-            raise ConfigError(f"training.max_grad_norm must be >= 0 (0 disables), got {self.max_grad_norm}")
+        rules = {
+            "lr": (self.lr > 0, "> 0"),
+            "weight_decay": (self.weight_decay >= 0, ">= 0"),
+            "betas": (len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "two values in [0, 1)"),
+            "eps": (self.eps > 0, "> 0"),
+            "max_grad_norm": (self.max_grad_norm >= 0, ">= 0 (0 disables)"),
+        }
+        refuse_all(
+            [f"training.{key} must be {rule}, got {getattr(self, key)}" for key, (ok, rule) in rules.items() if not ok]
+        )
         object.__setattr__(self, "betas", (float(self.betas[0]), float(self.betas[1])))
 
 
@@ -65,17 +65,21 @@ class LossSettings:
         return cls(clip_eps=training.clip_eps, clip_eps_high=training.clip_eps_high, kl_coef=training.kl_coef)
 
     def __post_init__(self) -> None:
-        if not self.kl_coef >= 0:  # also refuses nan
-            raise ConfigError(f"training.kl_coef must be >= 0 (0 = no KL term), got {self.kl_coef}")
-        if self.clip_eps < 0:
-            raise ConfigError(f"training.clip_eps must be >= 0, got {self.clip_eps}")
-        if self.clip_eps_high is not None and self.clip_eps_high < 0:
-            raise ConfigError(f"training.clip_eps_high must be >= 0, got {self.clip_eps_high}")
+        problems = [
+            f"training.kl_coef must be >= 0 (0 = no KL term), got {self.kl_coef}"
+            for _ in [0]
+            if not self.kl_coef >= 0  # also refuses nan
+        ] + [
+            f"training.{key} must be >= 0, got {value}"
+            for key, value in (("clip_eps", self.clip_eps), ("clip_eps_high", self.clip_eps_high))
+            if value is not None and value < 0
+        ]
         if self.clip_eps == 0 and self.clip_eps_high:
-            raise ConfigError(
+            problems.append(
                 f"training.clip_eps_high={self.clip_eps_high} needs training.clip_eps > 0 "
                 "(clip_eps = 0 selects the unclipped importance-sampling loss)"
             )
+        refuse_all(problems)
 
     @property
     def clipped(self) -> bool:

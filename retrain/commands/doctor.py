@@ -5,7 +5,8 @@
 
 Reports Python, torch, CUDA and each GPU's memory, every optional extra (importable or not, with its
 version; nothing heavy is imported), wandb's login state (never the key), whether the Hugging Face Hub
-answers or the cache is offline, the SLURM commands and whether a cluster answers, and a `.env` file.
+answers or the cache is offline, the SLURM commands and whether a cluster answers, a `.env` file, and the
+composed backend's capability flags with where they come from (`builtin`, `plugin/hook`, `plugin/default`).
 Exit 1 when something blocks the run the overrides compose (no GPU for `backend.devices=gpu:0`, the
 backend's extra missing, the model neither here nor fetchable, ...), each finding with its fix; else 0.
 """
@@ -42,6 +43,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "prime_rl": ("msgspec", "zmq"),
     "verifiers": ("verifiers",),
     "tensorboard": ("tensorboard",),
+    "semantic": ("sentence_transformers",),
 }
 # inference `_target_` -> the extra its engine imports in-process (server engines need only httpx)
 ENGINE_EXTRAS = {"retrain.inference.vllm.VllmEngine": "vllm"}
@@ -262,8 +264,24 @@ def run_report(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
         "inference": str(cfg.inference._target_),
         "launcher": str(cfg.hydra.launcher.get("_target_", "")).rsplit(".", 1)[-1],
         "wandb_project": str(cfg.logging.wandb_project) or None,
+        "capabilities": capability_report(str(cfg.backend._target_)),
         "error": None,
     }
+
+
+def capability_report(backend: str) -> dict[str, Any]:
+    """The backend's capability flags and their source, as the trainer's startup line reports them;
+    the reason instead when its class cannot be read (its extra missing, a plugin not on the path)."""
+    from retrain.backend.capabilities import BUILTIN_BACKENDS, describe_backend
+
+    builtin = next((b for b in BUILTIN_BACKENDS.values() if b.target == backend), None)
+    if builtin is not None and builtin.extra and not _installed(builtin.modules):
+        return {"flags": None, "source": None, "error": f"its [{builtin.extra}] extra is not installed"}
+    try:
+        info = describe_backend(backend)
+    except UserError as error:
+        return {"flags": None, "source": None, "error": str(error)}
+    return {"flags": info.capabilities.as_dict(), "source": info.source, "error": None}
 
 
 def run_findings(cfg: DictConfig, report: dict[str, Any]) -> list[Finding]:
@@ -483,6 +501,12 @@ def render(report: dict[str, Any]) -> str:
             f"Run checked: {' '.join(run['overrides']) or '(defaults)'}: backend {run['backend']}, devices "
             f"{run['devices']}, model {run['model']}, launcher {run['launcher']}"
         )
+        capabilities = run["capabilities"]
+        if capabilities["error"] is None:
+            flags = ", ".join(f"{key}={value}" for key, value in capabilities["flags"].items())
+            lines.append(f"      backend capabilities (source={capabilities['source']}): {flags}")
+        else:
+            lines.append(f"      backend capabilities: unknown ({capabilities['error']})")
     for finding in report["findings"]:
         lines.append(f"{finding['severity'].upper()}: {finding['message']}\n  fix: {finding['fix']}")
     lines.append("Ready for this run." if report["ok"] else "Not ready: fix the blocking findings above.")

@@ -1,7 +1,9 @@
-"""`retrain man [--topic T] [--list-topics] [--json] [--path]`: the bundled manual in the terminal.
+"""`retrain man [--topic T] [--list-topics] [--json] [--path] [--check | --sync]`: the bundled manual in the terminal.
 
 The manual is docs/*.md, shipped inside the wheel as `retrain.manual` (setup.py), so an installed
 retrain reads the pages of its own version; a topic is a page's file stem (`retrain man --topic sepa`).
+`--check` exits 1 naming each machine-written block (retrain/commands/man_blocks.py) that is stale, and
+`--sync` rewrites them.
 """
 
 from __future__ import annotations
@@ -59,10 +61,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--list-topics", action="store_true", help="print the topics, one a line")
     parser.add_argument("--json", action="store_true", help="machine-readable output (the page's text with --topic)")
     parser.add_argument("--path", action="store_true", help="print where the manual's pages are (or the topic's page)")
+    generated = parser.add_mutually_exclusive_group()
+    generated.add_argument(
+        "--check", action="store_true", help="exit 1 naming each generated block of the manual that is stale (for CI)"
+    )
+    generated.add_argument(
+        "--sync", action="store_true", help="rewrite the generated blocks of the manual that are stale"
+    )
     args = parser.parse_args(argv)
     manual = pages()
     if not manual:
         parser.exit(1, f"retrain man: no manual pages found in {manual_dir()}\n")
+    if args.check or args.sync:
+        return _check_or_sync(parser, sync=args.sync, as_json=args.json)
     if args.topic is not None:
         return _show_topic(parser, manual, args.topic, as_json=args.json, path_only=args.path)
     if args.path:
@@ -95,3 +106,22 @@ def _show_topic(
     else:
         sys.stdout.write(page.path.read_text(encoding="utf-8"))
     return 0
+
+
+def _check_or_sync(parser: argparse.ArgumentParser, *, sync: bool, as_json: bool) -> int:
+    from retrain.commands.man_blocks import ManualError, stale_blocks, sync_blocks
+
+    root = manual_dir()
+    try:
+        blocks = sync_blocks(root) if sync else stale_blocks(root)
+    except ManualError as error:
+        parser.exit(1, f"retrain man: {error}\n")
+    named = [{"name": block.name, "path": str(root / block.page)} for block in blocks]
+    if as_json:
+        print(json.dumps({"manual_dir": str(root), "synced" if sync else "stale": named}, indent=2))
+    elif sync:
+        print("\n".join(f"rewrote {b['name']} in {b['path']}" for b in named) or "every generated block is current")
+    elif named:
+        stale = ", ".join(f"{b['name']} ({b['path']})" for b in named)
+        print(f"retrain man: stale generated blocks: {stale}; rewrite them with `retrain man --sync`", file=sys.stderr)
+    return 1 if named and not sync else 0

@@ -3,16 +3,18 @@
 Without them a wrong value surfaces after gigabytes of weights have loaded, as a traceback deep in
 an engine (a negative group size), or never (a NaN learning rate passes `lr > 0` and trains
 nothing), and a prompt longer than the model's context is sampled past the positions the model
-knows. Each check names the key, or the data row, to fix.
+knows. Each check names the key, or the data row, to fix, and the config's checks report every
+wrong value in one message: a run refused for one key and then for the next costs a launch each.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.campaign.autosqueeze import squeeze_settings
 from retrain.config import TrainingConfig, check_known_keys
 from retrain.config_checks.compose_errors import unresolvable
-from retrain.errors import ConfigError, DataError
+from retrain.errors import ConfigError, ConfigErrors, DataError, refuse_all
 from retrain.housekeeping.secrets import check_env_names
 from retrain.hub import hub_fetch
 from retrain.model.spec import ChatPrompts, ModelSpec
@@ -33,8 +35,10 @@ from retrain.types import Example
 
 log = logging.getLogger("retrain")
 
+SEED_MAX = 2**32 - 1  # the widest seed every generator a run seeds (numpy's too) takes
 # run-wide values whose range no part checks before the model loads: key -> (valid?, what is valid)
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "training.seed": (lambda v: -1 <= v <= SEED_MAX, f"-1 (draw a seed) or in 0..{SEED_MAX}"),
     "training.batch_size": (lambda v: v >= 1, ">= 1"),
     "training.group_size": (lambda v: v >= 1, ">= 1"),
     "training.max_tokens": (lambda v: v >= 1, ">= 1"),
@@ -59,24 +63,52 @@ def check_run_config(cfg: DictConfig) -> None:
 
 
 def check_config(cfg: DictConfig) -> None:
-    """ConfigError naming the key of the first value that cannot work: an interpolation that does not
-    resolve, a float that is not finite (anywhere, plugin arguments included), a squeeze setting, a
-    run-wide value out of its range, or a model, scoring, inference, reward or data value its schema refuses."""
+    """ConfigError naming the key of every value that cannot work, all in one message: a float that
+    is not finite (anywhere, plugin arguments included), a squeeze setting, a run-wide value out of
+    its range, or a model, scoring, inference, reward or data value its schema refuses. An interpolation that does
+    not resolve is refused first and alone: the other checks read the values it feeds."""
     check_resolvable(cfg)
-    check_finite(cfg)
-    squeeze_settings(cfg)  # a campaign's block (its driver checks it first); a wrong value is wrong in any run
+    refuse_all(config_problems(cfg))
+
+
+def config_problems(cfg: DictConfig) -> list[str]:
+    """One message per wrong key of a resolvable `cfg`, each key named once (by its first check)."""
+    problems = list(nonfinite_values(cfg))
+    problems += _refusals(lambda: squeeze_settings(cfg))  # a campaign's block (its driver checks it first)
     for key, (valid, rule) in RANGES.items():
         value = OmegaConf.select(cfg, key)
         if not valid(value):
-            raise ConfigError(f"{key} must be {rule}, got {value}")
+            problems.append(f"{key} must be {rule}, got {value}")
     if cfg.eval.every > 0 and cfg.eval.num_examples == 0:
-        raise ConfigError(f"eval.every={cfg.eval.every} needs held-out problems: set eval.num_examples > 0")
-    training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]
-    # the optimiser's and the loss's own checks, now rather than after the tokenizer has loaded
-    OptimSettings.from_config(training)
-    LossSettings.from_config(training)
+        problems.append(f"eval.every={cfg.eval.every} needs held-out problems: set eval.num_examples > 0")
+    problems += _refusals(functools.partial(_check_settings, cfg))
     for section in SELF_CHECKED:  # their schemas check their values when built: now, not after data or a model loads
-        OmegaConf.to_object(cfg[section])
+        problems += _refusals(functools.partial(OmegaConf.to_object, cfg[section]))
+    first_per_key = {_key_of(problem): problem for problem in reversed(problems)}  # `lr=-inf`: not finite, not > 0
+    return [problem for problem in problems if first_per_key[_key_of(problem)] is problem]
+
+
+def _check_settings(cfg: DictConfig) -> None:
+    """The optimiser's and the loss's own checks, now rather than after the tokenizer has loaded."""
+    training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]
+    optim = _refusals(functools.partial(OptimSettings.from_config, training))
+    refuse_all(optim + _refusals(functools.partial(LossSettings.from_config, training)))
+
+
+def _refusals(check: Callable[[], object]) -> list[str]:
+    """The problems of the ConfigError `check` raises (one per key it names), none when it passes."""
+    try:
+        check()
+    except ConfigErrors as errors:
+        return errors.problems
+    except ConfigError as error:
+        return [str(error)]
+    return []
+
+
+def _key_of(problem: str) -> str:
+    """The key a problem names first: `training.lr must be > 0, got -1.0` -> `training.lr`."""
+    return problem.split(" ", 1)[0].split("=", 1)[0]
 
 
 def check_resolvable(cfg: DictConfig) -> None:
@@ -88,8 +120,8 @@ def check_resolvable(cfg: DictConfig) -> None:
         raise ConfigError(unresolvable(error)) from error
 
 
-def check_finite(node: DictConfig | ListConfig, prefix: str = "") -> None:
-    """ConfigError naming the first float under `node` that is NaN or infinite (`training.lr=nan`)."""
+def nonfinite_values(node: DictConfig | ListConfig, prefix: str = "") -> Iterator[str]:
+    """A message for each float under `node` that is NaN or infinite (`training.lr=nan`), naming its key."""
     keys: Sequence[Any] = range(len(node)) if isinstance(node, ListConfig) else list(node.keys())
     for key in keys:
         if OmegaConf.is_interpolation(node, key):
@@ -100,9 +132,9 @@ def check_finite(node: DictConfig | ListConfig, prefix: str = "") -> None:
         except OmegaConfBaseException:
             continue  # a value that cannot be read here (a missing ???) fails where it is used
         if isinstance(value, (DictConfig, ListConfig)):
-            check_finite(value, where)
+            yield from nonfinite_values(value, where)
         elif isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{where}={value} is not a finite number")
+            yield f"{where}={value} is not a finite number"
 
 
 def warn_if_untrainable(algorithm: Algorithm, training: TrainingConfig) -> None:

@@ -17,6 +17,8 @@ VLLM_WEIGHT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 VLLM_QUANTIZED_DTYPES = {"fp8": "fp8"}  # served with on-the-fly quantization of the base weights
 VLLM_KV_CACHE_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp8": "fp8", "int8": "int8_per_token_head"}
 VLLM_ATTENTION_BACKENDS = {"default": None, "flash": "FLASH_ATTN", "triton": "TRITON_ATTN", "cutlass": "CUTLASS_MLA"}
+ATTENTION_KERNEL_KEY = "inference.attention_kernel"
+PYTORCH_ATTENTION_KERNELS = ("default", "flash", "triton", "cutlass")  # retrain/model/attention_kernels.py
 
 
 def check_url(url: str, key: str = "inference.url") -> str:
@@ -26,6 +28,17 @@ def check_url(url: str, key: str = "inference.url") -> str:
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"{key}={url!r} is not an http(s) url, e.g. http://127.0.0.1:8000")
     return url.rstrip("/")
+
+
+def check_pytorch_attention_kernel(kernel: str) -> None:
+    """ConfigError naming the key for a name that is no kernel of the pytorch engine (whatever the machine)."""
+    if kernel == "tk":
+        raise ConfigError(
+            f"{ATTENTION_KERNEL_KEY}=tk: transformers has no ThunderKittens attention for inference=pytorch; "
+            f"choose one of {', '.join(PYTORCH_ATTENTION_KERNELS)}"
+        )
+    if kernel not in PYTORCH_ATTENTION_KERNELS:
+        raise ConfigError(f"{ATTENTION_KERNEL_KEY}={kernel!r} is not one of {', '.join(PYTORCH_ATTENTION_KERNELS)}")
 
 
 def check_request_limits(timeout_s: float, max_retries: int, max_concurrency: int) -> None:
@@ -55,6 +68,10 @@ class PytorchEngineConfig(EngineConfig):
     _target_: str = "retrain.inference.pytorch.PytorchEngine"
     prefix_caching: bool = True  # prefill each prompt once and repeat its KV cache G times
     merge_lora: bool = True  # fp32 models: sample through W + s·B·A, a copy of the adapted weights (faster)
+    attention_kernel: str = "default"  # default | flash | triton | cutlass (CUDA): retrain/model/attention_kernels.py
+
+    def __post_init__(self) -> None:
+        check_pytorch_attention_kernel(self.attention_kernel)
 
 
 @dataclass

@@ -35,6 +35,7 @@ from transformers.cache_utils import DynamicLayer
 from retrain.errors import ConfigError
 from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
+from retrain.model.attention_kernels import attending_with, attention_implementation
 from retrain.model.lean_decoder import causal_lm_logits
 from retrain.model.logprobs import left_pad, scaled_log_softmax
 from retrain.model.merged_lora import lean_lora, merged_lora, plain_lora_layers
@@ -128,6 +129,7 @@ class PytorchEngine:
             self.model = copy.deepcopy(resources.model).to(resources.device)
         self.tokenizer = tokenizer
         self.device = torch.device(resources.device)
+        self._attention = attention_implementation(config.attention_kernel, self.device, self.model.dtype)
         self.prefix_caching = config.prefix_caching
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = torch.tensor(
@@ -280,9 +282,10 @@ class PytorchEngine:
     @contextmanager
     def _serving(self) -> Iterator[None]:
         """The weights to sample with: the model's own, or (fault hook) the frozen initial adapter;
-        through merged LoRA weights where `merge_lora` applies (merged after the swap), the lean forward elsewhere."""
+        through merged LoRA weights where `merge_lora` applies (merged after the swap), the lean forward elsewhere;
+        attending with `inference.attention_kernel`."""
         merged = self._merged.serving() if self._merged is not None else nullcontext()
-        with self._frozen_adapter(), lean_lora(self._lean), merged:
+        with self._frozen_adapter(), lean_lora(self._lean), merged, attending_with(self.model, self._attention):
             yield
 
     @contextmanager

@@ -350,18 +350,16 @@ class _Translation:
         )
 
     def _planning(self) -> None:
-        detector = self.text("planning", "detector", "regex")
-        if detector == "regex":
-            self.drop("planning", "detector", "built in: planning phrases are found by retrain's only detector")
+        self.map("planning", "detector", "algorithm.planning.detector")
+        if self.text("planning", "detector", "regex") == "semantic":
+            self.map("planning", "model", "algorithm.planning.model")
         else:
-            self.drop(
-                "planning",
-                "detector",
-                "not available: retrain detects planning phrases with its regex "
-                "detector (the semantic detector is not ported)",
-            )
-        for key in ("model", "threshold"):
-            self.drop("planning", key, "semantic detector only: not available")
+            self.drop("planning", "model", "semantic detector only; the regex detector is chosen")
+        self.drop(
+            "planning",
+            "threshold",
+            "another scale: algorithm.planning.threshold is a cosine similarity to the nearest gram (default 0.6)",
+        )
         grams = self.get("logging", "strategic_grams", "")
         if grams in ("", []):
             self.read.discard(("logging", "strategic_grams"))
@@ -405,13 +403,13 @@ class _Translation:
             self.map("inference", "url", "inference.url")
         server = option not in ("pytorch", "vllm")
         for key in ("attention_kernel", "kv_cache_dtype"):
-            if option == "vllm":
+            if option == "vllm" or (option == "pytorch" and key == "attention_kernel"):
                 self.map("inference", key, f"inference.{key}")
             elif server:
                 self.drop("inference", key, f"a flag of the {engine} server itself, set where it starts")
             else:
                 self.drop(
-                    "inference", key, "inference=pytorch has no such setting (PyTorch attention, a plain KV cache)"
+                    "inference", key, "inference=pytorch has no such setting (a plain KV cache in the model's dtype)"
                 )
         if option == "vllm":
             self.map("inference", "dtype", "inference.dtype")

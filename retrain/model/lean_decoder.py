@@ -26,11 +26,12 @@ from transformers import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from retrain.model.attention import CPU_SDPA, CUDA_SDPA
+from retrain.model.attention_kernels import CUTLASS_SDPA
 from retrain.model.cache_argument import with_cache
 
 # model_type -> whether attention normalises each head's queries and keys (Qwen3's q_norm/k_norm)
 MIRRORED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
-SDPA_MASKED = {"sdpa", CPU_SDPA, CUDA_SDPA}  # attention that takes sdpa's boolean [B, 1, T, K] masks
+SDPA_MASKED = {"sdpa", CPU_SDPA, CUDA_SDPA, CUTLASS_SDPA}  # attention that takes sdpa's boolean [B, 1, T, K] masks
 
 _head_norms: weakref.WeakKeyDictionary[torch.nn.Module, bool | None] = weakref.WeakKeyDictionary()
 

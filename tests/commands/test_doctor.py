@@ -143,3 +143,22 @@ def test_wandb_login_is_read_from_netrc_without_the_key(tmp_path: Path, monkeypa
     report = wandb_report({})
     assert report["logged_in"] is True and report["credentials"] == str(tmp_path / "netrc")
     assert SECRET not in json.dumps(report)
+
+
+def test_doctor_reports_the_backends_capability_flags_and_their_source(tmp_path: Path, cli_here: CliHere) -> None:
+    """The same flags and source as `retrain backends` and the trainer's startup line, text and --json."""
+    from retrain.backend.capabilities import describe_backend
+
+    hooks = "tests.plugins.backend_hooks"
+    plugin = ["experiment=quickstart", f"backend._target_={hooks}.ClassHookedBackend"]
+    report = json.loads(cli_here(["doctor", "--json", *plugin], cwd=tmp_path, check=False).stdout)
+    expected = describe_backend(f"{hooks}.ClassHookedBackend").capabilities.as_dict()
+    assert expected["resume_runtime_dependent"] and not expected["reports_sync_loss"]  # the hook's, not the defaults
+    assert report["run"]["capabilities"] == {"flags": expected, "source": "plugin/hook", "error": None}
+    text = cli_here(["doctor", "experiment=quickstart"], cwd=tmp_path).stdout
+    assert (
+        "backend capabilities (source=builtin): reports_sync_loss=True, preserves_token_advantages=True, "
+        "supports_checkpoint_resume=True, resume_runtime_dependent=False, returns_entropies=True, samples_itself=False"
+    ) in text
+    module = cli_here(["doctor", "experiment=quickstart", f"backend._target_={hooks}.ModuleHookedBackend"], tmp_path)
+    assert "backend capabilities (source=plugin/hook): reports_sync_loss=True" in module.stdout

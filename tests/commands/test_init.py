@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from retrain.assets import TINY_MODEL_DIR
+from retrain.commands.explain import composed
 from retrain.commands.init import PRESETS, main
-from tests.conftest import run_cli
+from tests.conftest import cli_env, run_cli
 
 
 def init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
@@ -103,3 +109,81 @@ def test_the_written_quickstart_trains(tmp_path: Path, monkeypatch: pytest.Monke
     ]
     run_cli(["--config-dir", "conf", "experiment=my_quickstart", *overrides], cwd=tmp_path)
     assert (run_dir / "final" / "adapter_model.safetensors").is_file()
+
+
+def answered(*lines: str) -> str:
+    return "".join(f"{line}\n" for line in lines)
+
+
+def test_interactive_takes_every_answer_from_piped_stdin(tmp_path: Path) -> None:
+    """No terminal: the answers come a line each on stdin, as from a script; the preset runs as answered."""
+    answers = answered("tiny", "arithmetic", "match", "grpo_none", "local", "cpu", "pytorch", "3", "")
+    result = subprocess.run(
+        [sys.executable, "-m", "retrain", "init", "--interactive", "--name", "first"],
+        input=answers,
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "data (arithmetic, gsm8k, jsonl, math, verifiers) [math]: arithmetic" in result.stdout  # defaults shown
+    assert "training.max_tokens (new tokens per completion) [64]: \n" in result.stdout  # half the tiny model's 128
+    assert result.stdout.endswith("run it with:\n  python -m retrain --config-dir conf experiment=first\n")
+    cfg = composed(["experiment=first"], tmp_path / "conf")  # as `python -m retrain --config-dir conf` composes it
+    assert cfg.model.name_or_path == "retrain:tiny_qwen3" and cfg.backend.devices == "cpu"
+    assert cfg.data._target_ == "retrain.data.arithmetic.ArithmeticData"
+    assert cfg.reward._target_ == "retrain.reward.match.match_reward"
+    assert cfg.algorithm.transforms == {} and cfg.inference._target_.endswith("PytorchEngine")
+    assert cfg.training.max_steps == 3 and cfg.training.max_tokens == 64
+
+
+def interactive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answers: str, *args: str) -> int:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(answers))  # a pipe: no terminal to ask again
+    return init(tmp_path, monkeypatch, "--interactive", *args)
+
+
+def test_interactive_empty_answers_take_the_shown_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert interactive(tmp_path, monkeypatch, answered(*[""] * 9)) == 0
+    out = capsys.readouterr().out
+    assert "model: an option, a Hub id or a local directory (qwen3_4b_instruct, tiny) [qwen3_4b_instruct]" in out
+    cfg = composed(["experiment=my_run"], tmp_path / "conf")
+    default = composed([])
+    for group in ("model", "data", "reward", "algorithm", "backend", "inference"):
+        assert cfg.hydra.runtime.choices[group] == default.hydra.runtime.choices[group]
+    assert cfg.training.max_steps == default.training.max_steps  # a Hub model's context is not fetched to cap it
+    assert cfg.training.max_tokens == default.training.max_tokens
+    assert cfg.backend.devices == ("gpu:0" if torch.cuda.is_available() else "cpu")  # the first run runs here
+
+
+def test_interactive_takes_a_model_that_is_no_option_as_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answers = answered(str(TINY_MODEL_DIR), "arithmetic", "match", "", "local", "cpu", "pytorch", "2", "")
+    assert interactive(tmp_path, monkeypatch, answers, "--name", "own") == 0
+    cfg = composed(["experiment=own"], tmp_path / "conf")
+    assert cfg.model.name_or_path == str(TINY_MODEL_DIR) and cfg.training.max_tokens == 64  # its context, read here
+
+
+@pytest.mark.parametrize(
+    ("answers", "message"),
+    [
+        (answered("tiny", "arithmetc"), "data: 'arithmetc' is not one of: arithmetic, gsm8k, jsonl, math, verifiers"),
+        (answered("tiny", "arithmetic", "match", "", "local", "cpu", "", "zero"), "'zero' is not a whole number"),
+        (
+            answered("tiny", "jsonl", ""),
+            "data.path: a jsonl/parquet/csv file, directory or Hub id: an answer is needed",
+        ),
+        (answered("tiny"), "stdin ended before 'data' was answered"),
+    ],
+)
+def test_interactive_refuses_an_answer_it_cannot_use_naming_the_question(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], answers: str, message: str
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        interactive(tmp_path, monkeypatch, answers)
+    assert refused.value.code == 1 and message in capsys.readouterr().err
+    assert not (tmp_path / "conf" / "experiment" / "my_run.yaml").exists()
