@@ -1,8 +1,9 @@
 """Schemas of the `data` config group (conf/data/*.yaml).
 
-Every source is built as `instantiate(cfg.data, seed=seed)`: the seed only orders the examples.
-The sources take their defaults from here; this module stays light (no `datasets` import), since
-the CLI imports it before it knows which source it needs.
+A built-in source is built as `Source(<its schema's object>, seed=seed)` (retrain.run.build_part), a plugin as
+`instantiate(cfg.data, seed=seed)`: the seed only orders the examples. Each schema owns its fields and checks
+them; this module stays light (no `datasets` import), since the CLI imports it before it knows which source
+it needs.
 """
 
 from __future__ import annotations
