@@ -45,6 +45,7 @@ from retrain.errors import CheckpointError, ConfigError
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.freshness import Probe
+from retrain.inference.reachable import check_server_answers
 from retrain.launch import claimed_run_dir, record_launch
 from retrain.logging import check_wandb_login
 from retrain.plugins import checked, import_failure, locate, plugin_name
@@ -89,6 +90,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     plan.check_options()
     warn_if_untrainable(algorithm, training)
     check_wandb_login(str(cfg.logging.wandb_project))
+    if not capabilities.samples_itself:  # a dead server is found in seconds, before the model loads
+        check_server_answers(container_dict(cfg.inference, "inference"))
 
     resume = find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls))
     identity = config_identity(cfg)  # checked against the run dir's when it was claimed (retrain/launch.py)

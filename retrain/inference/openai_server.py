@@ -29,6 +29,7 @@ from retrain.errors import ConfigError
 from retrain.inference.base import EngineResources, NucleusLogprobsWarning, StaleWeightsError
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
 from retrain.inference.config import OpenAIEngineConfig as Defaults
+from retrain.inference.finish_reason import hit_max_tokens
 from retrain.inference.freshness import Probe
 from retrain.inference.http import HttpError, connect
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
@@ -198,7 +199,7 @@ class OpenAIEngine:
             else:
                 token_ids, token_logprobs = self._retokenized(logprobs.get("tokens") or [], values)
             completions.append(
-                Completion(token_ids, token_logprobs, hit_max_tokens=choice.get("finish_reason") == "length")
+                Completion(token_ids, token_logprobs, hit_max_tokens=hit_max_tokens(url, choice.get("finish_reason")))
             )
         return completions
 

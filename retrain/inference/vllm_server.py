@@ -35,6 +35,7 @@ from retrain.inference.completions import (
     stop_token_ids,
 )
 from retrain.inference.config import VllmServerEngineConfig as Defaults
+from retrain.inference.finish_reason import hit_max_tokens
 from retrain.inference.freshness import Probe
 from retrain.inference.http import HttpError, connect
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
@@ -173,14 +174,11 @@ class VllmServerEngine:
                 raise HttpError(
                     "POST", url, "answered without token_ids or log-probs: the server must support return_token_ids"
                 )
+            cut = hit_max_tokens(url, choice.get("finish_reason"))
             if choice.get("finish_reason") not in ("stop", "length"):
                 raise HttpError("POST", url, f"a completion ended with finish_reason={choice.get('finish_reason')!r}")
             completions.append(
-                Completion(
-                    token_ids=list(token_ids),
-                    logprobs=[float(value) for value in logprobs],
-                    hit_max_tokens=choice["finish_reason"] == "length",
-                )
+                Completion(token_ids=list(token_ids), logprobs=[float(value) for value in logprobs], hit_max_tokens=cut)
             )
         return completions
 
