@@ -255,9 +255,11 @@ def target_class(cfg: DictConfig, group: str) -> type:
 
 # what may differ when a run dir is entered again: how long it runs, what it logs, where it reports
 NOT_IDENTITY = {"resume", "logging", "eval", "scoring", "squeeze"}
-# keys of the other sections that may differ too: how long it runs, and back-pressure's roofline hints (never acted on)
+# keys of the other sections that may differ too: how long it runs, back-pressure's roofline hints (never acted
+# on), and where the inference server listens (a server restarted on another port serves the same run)
 NOT_IDENTITY_KEYS = {
     "training": {"max_steps", "save_every", "keep_checkpoints"},
+    "inference": {"url"},
     "backpressure": {"peak_gflops", "peak_bw_gb_s"},
 }
 

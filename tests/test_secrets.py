@@ -130,3 +130,12 @@ def test_a_token_from_the_environment_is_in_no_file_of_the_run_and_rotating_it_k
     assert "Resumed from" in resumed.stdout
     assert [r["reward/errors"] for r in read_metrics(run_dir)] == [0, 0]
     assert files_holding(run_dir, TOKEN, ROTATED, LITERAL_KEY) == []
+
+
+def test_the_inference_servers_url_is_not_part_of_the_run_identity() -> None:
+    """A server restarted on another port (or behind new credentials) serves the same run."""
+    server = ["experiment=quickstart", "inference=vllm_server"]
+    first = config_identity(compose([*server, "inference.url=http://127.0.0.1:8000"]))
+    moved = config_identity(compose([*server, "inference.url=http://10.0.0.7:8011"]))
+    assert first == moved and "inference.url" not in first
+    assert first["inference._target_"] == "retrain.inference.vllm_server.VllmServerEngine"
