@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from retrain.errors import ConfigError
-from retrain.inference.base import StaleWeightsError
 from retrain.inference import openai_server, vllm_server
+from retrain.inference.base import StaleWeightsError
 from retrain.inference.completions import request_seed
 from retrain.inference.finish_reason import hit_max_tokens
 from retrain.inference.freshness import Probe
