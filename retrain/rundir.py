@@ -94,10 +94,18 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
+def read_text_file(path: Path) -> str:
+    """A file's text; OSError naming it when a FIFO or a device stands in its place (reading one could
+    block forever or never end). A directory raises IsADirectoryError, as reading it always did."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise OSError(f"{path} is not a regular file (a FIFO, socket or device)")
+    return path.read_text()
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON file, or None when it is absent or caught mid-write by a non-atomic writer."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text_file(path))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 
@@ -530,7 +538,7 @@ class RunDir:
     def read_hydra_config(self) -> dict[str, Any]:
         """The config Hydra composed for this run; {} when absent or unreadable."""
         try:
-            return yaml.safe_load(self.hydra_config.read_text()) or {}
+            return yaml.safe_load(read_text_file(self.hydra_config)) or {}
         except (FileNotFoundError, yaml.YAMLError):
             return {}
 

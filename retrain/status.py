@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 from retrain.campaign.manifest import MANIFEST, collect, state_counts
 from retrain.campaign.report import refresh
 from retrain.campaign.runs import UNREADABLE, RunInfo, describe_age, read_run
-from retrain.campaign.stats import run_scores
+from retrain.campaign.stats import finite_number, run_scores
 from retrain.campaign.summary import build_summary, render_markdown
 from retrain.rundir import RunDir
 
@@ -50,13 +51,34 @@ def run_report(run: RunInfo) -> dict[str, Any]:
         "error": run.error,
         "final_correct_rate": scores.final,
         f"last_{LAST_K}_correct_rate": scores.last_k,
-        "running_correct_rate": last.get("running_correct_rate"),
-        "last_step_time_s": last.get("step_time_s"),
+        "running_correct_rate": finite_number(last.get("running_correct_rate")),
+        "last_step_time_s": finite_number(last.get("step_time_s")),
         "checkpoints": checkpoints,
         "final_adapter": run.has_adapter,
         "eval": run.eval,
         "job": run.job,
     }
+
+
+def _number(value: Any) -> str:
+    """A rate for the text report: three decimals, or `—` when the run recorded none that is a number."""
+    number = finite_number(value)
+    return "—" if number is None else f"{number:.3f}"
+
+
+def json_text(value: Any) -> str:
+    """`--json` output that every JSON parser reads: a NaN or infinity a run recorded becomes null."""
+
+    def plain(node: Any) -> Any:
+        if isinstance(node, float) and not math.isfinite(node):
+            return None
+        if isinstance(node, dict):
+            return {key: plain(item) for key, item in node.items()}
+        if isinstance(node, (list, tuple)):
+            return [plain(item) for item in node]
+        return node
+
+    return json.dumps(plain(value), indent=2, default=str, allow_nan=False)
 
 
 def render_run(report: dict[str, Any]) -> str:
@@ -69,9 +91,9 @@ def render_run(report: dict[str, Any]) -> str:
     ]
     if report["final_correct_rate"] is not None:
         lines.append(
-            f"  correct rate: last step {report['final_correct_rate']:.3f}, "
-            f"last {LAST_K} steps {report[f'last_{LAST_K}_correct_rate']:.3f}, "
-            f"running {report['running_correct_rate']:.3f}"
+            f"  correct rate: last step {_number(report['final_correct_rate'])}, "
+            f"last {LAST_K} steps {_number(report[f'last_{LAST_K}_correct_rate'])}, "
+            f"running {_number(report['running_correct_rate'])}"
         )
     if report["last_step_time_s"] is not None:
         lines.append(f"  last step took {report['last_step_time_s']:.2f} s")
@@ -169,19 +191,25 @@ def main(argv: list[str]) -> int:
         return 2
     path = path.resolve()
     if is_sweep_dir(path):
-        campaign = refresh(path) if args.write else collect(path)
+        try:
+            campaign = refresh(path) if args.write else collect(path)
+        except (OSError, ValueError, TypeError) as error:  # a damaged manifest.json: say which, never a traceback
+            print(
+                f"retrain status: {path} is an unreadable sweep dir ({type(error).__name__}: {error})", file=sys.stderr
+            )
+            return 1
         summary = build_summary(
             campaign, plot="learning_curves.png" if (path / "learning_curves.png").is_file() else None
         )
-        print(json.dumps(summary, indent=2, default=str) if args.json else render_markdown(summary), end="")
+        print(json_text(summary) if args.json else render_markdown(summary), end="")
         return 0
     if RunDir(path).has_run():
         report = run_report(read_run(path))
-        print(json.dumps(report, indent=2, default=str) if args.json else render_run(report))
+        print(json_text(report) if args.json else render_run(report))
         return 0
     entries = overview(path)
     if not entries:
         print(f"retrain status: no runs or sweeps under {path}", file=sys.stderr)
         return 1
-    print(json.dumps(entries, indent=2, default=str) if args.json else render_overview(entries))
+    print(json_text(entries) if args.json else render_overview(entries))
     return 0
