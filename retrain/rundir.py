@@ -110,6 +110,27 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def checksum_mismatch(directory: Path) -> str | None:
+    """Which file of `directory` differs from its sha256 in its checksums.json; None when all match or none
+    were recorded (a checkpoint or an adapter dir written before checksums)."""
+    checksums = directory / CHECKSUMS_FILE
+    if not checksums.is_file():
+        return None
+    try:
+        recorded = json.loads(read_text_file(checksums))
+    except (OSError, ValueError) as error:  # ValueError: JSON or UTF-8 that does not decode
+        return f"{CHECKSUMS_FILE} does not read ({type(error).__name__}: {error})"
+    if not isinstance(recorded, dict):
+        return f"{CHECKSUMS_FILE} holds a {type(recorded).__name__}, not the digests of the files"
+    for name, digest in sorted(recorded.items()):
+        file = directory / name
+        if not file.is_file():
+            return f"{name} is missing (listed in {CHECKSUMS_FILE})"
+        if _sha256(file) != digest:
+            return f"{name} does not match its sha256 in {CHECKSUMS_FILE} (changed after it was saved)"
+    return None
+
+
 def _step_number(name: str) -> int | None:
     """N of a `step_N` dir name; None for any other name."""
     digits = name.removeprefix(STEP_PREFIX)
@@ -264,19 +285,7 @@ class Checkpoint:
 
     def _checksum_mismatch(self) -> str | None:
         """Which file differs from the digest recorded when it was saved; None when all match (or none were)."""
-        checksums = self.path / CHECKSUMS_FILE
-        if not checksums.is_file():
-            return None
-        recorded = json.loads(checksums.read_text())  # it read whole above, as every JSON file does
-        if not isinstance(recorded, dict):
-            return f"{CHECKSUMS_FILE} holds a {type(recorded).__name__}, not the digests of the files"
-        for name, digest in sorted(recorded.items()):
-            file = self.path / name
-            if not file.is_file():
-                return f"{name} is missing (listed in {CHECKSUMS_FILE})"
-            if _sha256(file) != digest:
-                return f"{name} does not match its sha256 in {CHECKSUMS_FILE} (changed after it was saved)"
-        return None
+        return checksum_mismatch(self.path)
 
     def set_aside(self) -> Path:
         """Rename a damaged checkpoint out of the listing (kept for a look, never deleted); returns its new path."""
