@@ -7,6 +7,7 @@ seeds, and pilot.toml, a campaign TOML. Each written preset is composed as `--co
 
 from __future__ import annotations
 
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -415,6 +416,9 @@ def test_campaign_defaults_are_the_seeds_five_conditions_and_eight_seeds(tmp_pat
             "per-condition overrides (lr) cannot be migrated",
         ),
         ("[training\n", "not a readable TOML file"),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deep to parse"),
+        ("x = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n", "nested too deep to parse"),
+        ("[training]\nx = " + "[" * 40 + "]" * 40 + "\n", "training.x" + "[0]" * 31 + " nests arrays or tables deeper"),
     ],
 )
 def test_bad_input_is_an_error_naming_the_key(tmp_path, capsys, toml, message):
@@ -454,3 +458,13 @@ def test_a_different_preset_is_not_overwritten_without_force(tmp_path, capsys):
     assert rc == 1 and "--force" in err
     assert migrate(tmp_path, capsys, tmp_path / "mini.toml", "--force")[0] == 0
     assert composed(tmp_path / "conf", "experiment=mini").training.max_steps == 30
+
+
+def test_a_fifo_is_refused_not_read(tmp_path, capsys):
+    fifo = tmp_path / "old.toml"
+    os.mkfifo(fifo)
+    assert main([str(fifo), "--output-dir", str(tmp_path / "conf")]) == 1  # reading it would block forever
+    assert (
+        capsys.readouterr().err
+        == f"retrain migrate-config: {fifo}: not a regular file (a FIFO, socket or device); give a .toml file\n"
+    )
