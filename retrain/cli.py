@@ -252,10 +252,17 @@ def _compose_mistakes_in_one_line() -> Iterator[None]:
                     raise
                 print(f"retrain: {line}", file=sys.stderr)
                 raise SystemExit(1) from None
-            except OSError as error:
-                if _raised_in_task(error) or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            except (OSError, ValueError) as error:
+                # logging.config says "Unable to configure handler 'file'" for a run.log it cannot open (a
+                # read-only file system): the OSError is its cause
+                unwritable = error if isinstance(error, OSError) else error.__cause__
+                if (
+                    not isinstance(unwritable, OSError)
+                    or _raised_in_task(error)
+                    or os.environ.get("HYDRA_FULL_ERROR") == "1"
+                ):
                     raise
-                print(f"retrain: {output_dir_unwritable(_output_dir_keys(error), error)}", file=sys.stderr)
+                print(f"retrain: {output_dir_unwritable(_output_dir_keys(error), unwritable)}", file=sys.stderr)
                 raise SystemExit(1) from None
 
         return hydras_report(composing)
