@@ -183,9 +183,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     register_configs()
     sys.argv = [sys.argv[0], *flags_before_overrides(args)]
-    with _compose_mistakes_in_one_line():
+    from retrain.campaign.sweeper import multirun_file_masked
+
+    with _compose_mistakes_in_one_line(), multirun_file_masked(), _stderr_masked():
         hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(_hydra_entry)()
     return 0
+
+
+@contextmanager
+def _stderr_masked() -> Iterator[None]:
+    """What is written to stderr passes retrain.secrets.mask_text: Hydra prints a failed sweep job's
+    overrides there as typed (`Error executing job with overrides: [...]`)."""
+    from retrain.secrets import MaskedStream
+
+    stream = sys.stderr
+    sys.stderr = MaskedStream(stream)
+    try:
+        yield
+    finally:
+        sys.stderr = stream
 
 
 def flags_before_overrides(args: list[str]) -> list[str]:
@@ -221,7 +237,7 @@ def _raised_in_task(error: BaseException) -> bool:
     return any(frame.f_code is _hydra_entry.__code__ for frame, _ in traceback.walk_tb(error.__traceback__))
 
 
-def _output_dir_keys(error: OSError) -> str:
+def _output_dir_keys(error: BaseException) -> str:
     """The keys that set the directory Hydra was creating or writing when it failed, read from its
     `run_job` (the run's dir, or a sweep job's dir and subdir)."""
     for frame, _ in traceback.walk_tb(error.__traceback__):

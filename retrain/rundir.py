@@ -520,7 +520,10 @@ class RunDir:
         return read_json(self.status_file) or {}
 
     def write_status(self, status: dict[str, Any]) -> None:
-        write_json_atomic(self.status_file, status)
+        """status.json, its strings masked (retrain.secrets): an error may quote a url with its credentials."""
+        from retrain.secrets import masked_values
+
+        write_json_atomic(self.status_file, masked_values(status))
 
     def record_failure(self, error: str) -> None:
         """Mark the run failed in status.json before the trainer could (its checkpoints cannot be restored),

@@ -26,6 +26,7 @@ from retrain.campaign.runs import UNREADABLE, RunInfo, describe_age, read_run
 from retrain.campaign.stats import finite_number, run_scores
 from retrain.campaign.summary import build_summary, render_markdown
 from retrain.rundir import RunDir
+from retrain.secrets import masked_values
 
 SWEEP_MARKERS = (MANIFEST, "multirun.yaml")
 LAST_K = 10
@@ -198,16 +199,16 @@ def main(argv: list[str]) -> int:
                 f"retrain status: {path} is an unreadable sweep dir ({type(error).__name__}: {error})", file=sys.stderr
             )
             return 1
-        summary = build_summary(
-            campaign, plot="learning_curves.png" if (path / "learning_curves.png").is_file() else None
+        summary = masked_values(
+            build_summary(campaign, plot="learning_curves.png" if (path / "learning_curves.png").is_file() else None)
         )
         print(json_text(summary) if args.json else render_markdown(summary), end="")
         return 0
     if RunDir(path).has_run():
-        report = run_report(read_run(path))
+        report = masked_values(run_report(read_run(path)))  # files of older runs may hold a url's credentials
         print(json_text(report) if args.json else render_run(report))
         return 0
-    entries = overview(path)
+    entries = masked_values(overview(path))
     if not entries:
         print(f"retrain status: no runs or sweeps under {path}", file=sys.stderr)
         return 1

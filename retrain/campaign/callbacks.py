@@ -41,6 +41,7 @@ from retrain.config import container_dict
 from retrain.errors import ConfigError, UserError
 from retrain.launch import RunDirRefused, held_elsewhere
 from retrain.rundir import RunDir, write_json_atomic
+from retrain.secrets import mask_text, masked_override
 
 log = logging.getLogger("retrain.campaign")
 
@@ -90,7 +91,7 @@ def record_job_start(run_dir: RunDir, hydra: HydraConf, overrides: list[str]) ->
         run_dir.job_file,
         {
             "num": int(hydra.job.num) if hydra.mode == RunMode.MULTIRUN else None,
-            "overrides": overrides,
+            "overrides": [masked_override(override) for override in overrides],
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
             "started_at": time.time(),
@@ -171,7 +172,7 @@ class CampaignCallback(Callback):
             run_dir.exit_file,
             {
                 "status": "failed" if failed else "completed",
-                "error": f"{type(value).__name__}: {value}" if failed else None,
+                "error": mask_text(f"{type(value).__name__}: {value}") if failed else None,
                 "finished_at": time.time(),
                 "pid": os.getpid(),
                 "hostname": socket.gethostname(),
