@@ -38,6 +38,8 @@ URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*\\*://)[^/?#@\s'\"]+@")
 AUTHORIZATION = re.compile(r"((?:proxy-)?authorization['\"]?\s*[:=]\s*['\"]?)[^'\",}\n]+", re.IGNORECASE)
 SCHEME_CREDENTIAL = re.compile(r"\b((?:Bearer|Basic|Token)\s+)[A-Za-z0-9._~+/=\-]{6,}", re.IGNORECASE)
 KEY_SHAPED = re.compile(r"\b(?:sk-[A-Za-z0-9_\-]{20,}|hf_[A-Za-z0-9]{30,})")  # OpenAI's and Hugging Face's
+PLAIN_VALUES = frozenset({"true", "false", "none", "null", ""})
+NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 # `key=value` in a command line or Hydra's override_dirname (`a=1,+reward.api_key=sk-1`): the value runs to
 # whitespace, or to a comma that starts the next `key=`
 KEY_VALUE = re.compile(r"(?<![\w.])([+~]?([A-Za-z_][\w.\-]*)=)((?:[^\s,'\"]|,(?![+~]?[A-Za-z_][\w.\-]*=))+)")
@@ -56,6 +58,9 @@ def mask_text(text: str) -> str:
 
     def key_value(match: re.Match[str]) -> str:
         key, value = match.group(2), match.group(3)
+        bare = value.rstrip(",.;:)]}")
+        if bare.lower() in PLAIN_VALUES or NUMBER.fullmatch(bare):
+            return match.group(0)  # `preserves_token_advantages=false`: a flag or a count, never a secret
         if looks_secret(key) and not from_environment(value):
             return match.group(1) + MASK
         if key.lower().endswith(ENV_SUFFIX) and not ENV_NAME.match(value) and not from_environment(value):
@@ -71,9 +76,10 @@ def mask_text(text: str) -> str:
 
 def masked_values(node: Any, key: str = "") -> Any:
     """A copy of a JSON-like report (explain, doctor, status) with its secrets masked: the string value of
-    a secret-looking key, and every other string through `mask_text` (keys stay as they are)."""
+    a secret-looking key unless it names a variable (doctor's `credentials: WANDB_API_KEY`), and every
+    other string through `mask_text` (keys stay as they are)."""
     if isinstance(node, str):
-        return _masked(key, node)
+        return mask_text(node) if ENV_NAME.match(node) else _masked(key, node)
     if isinstance(node, dict):
         return {name: masked_values(value, str(name)) for name, value in node.items()}
     if isinstance(node, (list, tuple)):
