@@ -184,9 +184,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     register_configs()
     sys.argv = [sys.argv[0], *flags_before_overrides(args)]
-    with _compose_mistakes_in_one_line():
+    from retrain.campaign.sweeper import multirun_file_masked
+
+    with _compose_mistakes_in_one_line(), multirun_file_masked(), _stderr_masked():
         hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(_hydra_entry)()
     return 0
+
+
+@contextmanager
+def _stderr_masked() -> Iterator[None]:
+    """What is written to stderr passes retrain.housekeeping.secrets.mask_text: Hydra prints a failed sweep job's
+    overrides there as typed (`Error executing job with overrides: [...]`)."""
+    from retrain.housekeeping.secrets import MaskedStream
+
+    stream = sys.stderr
+    sys.stderr = MaskedStream(stream)
+    try:
+        yield
+    finally:
+        sys.stderr = stream
 
 
 def flags_before_overrides(args: list[str]) -> list[str]:
@@ -222,7 +238,7 @@ def _raised_in_task(error: BaseException) -> bool:
     return any(frame.f_code is _hydra_entry.__code__ for frame, _ in traceback.walk_tb(error.__traceback__))
 
 
-def _output_dir_keys(error: OSError) -> str:
+def _output_dir_keys(error: BaseException) -> str:
     """The keys that set the directory Hydra was creating or writing when it failed, read from its
     `run_job` (the run's dir, or a sweep job's dir and subdir)."""
     for frame, _ in traceback.walk_tb(error.__traceback__):
@@ -253,10 +269,17 @@ def _compose_mistakes_in_one_line() -> Iterator[None]:
                     raise
                 print(f"retrain: {line}", file=sys.stderr)
                 raise SystemExit(1) from None
-            except OSError as error:
-                if _raised_in_task(error) or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            except (OSError, ValueError) as error:
+                # logging.config says "Unable to configure handler 'file'" for a run.log it cannot open (a
+                # read-only file system): the OSError is its cause
+                unwritable = error if isinstance(error, OSError) else error.__cause__
+                if (
+                    not isinstance(unwritable, OSError)
+                    or _raised_in_task(error)
+                    or os.environ.get("HYDRA_FULL_ERROR") == "1"
+                ):
                     raise
-                print(f"retrain: {output_dir_unwritable(_output_dir_keys(error), error)}", file=sys.stderr)
+                print(f"retrain: {output_dir_unwritable(_output_dir_keys(error), unwritable)}", file=sys.stderr)
                 raise SystemExit(1) from None
 
         return hydras_report(composing)

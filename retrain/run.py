@@ -47,6 +47,7 @@ from retrain.housekeeping.rundir import STATE_FILE, Checkpoint, RunDir
 from retrain.housekeeping.secrets import shown_config
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
+from retrain.inference.reachable import check_server_answers
 from retrain.model.probe import Probe
 from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.plugins import checked, import_failure, is_built_in, locate, plugin_name
@@ -90,6 +91,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     warn_if_untrainable(algorithm, training)
     check_wandb_login(str(cfg.logging.wandb_project))
     check_tensorboard(bool(cfg.logging.tensorboard))
+    if not capabilities.samples_itself:  # a dead server is found in seconds, before the model loads
+        check_server_answers(container_dict(cfg.inference, "inference"))
 
     resume = find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls))
     identity = config_identity(
@@ -291,9 +294,11 @@ def target_class(cfg: DictConfig, group: str) -> type:
 
 # what may differ when a run dir is entered again: how long it runs, what it logs, where it reports
 NOT_IDENTITY = {"resume", "logging", "eval", "scoring", "squeeze"}
-# keys of the other sections that may differ too: how long it runs, and back-pressure's roofline hints (never acted on)
+# keys of the other sections that may differ too: how long it runs, back-pressure's roofline hints (never acted
+# on), and where the inference server listens (a server restarted on another port serves the same run)
 NOT_IDENTITY_KEYS = {
     "training": {"max_steps", "save_every", "keep_checkpoints"},
+    "inference": {"url"},
     "backpressure": {"peak_gflops", "peak_bw_gb_s"},
 }
 

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from retrain.errors import UserError
-from retrain.housekeeping.rundir import RunDir
+from retrain.housekeeping.rundir import RunDir, checksum_mismatch, read_text_file
 from retrain.model.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 SQUEEZE_REPORT = "squeeze.json"
@@ -152,10 +153,18 @@ def resolve_adapter_dir(path: Path) -> Path:
 
 
 def read_adapter(adapter_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The adapter's config and tensors, each checked to read (and against checksums.json, when there is one)."""
     config_path, weights_path = adapter_dir / ADAPTER_CONFIG, adapter_dir / ADAPTER_WEIGHTS
     if not weights_path.is_file():
         raise SqueezeError(f"{adapter_dir}: {ADAPTER_WEIGHTS} is missing")
-    config = json.loads(config_path.read_text())
+    if mismatch := checksum_mismatch(adapter_dir):
+        raise SqueezeError(f"{adapter_dir}: {mismatch}")
+    try:
+        config = json.loads(read_text_file(config_path))
+    except (OSError, ValueError) as error:  # ValueError: JSON or UTF-8 that does not decode
+        raise SqueezeError(f"{config_path}: does not read as JSON ({type(error).__name__}: {error})") from None
+    if not isinstance(config, dict):
+        raise SqueezeError(f"{config_path}: holds a {type(config).__name__}, not PEFT's adapter config (an object)")
     if config.get("peft_type", "LORA") != "LORA":
         raise SqueezeError(f"{config_path}: peft_type={config.get('peft_type')!r}; only LORA adapters can be squeezed")
     if config.get("use_dora"):
@@ -163,7 +172,25 @@ def read_adapter(adapter_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Ten
     for key in ("rank_pattern", "alpha_pattern"):
         if config.get(key):
             raise SqueezeError(f"{config_path}: {key} is set; per-module ranks or alphas are not supported")
-    return config, load_file(str(weights_path))
+    if "lora_alpha" in config and not _is_number(config["lora_alpha"]):
+        raise SqueezeError(f"{config_path}: lora_alpha={config['lora_alpha']!r} is not a number")
+    try:
+        return config, load_file(str(weights_path))
+    except (SafetensorError, OSError) as error:  # a truncated or garbled file
+        raise SqueezeError(f"{weights_path}: does not read ({type(error).__name__}: {error})") from None
+
+
+def adapter_rank(adapter_dir: Path, config: dict[str, Any], modules: list[ModuleFactors]) -> int:
+    """The adapter's rank `r`, checked against its factors (a config that says otherwise describes other tensors)."""
+    rank = config.get("r", modules[0].rank)
+    if not _is_integer(rank) or rank < 1:
+        raise SqueezeError(f"{adapter_dir / ADAPTER_CONFIG}: r={rank!r} must be an integer >= 1")
+    if other := sorted({m.rank for m in modules if m.rank != rank}):
+        raise SqueezeError(
+            f"{adapter_dir / ADAPTER_CONFIG}: r={rank}, but the factors in {ADAPTER_WEIGHTS} have rank "
+            f"{', '.join(map(str, other))}"
+        )
+    return int(rank)
 
 
 def lora_modules(weights: dict[str, torch.Tensor]) -> list[ModuleFactors]:
@@ -181,6 +208,9 @@ def lora_modules(weights: dict[str, torch.Tensor]) -> list[ModuleFactors]:
                     f"{name}: factors of shape {tuple(A.shape)} and {tuple(B.shape)} are not "
                     "a 2-D LoRA pair (r×in and out×r)"
                 )
+            for key, factor in ((a_key, A), (b_key, B)):
+                if not torch.isfinite(factor).all():
+                    raise SqueezeError(f"{key} holds NaN or infinite values: the adapter's training diverged")
             modules.append(ModuleFactors(name, a_key, b_key, A, B))
     if not modules:
         raise SqueezeError("no LoRA factors (…lora_A.weight / …lora_B.weight) in the adapter")
@@ -208,7 +238,7 @@ def analyse(
     SqueezeSettings(min_variance_retention=min_variance_retention, target_ranks=list(target_ranks or []))
     config, weights = read_adapter(adapter_dir)
     modules = lora_modules(weights)
-    source_rank = int(config.get("r", modules[0].rank))
+    source_rank = adapter_rank(adapter_dir, config, modules)
     ranks = sorted({int(k) for k in target_ranks}) if target_ranks else default_target_ranks(source_rank)
     too_big = [k for k in ranks if k > source_rank]
     if too_big:
@@ -241,7 +271,7 @@ def compress(adapter_dir: Path, rank: int, output_dir: Path, overwrite: bool = F
     """
     config, weights = read_adapter(adapter_dir)
     modules = lora_modules(weights)
-    source_rank = int(config.get("r", modules[0].rank))
+    source_rank = adapter_rank(adapter_dir, config, modules)
     if not 1 <= rank <= source_rank:
         raise SqueezeError(f"--compress-to {rank}: must be between 1 and the adapter's rank {source_rank}")
     if output_dir.resolve() == adapter_dir.resolve():

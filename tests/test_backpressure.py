@@ -17,6 +17,7 @@ from retrain.run import config_identity
 from retrain.training.backpressure import (
     BackpressureController,
     Roofline,
+    better_fit,
     fit_usl,
     optimal_concurrency,
     usl_throughput,
@@ -289,3 +290,26 @@ def test_back_pressure_is_part_of_the_run_identity_only_when_on() -> None:
     identity = config_identity(compose(["backpressure.enabled=true", "backpressure.peak_gflops=990"]))
     assert identity["backpressure.enabled"] is True and identity["backpressure.max_batch_size"] == 64
     assert "backpressure.peak_gflops" not in identity  # a hint that is logged, never acted on
+
+
+@pytest.mark.parametrize("speed", [0.5, 0.6, 0.7])
+def test_one_slow_step_keeps_the_warmups_fit_and_is_seen_as_retrograde(speed: float) -> None:
+    # sweep 1, 2, 4 prompts (p = 4, 8, 16), then one slow step at p = 12: the least-squares refit
+    # describes no curve (λ = 0 at 0.5x, 0.6x) or clamps to σ = 1 (0.7x, then read as memory_bound);
+    # the warm-up's fit must stand and judge that step
+    bp = controller(batch_size=3, max_batch_size=4, warmup_steps=3)
+    run_steps(bp, range(3))
+    good = dict(bp.fit or {})
+    assert good["lam"] == pytest.approx(LAM)
+    slow = bp.observe(record(3, 3, speed=speed))
+    assert bp.fit == good
+    assert slow["train/backpressure/regime"] == "retrograde" and slow["train/backpressure/action"] == "throttle"
+    assert slow["train/backpressure/throughput_vs_model"] == pytest.approx(speed)
+
+
+def test_a_refit_replaces_the_fit_when_it_explains_the_points_better() -> None:
+    slower = fit_usl([(p, 0.5 * LAM * usl_throughput(p, SIGMA, KAPPA)) for p in [4, 8, 16, 32]])
+    points = [(p, LAM * usl_throughput(p, SIGMA, KAPPA)) for p in [4, 8, 16, 32]]
+    assert better_fit(fit_usl(points), slower, points)
+    assert not better_fit(slower, fit_usl(points), points)
+    assert not better_fit({"sigma": 0.0, "kappa": 0.0, "lam": 0.0}, slower, points)

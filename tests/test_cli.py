@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -281,6 +282,34 @@ def test_an_output_dir_that_cannot_be_made_is_one_line_naming_its_key(
     result = cli_here(args, tmp_path, check=False)
     assert result.returncode == 1 and result.stderr.startswith(line.format(**names)), result.stderr
     assert result.stderr.count("\n") == 1 and blocker.read_text() == "not a directory"
+
+
+@pytest.fixture
+def read_only_run_dir(tmp_path: Path) -> Iterator[Path]:
+    """A run dir holding a run's files on a file system mounted read-only (a tmpfs: needs root's
+    CAP_SYS_ADMIN, as in the dev container; skipped where mounting is not allowed)."""
+    mount_point = tmp_path / "mnt"
+    mount_point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount_point)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
+    try:
+        run_dir = mount_point / "run"
+        run_dir.mkdir()
+        (run_dir / "run.log").write_text("an earlier attempt's log\n")
+        subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], check=True)
+        yield run_dir
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_an_existing_run_dir_on_a_read_only_file_system_is_one_line(
+    tmp_path: Path, cli_here: CliHere, read_only_run_dir: Path
+) -> None:
+    args = ["experiment=quickstart", "training.max_steps=1", f"hydra.run.dir={read_only_run_dir}"]
+    result = cli_here(args, tmp_path, check=False)
+    assert result.returncode == 1 and result.stderr == (
+        f"retrain: cannot write the output dir (hydra.run.dir): Read-only file system: '{read_only_run_dir}/run.log'\n"
+    ), result.stderr
 
 
 def test_a_dotenv_file_in_the_working_directory_is_loaded_and_the_environment_wins(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from retrain.algorithm.checks import checked_algorithm
 from retrain.assets import TINY_MODEL_DIR
 from retrain.config import compose
 from retrain.config_checks.validation import check_prompt_lengths, model_context, warn_if_untrainable
-from retrain.errors import ConfigError, ConfigErrors, DataError
+from retrain.errors import ConfigError, ConfigErrors, DataError, UserError
 from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.run import run
 from retrain.types import Example
@@ -255,3 +255,12 @@ def test_a_rewards_mistake_is_reported_before_the_data_loads(tmp_path: Path, cli
     console = result.stdout + result.stderr
     assert result.returncode == 1 and "retrain: reward.base_url must be an http(s) URL, got 'localhost:8000'" in console
     assert "Loaded " not in console, console
+
+
+def test_a_dead_inference_server_is_found_before_data_or_the_model_loads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO), pytest.raises(UserError) as raised:
+        run(compose([*QUICK, *VLLM_SERVER[1:], "inference.max_retries=0"]), tmp_path / "run")
+    assert str(raised.value).startswith("inference.url: no server answers (GET http://127.0.0.1:9/: Connect")
+    assert "Loaded " not in caplog.text and MODEL_LOADS not in caplog.text

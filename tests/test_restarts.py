@@ -136,6 +136,11 @@ def test_a_restart_that_cannot_restore_records_the_failure_in_the_status(referen
         train(other, f"resume.from={reference / 'checkpoints' / 'step_1'}", "model.lora_rank=4")
     status = RunDir(other).read_status()
     assert status["state"] == "failed" and "does not match model.lora_rank" in status["error"]
+    # ... or adapts other modules
+    with pytest.raises(ConfigError, match=r"was trained on model.target_modules=\[.*\], this run adapts \['q_proj'\]"):
+        train(
+            tmp_path / "fewer", f"resume.from={reference / 'checkpoints' / 'step_1'}", "model.target_modules=[q_proj]"
+        )
 
 
 def test_an_older_checkpoint_that_does_not_read_never_blocks_the_newer_one(

@@ -3,9 +3,12 @@ keys are masked, neither is part of a run's identity, and a key pasted where a v
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from retrain.config import compose
 from retrain.errors import ConfigError
@@ -14,6 +17,7 @@ from retrain.housekeeping.secrets import (
     MASK,
     check_env_names,
     looks_secret,
+    mask_text,
     masked_config,
     masked_override,
     shown_config,
@@ -137,3 +141,99 @@ def test_a_token_from_the_environment_is_in_no_file_of_the_run_and_rotating_it_k
     assert "Resumed from" in resumed.stdout
     assert [r["reward/errors"] for r in read_metrics(run_dir)] == [0, 0]
     assert files_holding(run_dir, TOKEN, ROTATED, LITERAL_KEY) == []
+
+
+def test_the_inference_servers_url_is_not_part_of_the_run_identity() -> None:
+    """A server restarted on another port (or behind new credentials) serves the same run."""
+    server = ["experiment=quickstart", "inference=vllm_server"]
+    first = config_identity(compose([*server, "inference.url=http://127.0.0.1:8000"]))
+    moved = config_identity(compose([*server, "inference.url=http://10.0.0.7:8011"]))
+    assert first == moved and "inference.url" not in first
+    assert first["inference._target_"] == "retrain.inference.vllm_server.VllmServerEngine"
+
+
+SWEPT_KEY, URL_PASSWORD = "sk-swept-7f3e9a", "pw-in-url-41c2"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("http://user:pw@host:8000/v1", "http://***@host:8000/v1"),
+        (r"inference.url=http\://user\:pw@127.0.0.1\:9", r"inference.url=http\://***@127.0.0.1\:9"),
+        ("GET https://a:b@x/y: ConnectError", "GET https://***@x/y: ConnectError"),
+        ("Authorization: Bearer abc.def-123", "Authorization: ***"),
+        ('{"authorization": "Basic dXNlcjpwYXNz"}', '{"authorization": "***"}'),
+        ("header=Bearer abcdefgh12", "header=Bearer ***"),
+        ("key sk-proj-0123456789abcdefghijkl here", "key *** here"),
+        ("\t#0 : +reward.api_key=sk-1 training.seed=1", "\t#0 : +reward.api_key=*** training.seed=1"),
+        ("+reward.api_key=sk-1,training.seed=1", "+reward.api_key=***,training.seed=1"),
+        ("['+reward.api_key=sk-1', 'x=1']", "['+reward.api_key=***', 'x=1']"),
+        ("reward.api_key_env=sk-pasted", "reward.api_key_env=***"),
+        # what stays: no secret, a variable's name, an interpolation, a mail address, a Hub id
+        ("training.max_tokens=8 leaves 120", "training.max_tokens=8 leaves 120"),
+        ("reward.api_key_env=MY_KEY", "reward.api_key_env=MY_KEY"),
+        ("+reward.token=${oc.env:MY_TOKEN}", "+reward.token=${oc.env:MY_TOKEN}"),
+        ("Bearer ${oc.env:MY_TOKEN}", "Bearer ${oc.env:MY_TOKEN}"),
+        ("ask user@example.com", "ask user@example.com"),
+        ("data.path=hf_internal_testing/x", "data.path=hf_internal_testing/x"),
+    ],
+)
+def test_secrets_are_masked_by_their_shape_and_their_key(text: str, shown: str) -> None:
+    assert mask_text(text) == shown
+
+
+def test_a_url_with_credentials_is_masked_in_any_setting_and_kept_out_of_the_identity() -> None:
+    cfg = compose(["experiment=quickstart", f"+reward.base_url=http://judge:{URL_PASSWORD}@10.0.0.2:8000/v1"])
+    assert cfg.reward.base_url.startswith("http://judge:")  # the plugin itself gets the credentials
+    assert shown_config(cfg)["reward"]["base_url"] == "http://***@10.0.0.2:8000/v1"
+    assert URL_PASSWORD not in str(config_identity(cfg)) + str(OmegaConf.to_container(masked_config(cfg)))
+
+
+def test_explain_and_doctor_show_no_key_and_no_url_credentials(tmp_path: Path, cli_here: CliHere) -> None:
+    args = [
+        "experiment=quickstart",
+        f"+reward.api_key={SWEPT_KEY}",
+        "inference=vllm_server",
+        f"inference.url=http://user:{URL_PASSWORD}@127.0.0.1:9",
+    ]
+    for command in (["explain"], ["explain", "--json"], ["doctor", "--json"]):
+        result = cli_here([*command, *args], tmp_path, check=False)
+        shown = result.stdout + result.stderr
+        assert SWEPT_KEY not in shown and URL_PASSWORD not in shown, command
+        if "--json" in command:  # the report lists the overrides: masked, not left out
+            assert "+reward.api_key=***" in shown and "http://***@127.0.0.1" in shown, (command, shown)
+    pasted = cli_here(
+        ["doctor", "experiment=quickstart", "reward=judge", f"reward.api_key_env={SWEPT_KEY}"], tmp_path, check=False
+    )
+    assert pasted.returncode == 1 and "BLOCKING: reward.api_key_env must name an environment variable" in pasted.stdout
+    assert SWEPT_KEY not in pasted.stdout + pasted.stderr
+
+
+def test_a_key_and_url_credentials_typed_for_a_sweep_are_in_no_file_and_no_line(tmp_path: Path) -> None:
+    """multirun.yaml, Hydra's `#0 : ...` launch line, the failed job's error and its run dir's files."""
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(
+        [
+            "--multirun",
+            "experiment=quickstart",
+            "eval.num_examples=0",
+            f"+reward.api_key={SWEPT_KEY}",
+            "inference=vllm_server",
+            f"inference.url=http://user:{URL_PASSWORD}@127.0.0.1:9",  # nothing listens: the job fails at start
+            "inference.max_retries=0",
+            "training.seed=1",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        check=False,
+    )
+    console = result.stdout + result.stderr
+    assert "#0 : " in console and "+reward.api_key=*** " in console, console
+    assert "inference.url: no server answers (GET http://***@127.0.0.1:9/" in console, console
+    assert SWEPT_KEY not in console and URL_PASSWORD not in console, console
+    assert (sweep_dir / "multirun.yaml").is_file() and list(sweep_dir.glob("*/run.log"))
+    assert files_holding(sweep_dir, SWEPT_KEY, URL_PASSWORD) == []
+    status = subprocess.run(
+        [sys.executable, "-m", "retrain", "status", str(sweep_dir), "--json"], capture_output=True, text=True
+    )
+    assert "http://***@127.0.0.1:9" in status.stdout and URL_PASSWORD not in status.stdout

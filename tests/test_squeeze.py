@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,66 @@ def test_a_squeeze_setting_that_cannot_work_is_named(settings: dict[str, object]
     with pytest.raises(SqueezeError) as raised:
         SqueezeSettings.from_mapping(settings)
     assert named in str(raised.value)
+
+
+def truncate_weights(adapter: Path) -> None:
+    weights = adapter / ADAPTER_WEIGHTS
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def nan_lora_b(adapter: Path) -> None:
+    tensors = load_file(str(adapter / ADAPTER_WEIGHTS))
+    key = next(k for k in sorted(tensors) if k.endswith("lora_B.weight"))
+    tensors[key][0, 0] = float("nan")
+    save_file(tensors, str(adapter / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+
+def edit_config(**changes: object) -> object:
+    def edit(adapter: Path) -> None:
+        config = json.loads((adapter / "adapter_config.json").read_text())
+        (adapter / "adapter_config.json").write_text(json.dumps({**config, **changes}))
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (truncate_weights, r"adapter_model.safetensors: does not read \(SafetensorError"),
+        (nan_lora_b, r"lora_B.weight holds NaN or infinite values"),
+        (lambda a: (a / "adapter_config.json").write_text('{"r": 8,'), r"adapter_config.json: does not read as JSON"),
+        (lambda a: (a / "adapter_config.json").write_text("[8]"), r"adapter_config.json: holds a list, not PEFT's"),
+        (edit_config(r=0), r"adapter_config.json: r=0 must be an integer >= 1"),
+        (edit_config(r=4), r"adapter_config.json: r=4, but the factors in adapter_model.safetensors have rank 8"),
+        (edit_config(lora_alpha="x"), r"adapter_config.json: lora_alpha='x' is not a number"),
+    ],
+)
+def test_a_damaged_adapter_is_one_line(
+    adapter: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, named: str
+) -> None:
+    damage(adapter)
+    assert main([str(adapter)]) == 2
+    assert main([str(adapter), "--compress-to", "2", "--output", str(tmp_path / "out")]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2 and all(line.startswith("retrain squeeze: error: ") for line in errors)
+    assert all(re.search(named, line) for line in errors), errors
+
+
+def test_an_adapter_that_changed_after_it_was_saved_is_refused(
+    adapter: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run's final/ records checksums.json: zeroed weights still load, but no longer match their digest."""
+    digests = {
+        name: hashlib.sha256((adapter / name).read_bytes()).hexdigest()
+        for name in ("adapter_config.json", ADAPTER_WEIGHTS)
+    }
+    (adapter / "checksums.json").write_text(json.dumps(digests))
+    assert main([str(adapter)]) == 0
+    nan_free = load_file(str(adapter / ADAPTER_WEIGHTS))
+    save_file({k: torch.zeros_like(v) for k, v in nan_free.items()}, str(adapter / ADAPTER_WEIGHTS))
+    capsys.readouterr()
+    assert main([str(adapter)]) == 2
+    assert capsys.readouterr().err == (
+        f"retrain squeeze: error: {adapter}: adapter_model.safetensors does not match its sha256 in checksums.json "
+        "(changed after it was saved)\n"
+    )

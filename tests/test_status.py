@@ -190,3 +190,58 @@ def test_watch_follows_a_real_run_to_its_end(tmp_path: Path) -> None:
     frames = watched.stdout.split(f"retrain status {run_dir}  (")[1:]
     assert len(frames) >= 2 and "state: running" in frames[0]
     assert "state: done  (steps 8/8" in frames[-1] and all("state: done" not in frame for frame in frames[:-1])
+
+
+@pytest.mark.parametrize(
+    "last_line",
+    [
+        '{"step": 12, "correct_rate": NaN, "running_correct_rate": NaN, "batch_size": 4, "group_size": 4}',
+        '{"step": 12, "correct_rate": Infinity, "running_correct_rate": -Infinity, "batch_size": 4}',
+        '{"step": 12, "loss": 1.0, "step_time_s": "slow"}',
+    ],
+)
+def test_a_step_without_a_finite_correct_rate_is_skipped_not_fatal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], last_line: str
+) -> None:
+    run = simulate_run(tmp_path, "grpo_none", 1, 0.4)
+    with open(run.dir / "metrics.jsonl", "a") as handle:
+        handle.write(last_line + "\n")
+    assert main([str(run.dir)]) == 0
+    text = capsys.readouterr().out
+    assert f"correct rate: last step {run.draws[-1].mean():.3f}" in text and "running —" in text
+    assert main([str(run.dir), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in --json"))
+    assert report["final_correct_rate"] == pytest.approx(run.draws[-1].mean())
+    assert report["running_correct_rate"] is None and report["last_step_time_s"] is None
+
+
+def test_a_manifest_that_is_a_list_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    start_manifest(sweep_dir, expand(["algorithm=grpo_none"]), CampaignSettings(), "BasicLauncher", None)
+    (sweep_dir / "manifest.json").write_text("[1, 2]")
+    assert main([str(sweep_dir)]) == 1
+    error = capsys.readouterr().err
+    assert error.strip() == (
+        f"retrain status: {sweep_dir.resolve()} is an unreadable sweep dir "
+        "(ValueError: manifest.json holds a list, not an object)"
+    )
+    assert main([str(tmp_path)]) == 0
+    assert "sweep  unreadable" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["status.json", "job.json", ".hydra/config.yaml"])
+def test_a_fifo_in_place_of_a_run_file_is_unreadable_not_a_hang(tmp_path: Path, name: str) -> None:
+    run = simulate_run(tmp_path, "grpo_none", 1, 0.4, num=0)
+    (run.dir / name).unlink()
+    os.mkfifo(run.dir / name)
+    status = subprocess.run(
+        [sys.executable, "-m", "retrain", "status", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,  # reading the FIFO would block forever
+    )
+    assert status.returncode == 0, status.stderr
+    (entry,) = json.loads(status.stdout)
+    assert entry["state"] == "unreadable" and "is not a regular file (a FIFO" in entry["error"]

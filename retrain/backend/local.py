@@ -270,7 +270,7 @@ class LocalBackend:
         result: Any = set_peft_model_state_dict(self.model, weights)  # torch's (missing_keys, unexpected_keys)
         missing = [key for key in result.missing_keys if "lora_" in key]
         if result.unexpected_keys or missing:
-            raise ValueError(
+            raise ConfigError(
                 f"adapter in {path} does not fit this model: unexpected weights "
                 f"{result.unexpected_keys[:5]}, missing LoRA weights {missing[:5]}"
             )
@@ -289,6 +289,12 @@ class LocalBackend:
         if mismatched:
             details = ", ".join(f"{key}: checkpoint {old} vs config {new}" for key, (old, new) in mismatched.items())
             raise ConfigError(f"adapter in {path} does not match model.lora_rank/lora_alpha ({details})")
+        trained_on = saved.get("target_modules")
+        if isinstance(trained_on, list) and set(trained_on) != set(self.spec.target_modules):
+            raise ConfigError(
+                f"adapter in {path} was trained on model.target_modules={sorted(trained_on)}, this run adapts "
+                f"{sorted(self.spec.target_modules)}: set model.target_modules to the checkpoint's to resume it"
+            )
 
     def close(self) -> None:
         if self.device.type == "cuda":

@@ -40,6 +40,7 @@ from retrain.config_checks.compose_errors import output_dir_unwritable, unresolv
 from retrain.errors import ConfigError, UserError
 from retrain.housekeeping.launch import RunDirRefused, held_elsewhere, slurm_ids
 from retrain.housekeeping.rundir import RunDir, write_json_atomic
+from retrain.housekeeping.secrets import mask_text
 
 log = logging.getLogger("retrain.campaign")
 
@@ -144,7 +145,7 @@ class CampaignCallback(Callback):
             run_dir.exit_file,
             {
                 "status": "failed" if failed else "completed",
-                "error": f"{type(value).__name__}: {value}" if failed else None,
+                "error": mask_text(f"{type(value).__name__}: {value}") if failed else None,
                 "finished_at": time.time(),
                 "pid": os.getpid(),
                 "hostname": socket.gethostname(),

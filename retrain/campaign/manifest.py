@@ -186,6 +186,8 @@ def collect(sweep_dir: Path, driver_exiting: bool = False) -> Campaign:
     `driver_exiting`: the driver itself collects as it ends, still alive but launching nothing more."""
     sweep_dir = sweep_dir.resolve()
     manifest = read_json(sweep_dir / MANIFEST) or {}
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{MANIFEST} holds a {type(manifest).__name__}, not an object")
     settings = CampaignSettings(**manifest.get("settings", {}))
     plan = [PlannedJob(**job) for job in manifest["plan"]] if manifest.get("plan") is not None else None
     run_dirs = find_run_dirs(sweep_dir)
@@ -220,7 +222,7 @@ def collect(sweep_dir: Path, driver_exiting: bool = False) -> Campaign:
         driver={**driver, "alive": driver_alive},
         created_at=manifest.get("created_at"),
         launcher=manifest.get("launcher"),
-        squeeze=read_json(sweep_dir / SQUEEZE_FILE),
+        squeeze=squeeze if isinstance(squeeze := read_json(sweep_dir / SQUEEZE_FILE), dict) else None,
         squeeze_settings=manifest.get("squeeze_settings"),
     )
 

@@ -114,21 +114,27 @@ class RunScores:
     steps: int
 
 
+def finite_number(value: Any) -> float | None:
+    """`value` as a float when it is a finite real number (no bool, NaN or infinity), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def run_scores(records: list[dict[str, Any]], last_k: int) -> RunScores:
-    steps = [r for r in records if isinstance(r.get(CORRECT_RATE), (int, float))]
+    """Scores of the steps whose `correct_rate` is a finite number; a NaN, an infinity or a missing one is skipped."""
+    steps = [r for r in records if finite_number(r.get(CORRECT_RATE)) is not None]
     if not steps:
         return RunScores(None, None, 0, 0, None, 0)
     tail = steps[-last_k:]
     correct = total = 0
     for record in tail:
-        completions = int(record.get("batch_size", 0)) * int(record.get("group_size", 0))
+        completions = int(finite_number(record.get("batch_size")) or 0) * int(
+            finite_number(record.get("group_size")) or 0
+        )
         total += completions
         correct += round(float(record[CORRECT_RATE]) * completions)
-    entropy = [
-        float(r[ENTROPY_VAR])
-        for r in tail
-        if isinstance(r.get(ENTROPY_VAR), (int, float)) and math.isfinite(r[ENTROPY_VAR])
-    ]
+    entropy = [value for r in tail if (value := finite_number(r.get(ENTROPY_VAR))) is not None]
     return RunScores(
         final=float(steps[-1][CORRECT_RATE]),
         last_k=sum(float(r[CORRECT_RATE]) for r in tail) / len(tail),

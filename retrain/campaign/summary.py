@@ -38,8 +38,9 @@ def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[st
     settings = campaign.settings
     conditions = campaign.conditions
     done = {c: [r for r in campaign.runs if r.condition == c and r.state == "done"] for c in conditions}
-    baseline = settings.baseline if settings.baseline in conditions else (conditions[0] if conditions else None)
+    baseline = chosen_baseline(campaign)
     base_scores = [scores[r.name] for r in done.get(baseline, [])] if baseline is not None else []
+    testable = baseline in conditions  # a planned baseline whose runs all failed to read: nothing to test against
     rows = []
     for condition in conditions:
         own = [scores[r.name] for r in done[condition]]
@@ -57,13 +58,33 @@ def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[st
             "fisher_vs_baseline": None,
             "welch_vs_baseline": None,
         }
-        if condition != baseline and baseline is not None:
+        if condition != baseline and testable:
             row["fisher_vs_baseline"] = fisher_exact(
                 correct, total, sum(s.correct for s in base_scores), sum(s.total for s in base_scores)
             ).to_json()
             row["welch_vs_baseline"] = welch_t([s.last_k for s in own], [s.last_k for s in base_scores]).to_json()
         rows.append(row)
     return baseline, rows
+
+
+def chosen_baseline(campaign: Campaign) -> str | None:
+    """The configured baseline when the sweep planned or ran it, else the first condition (docs/campaigns.md).
+
+    A planned baseline stays the baseline even when none of its runs reads: another condition in its
+    place would test every condition against the wrong reference.
+    """
+    planned = {job.condition for job in campaign.plan or []}
+    configured = campaign.settings.baseline
+    if configured in campaign.conditions or configured in planned:
+        return configured
+    return campaign.conditions[0] if campaign.conditions else None
+
+
+def baseline_note(campaign: Campaign, baseline: str | None) -> str | None:
+    """Why no condition is tested against the baseline, when none of its runs reads."""
+    if baseline is None or baseline in campaign.conditions:
+        return None
+    return f"the baseline `{baseline}` has no readable run: no condition is tested against it"
 
 
 def entropy_comparison(campaign: Campaign, scores: dict[str, RunScores]) -> dict[str, Any] | None:
@@ -93,6 +114,7 @@ def build_summary(campaign: Campaign, plot: str | None) -> dict[str, Any]:
         "generated_at": time.time(),
         "settings": asdict(campaign.settings),
         "baseline": baseline,
+        "baseline_note": baseline_note(campaign, baseline),
         "counts": state_counts(campaign.runs),
         "conditions": rows,
         "entropy_comparison": entropy_comparison(campaign, scores),
@@ -133,9 +155,9 @@ def _estimate_text(data: dict[str, Any]) -> str:
     return Estimate(**data).text()
 
 
-def _test_text(data: dict[str, Any] | None, name: str) -> str:
+def _test_text(data: dict[str, Any] | None, name: str, is_baseline: bool = True) -> str:
     if data is None:
-        return "(baseline)"
+        return "(baseline)" if is_baseline else "—"
     return TestResult(**data).text(name)
 
 
@@ -150,6 +172,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"- state: **{summary['state']}** ({counts or 'no runs'})",
         f"- baseline: `{summary['baseline']}`; scores are `correct_rate`: *final* = last step, "
         f"*last-{k}* = mean of the last {k} steps; mean ± std [{level}% t-interval] over finished seeds",
+        *([f"- **{summary['baseline_note']}**"] if summary.get("baseline_note") else []),
         "",
         "## Conditions",
         "",
@@ -162,8 +185,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         pooled_text = f"{pooled['correct']}/{pooled['total']} ({_num(pooled['rate'])})" if pooled["total"] else "—"
         lines.append(
             f"| `{row['condition']}` | {row['done']}/{row['runs']} | {_estimate_text(row['final'])} "
-            f"| {_estimate_text(row['last_k'])} | {pooled_text} | {_test_text(row['fisher_vs_baseline'], 'OR')} "
-            f"| {_test_text(row['welch_vs_baseline'], 't')} |"
+            f"| {_estimate_text(row['last_k'])} | {pooled_text} "
+            f"| {_test_text(row['fisher_vs_baseline'], 'OR', row['is_baseline'])} "
+            f"| {_test_text(row['welch_vs_baseline'], 't', row['is_baseline'])} |"
         )
     comparison = summary["entropy_comparison"]
     if comparison is not None:

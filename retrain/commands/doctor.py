@@ -33,7 +33,8 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, OmegaConf
 
 from retrain.config_checks.compose_errors import config_mistake
-from retrain.errors import UserError
+from retrain.errors import ConfigError, UserError
+from retrain.housekeeping.secrets import check_env_names, masked_values
 
 # pip extra -> the top-level modules it provides (pyproject.toml's optional dependencies)
 EXTRAS: dict[str, tuple[str, ...]] = {
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the machine-readable report")
     parser.add_argument("--config-dir", type=Path, help="a config dir of your own, searched too (as for retrain)")
     args = parser.parse_args(argv)
-    report = diagnose(args.overrides, args.config_dir)
+    report = masked_values(diagnose(args.overrides, args.config_dir))  # no key or credential shown
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0 if report["ok"] else 1
 
@@ -284,8 +285,18 @@ def capability_report(backend: str) -> dict[str, Any]:
     return {"flags": info.capabilities.as_dict(), "source": info.source, "error": None}
 
 
+def env_name_findings(cfg: DictConfig) -> list[Finding]:
+    """A key pasted where a variable's name belongs (`*_env`): the run refuses it at start, so doctor does."""
+    try:
+        check_env_names(cfg)
+    except ConfigError as error:
+        return [Finding("config", "blocking", str(error), "put the key in that environment variable")]
+    return []
+
+
 def run_findings(cfg: DictConfig, report: dict[str, Any]) -> list[Finding]:
     return [
+        *env_name_findings(cfg),
         *device_findings(cfg, report["torch"]),
         *extra_findings(cfg, report["extras"]),
         *model_findings(cfg, report["hub"]),

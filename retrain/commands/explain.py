@@ -66,6 +66,9 @@ def main(argv: list[str]) -> int:
             raise
         print(f"retrain explain: {mistake}", file=sys.stderr)
         return 1
+    from retrain.housekeeping.secrets import masked_values
+
+    report = masked_values(report)  # a key typed on the command line, a url's credentials: never shown
     print(json.dumps(report, indent=2, default=str) if args.json else render(report))
     failures = [
         f"{check.replace('_', ' ')} failed: {c[check]['error']}"

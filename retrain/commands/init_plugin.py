@@ -9,7 +9,9 @@ Then it prints the command that runs retrain with it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import keyword
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -53,8 +55,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--force", action="store_true", help="overwrite files of those names")
     args = parser.parse_args(argv)
     name, kind = args.name, KINDS[args.kind]
-    if not name.isidentifier() or keyword.iskeyword(name) or not name.islower():
-        parser.error(f"--name {name!r} must be a lower-case Python identifier (it is the module's name)")
+    if not name.isascii() or not name.isidentifier() or keyword.iskeyword(name) or not name.islower():
+        parser.error(
+            f"--name {name!r} must be a lower-case ASCII Python identifier (it is the module's name, and "
+            "Hydra's command line reads no other letters)"
+        )
+    if (origin := existing_module(name, args.dir)) is not None:
+        parser.exit(
+            1,
+            f"retrain init-plugin: --name {name} would shadow the module {name} ({origin}) that a run may import; "
+            "pick another --name\n",
+        )
     if name in config_groups().get(kind.group, []):
         parser.exit(
             1, f"retrain init-plugin: {kind.group}={name} is built in and would win over yours; pick another --name\n"
@@ -72,6 +83,26 @@ def main(argv: list[str]) -> int:
     if args.with_test:
         print(f"test it:\n  {where}python -m pytest test_{name}.py")
     return 0
+
+
+def existing_module(name: str, project: Path) -> str | None:
+    """Where a module called `name` already comes from (the standard library, an installed package), or None.
+
+    The project's dir goes first on a run's sys.path, so a plugin module of that name would replace it
+    (`--name retrain` would replace retrain itself). A module file already in `project` is the plugin's own.
+    """
+    if name in sys.builtin_module_names or name in sys.stdlib_module_names:
+        return "the standard library"
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    origin = spec.origin or next(iter(spec.submodule_search_locations or []), name)
+    if Path(origin).parent.resolve() == project.resolve():
+        return None
+    return origin
 
 
 def command(kind: str, name: str) -> str:

@@ -15,14 +15,29 @@ import sys
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from retrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from retrain.migrate.preset import Preset
 
+MAX_DEPTH = 32  # nesting of arrays and tables migrate-config reads
 PRESET_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a Hydra option name usable as `experiment=<name>`
+
+
+def check_depth(toml: dict[str, Any]) -> None:
+    """ConfigError naming the key where arrays or tables nest deeper than MAX_DEPTH (a seeds config nests 3 deep),
+    before the translation and Hydra's composition walk them recursively."""
+    stack: list[tuple[Any, str, int]] = [(toml, "", 0)]
+    while stack:
+        node, key, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{key} nests arrays or tables deeper than {MAX_DEPTH} levels")
+        if isinstance(node, dict):
+            stack += [(child, f"{key}.{name}" if key else str(name), depth + 1) for name, child in node.items()]
+        elif isinstance(node, list):
+            stack += [(child, f"{key}[{index}]", depth + 1) for index, child in enumerate(node)]
 
 
 def main(argv: list[str]) -> int:
@@ -53,10 +68,15 @@ def _one(path: Path, args: argparse.Namespace) -> int:
 
     if not PRESET_NAME.match(path.stem):
         raise ConfigError(f"{path.stem!r} cannot name a preset (letters, digits, _ . -); rename the file")
+    if path.exists() and not path.is_file() and not path.is_dir():  # reading a FIFO or a device may never end
+        raise ConfigError("not a regular file (a FIFO, socket or device); give a .toml file")
     try:
         toml = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"not a readable TOML file ({error})") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError("not a readable TOML file (arrays or tables nested too deep to parse)") from None
+    check_depth(toml)
     preset = translate(toml, path.name)
     text = preset.render(args.output_dir, path.stem)
     _check_composes(text, preset.package, path.stem)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -24,9 +25,10 @@ from typing import Any
 from retrain.campaign.manifest import MANIFEST, collect, state_counts
 from retrain.campaign.report import refresh
 from retrain.campaign.runs import UNREADABLE, RunInfo, describe_age, read_run
-from retrain.campaign.stats import run_scores
+from retrain.campaign.stats import finite_number, run_scores
 from retrain.campaign.summary import build_summary, render_markdown
 from retrain.housekeeping.rundir import RunDir
+from retrain.housekeeping.secrets import masked_values
 
 SWEEP_MARKERS = (MANIFEST, "multirun.yaml")
 RUNNING = "running"
@@ -53,13 +55,34 @@ def run_report(run: RunInfo) -> dict[str, Any]:
         "error": run.error,
         "final_correct_rate": scores.final,
         f"last_{LAST_K}_correct_rate": scores.last_k,
-        "running_correct_rate": last.get("running_correct_rate"),
-        "last_step_time_s": last.get("step_time_s"),
+        "running_correct_rate": finite_number(last.get("running_correct_rate")),
+        "last_step_time_s": finite_number(last.get("step_time_s")),
         "checkpoints": checkpoints,
         "final_adapter": run.has_adapter,
         "eval": run.eval,
         "job": run.job,
     }
+
+
+def _number(value: Any) -> str:
+    """A rate for the text report: three decimals, or `—` when the run recorded none that is a number."""
+    number = finite_number(value)
+    return "—" if number is None else f"{number:.3f}"
+
+
+def json_text(value: Any) -> str:
+    """`--json` output that every JSON parser reads: a NaN or infinity a run recorded becomes null."""
+
+    def plain(node: Any) -> Any:
+        if isinstance(node, float) and not math.isfinite(node):
+            return None
+        if isinstance(node, dict):
+            return {key: plain(item) for key, item in node.items()}
+        if isinstance(node, (list, tuple)):
+            return [plain(item) for item in node]
+        return node
+
+    return json.dumps(plain(value), indent=2, default=str, allow_nan=False)
 
 
 def render_run(report: dict[str, Any]) -> str:
@@ -72,9 +95,9 @@ def render_run(report: dict[str, Any]) -> str:
     ]
     if report["final_correct_rate"] is not None:
         lines.append(
-            f"  correct rate: last step {report['final_correct_rate']:.3f}, "
-            f"last {LAST_K} steps {report[f'last_{LAST_K}_correct_rate']:.3f}, "
-            f"running {report['running_correct_rate']:.3f}"
+            f"  correct rate: last step {_number(report['final_correct_rate'])}, "
+            f"last {LAST_K} steps {_number(report[f'last_{LAST_K}_correct_rate'])}, "
+            f"running {_number(report['running_correct_rate'])}"
         )
     if report["last_step_time_s"] is not None:
         lines.append(f"  last step took {report['last_step_time_s']:.2f} s")
@@ -189,23 +212,22 @@ def main(argv: list[str]) -> int:
 def report(path: Path, as_json: bool, write: bool) -> tuple[int, str, bool]:
     """(exit code, the text to print, whether anything there is still running) for a run, sweep or folder."""
     if is_sweep_dir(path):
-        campaign = refresh(path) if write else collect(path)
-        summary = build_summary(
-            campaign, plot="learning_curves.png" if (path / "learning_curves.png").is_file() else None
+        try:
+            campaign = refresh(path) if write else collect(path)
+        except (OSError, ValueError, TypeError) as error:  # a damaged manifest.json: say which, never a traceback
+            return 1, f"retrain status: {path} is an unreadable sweep dir ({type(error).__name__}: {error})\n", False
+        summary = masked_values(
+            build_summary(campaign, plot="learning_curves.png" if (path / "learning_curves.png").is_file() else None)
         )
-        text = json.dumps(summary, indent=2, default=str) + "\n" if as_json else render_markdown(summary)
+        text = json_text(summary) + "\n" if as_json else render_markdown(summary)
         return 0, text, campaign.state == RUNNING
     if RunDir(path).has_run():
-        run = run_report(read_run(path))
-        return (
-            0,
-            (json.dumps(run, indent=2, default=str) if as_json else render_run(run)) + "\n",
-            run["state"] == RUNNING,
-        )
-    entries = overview(path)
+        run = masked_values(run_report(read_run(path)))  # files of older runs may hold a url's credentials
+        return 0, (json_text(run) if as_json else render_run(run)) + "\n", run["state"] == RUNNING
+    entries = masked_values(overview(path))
     if not entries:
         return 1, f"retrain status: no runs or sweeps under {path}\n", False
-    text = json.dumps(entries, indent=2, default=str) if as_json else render_overview(entries)
+    text = json_text(entries) if as_json else render_overview(entries)
     return 0, text + "\n", any(entry["state"] == RUNNING for entry in entries)
 
 

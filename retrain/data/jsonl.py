@@ -38,6 +38,11 @@ def load_records(
     local copy works with the same settings as the Hub id.
     """
     local = local_path(path, setting)
+    if local is not None and local.exists() and not local.is_file() and not local.is_dir():
+        raise ConfigError(
+            f"{setting}={path!r} is not a regular file (a FIFO, socket or device such as /dev/null); give a "
+            "jsonl/json/parquet/csv file, a data set directory or a Hub id"
+        )
     if local is not None and local.is_file():
         builder = FILE_BUILDERS.get(local.suffix.lower())
         if builder is None:
@@ -87,6 +92,10 @@ def _readable(path: str, setting: str, local: Path | None, split: str, config_na
             raise DataError(f"{setting}={path!r}: cannot read the records: {problem}") from exc
         if isinstance(exc, datasets.exceptions.DatasetGenerationError):
             raise DataError(f"{setting}={path!r}: cannot read the records ({exc.__cause__ or exc})") from exc
+        if local is not None:  # a local file or directory: whatever `datasets` says is about the data
+            kind = "directory" if local.is_dir() else "file"
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise DataError(f"{setting}={path!r}: cannot read the records of this {kind} ({reason})") from exc
         raise
 
 

@@ -43,8 +43,10 @@ def split_files(local: Path | None, split: str, config_name: str | None) -> list
 
 
 def file_problem(path: Path) -> str | None:
-    """Why a text record file (jsonl, json, csv) cannot be read, naming the line; None when it reads."""
+    """Why a record file cannot be read, naming the line of a text file (jsonl, json, csv); None when it reads."""
     suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return parquet_problem(path)
     if suffix not in {".jsonl", ".json", ".csv"}:
         return None
     lines: list[str] = []
@@ -70,6 +72,18 @@ def file_problem(path: Path) -> str | None:
         if not isinstance(record, dict):
             return f"{path} line {number}: not a JSON object (got {type(record).__name__})"
     return None
+
+
+def parquet_problem(path: Path) -> str | None:
+    """Why a parquet file cannot be read (truncated, not parquet, no rows); None when it reads."""
+    import pyarrow  # datasets' own dependency
+    import pyarrow.parquet
+
+    try:
+        rows = pyarrow.parquet.ParquetFile(path).metadata.num_rows
+    except (OSError, pyarrow.ArrowException) as error:
+        return f"{path} is not a readable parquet file (truncated or damaged: {error})"
+    return f"{path} is empty: it holds no records" if rows == 0 else None
 
 
 def _is_one_json_document(text: str) -> bool:

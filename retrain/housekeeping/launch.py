@@ -30,7 +30,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from retrain.errors import ConfigError
 from retrain.housekeeping.rundir import RunDir, read_json, write_json_atomic
-from retrain.housekeeping.secrets import MASK, from_environment, looks_secret, masked_config, masked_override
+from retrain.housekeeping.secrets import (
+    MASK,
+    from_environment,
+    looks_secret,
+    masked_config,
+    masked_override,
+    masked_values,
+)
 
 log = logging.getLogger("retrain")
 
@@ -130,15 +137,11 @@ def record_launch(run_dir: Path, cfg: DictConfig) -> None:
     if not HydraConfig.initialized():
         return
     files = RunDir(run_dir)
-    # unresolved, as typed: `+reward.auth=${oc.env:MY_TOKEN}` stays that (reading the node would resolve it)
-    hydra_node: dict[str, Any] = OmegaConf.to_container(HydraConfig.instance().cfg, resolve=False)  # type: ignore[assignment]
-    typed = [str(o) for o in hydra_node["hydra"]["overrides"]["task"]]
-    overrides = [masked_override(o) for o in typed]
+    # unresolved, as typed: `+reward.auth=${oc.env:MY_TOKEN}` stays that (reading the node would resolve it);
+    # every string masked: the overrides, override_dirname, a url's credentials anywhere
+    hydra_node: dict[str, Any] = masked_values(OmegaConf.to_container(HydraConfig.instance().cfg, resolve=False))
+    overrides = [masked_override(str(o)) for o in hydra_node["hydra"]["overrides"]["task"]]
     hydra_node["hydra"]["overrides"]["task"] = overrides
-    dirname = str(hydra_node["hydra"]["job"].get("override_dirname") or "")
-    for plain, masked in zip(typed, overrides):
-        dirname = dirname.replace(plain, masked)
-    hydra_node["hydra"]["job"]["override_dirname"] = dirname
     files.hydra_dir.mkdir(exist_ok=True)
     _write_text(files.hydra_config, OmegaConf.to_yaml(masked_config(cfg)))
     _write_text(files.hydra_dir / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create(hydra_node)))

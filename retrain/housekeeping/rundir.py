@@ -86,12 +86,41 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
+def read_text_file(path: Path) -> str:
+    """A file's text; OSError naming it when a FIFO or a device stands in its place (reading one could
+    block forever or never end). A directory raises IsADirectoryError, as reading it always did."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise OSError(f"{path} is not a regular file (a FIFO, socket or device)")
+    return path.read_text()
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON file, or None when it is absent or caught mid-write by a non-atomic writer."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text_file(path))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+def checksum_mismatch(directory: Path) -> str | None:
+    """Which file of `directory` differs from its sha256 in its checksums.json; None when all match or none
+    were recorded (a checkpoint or an adapter dir written before checksums)."""
+    checksums = directory / CHECKSUMS_FILE
+    if not checksums.is_file():
+        return None
+    try:
+        recorded = json.loads(read_text_file(checksums))
+    except (OSError, ValueError) as error:  # ValueError: JSON or UTF-8 that does not decode
+        return f"{CHECKSUMS_FILE} does not read ({type(error).__name__}: {error})"
+    if not isinstance(recorded, dict):
+        return f"{CHECKSUMS_FILE} holds a {type(recorded).__name__}, not the digests of the files"
+    for name, digest in sorted(recorded.items()):
+        file = directory / name
+        if not file.is_file():
+            return f"{name} is missing (listed in {CHECKSUMS_FILE})"
+        if _sha256(file) != digest:
+            return f"{name} does not match its sha256 in {CHECKSUMS_FILE} (changed after it was saved)"
+    return None
 
 
 def _step_number(name: str) -> int | None:
@@ -248,19 +277,7 @@ class Checkpoint:
 
     def _checksum_mismatch(self) -> str | None:
         """Which file differs from the digest recorded when it was saved; None when all match (or none were)."""
-        checksums = self.path / CHECKSUMS_FILE
-        if not checksums.is_file():
-            return None
-        recorded = json.loads(checksums.read_text())  # it read whole above, as every JSON file does
-        if not isinstance(recorded, dict):
-            return f"{CHECKSUMS_FILE} holds a {type(recorded).__name__}, not the digests of the files"
-        for name, digest in sorted(recorded.items()):
-            file = self.path / name
-            if not file.is_file():
-                return f"{name} is missing (listed in {CHECKSUMS_FILE})"
-            if _sha256(file) != digest:
-                return f"{name} does not match its sha256 in {CHECKSUMS_FILE} (changed after it was saved)"
-        return None
+        return checksum_mismatch(self.path)
 
     def set_aside(self) -> Path:
         """Rename a damaged checkpoint out of the listing (kept for a look, never deleted); returns its new path."""
@@ -493,7 +510,10 @@ class RunDir:
         return read_json(self.status_file) or {}
 
     def write_status(self, status: dict[str, Any]) -> None:
-        write_json_atomic(self.status_file, status)
+        """status.json, its strings masked (retrain.housekeeping.secrets): an error may quote a url with its credentials."""
+        from retrain.housekeeping.secrets import masked_values
+
+        write_json_atomic(self.status_file, masked_values(status))
 
     def record_failure(self, error: str) -> None:
         """Mark the run failed in status.json before the trainer could (its checkpoints cannot be restored),
@@ -520,7 +540,7 @@ class RunDir:
     def read_hydra_config(self) -> dict[str, Any]:
         """The config Hydra composed for this run; {} when absent or unreadable."""
         try:
-            return yaml.safe_load(self.hydra_config.read_text()) or {}
+            return yaml.safe_load(read_text_file(self.hydra_config)) or {}
         except (FileNotFoundError, yaml.YAMLError):
             return {}
 

@@ -30,6 +30,7 @@ from retrain.errors import ConfigError
 from retrain.inference.base import NucleusLogprobsWarning
 from retrain.inference.completions import Completion, request_seed, rollouts_from_completions
 from retrain.inference.config import OpenAIEngineConfig
+from retrain.inference.finish_reason import hit_max_tokens
 from retrain.inference.http import HttpError
 from retrain.inference.replies import ReplyLimits, ServerRoute
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
@@ -214,7 +215,13 @@ class OpenAIEngine(ServerEngine):
                     token_ids, token_logprobs = self._retokenized(tokens, values, f"{field}.logprobs.tokens")
                     limits = ReplyLimits(max(limits.max_tokens, len(token_ids)), limits.vocab_size)  # re-encoded text
                 completions.append(
-                    route.completion(token_ids, token_logprobs, choice.get("finish_reason") == "length", limits, field)
+                    route.completion(
+                        token_ids,
+                        token_logprobs,
+                        hit_max_tokens(route.url, choice.get("finish_reason")),
+                        limits,
+                        field,
+                    )
                 )
             return completions
 

@@ -35,6 +35,7 @@ from retrain.inference.completions import (
     rollouts_from_completions,
 )
 from retrain.inference.config import VllmServerEngineConfig
+from retrain.inference.finish_reason import hit_max_tokens
 from retrain.inference.http import HttpError
 from retrain.inference.replies import ReplyLimits, ServerRoute, shown
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
@@ -178,13 +179,14 @@ class VllmServerEngine(ServerEngine):
                 token_ids = route.token_ids(choice["token_ids"], f"{field}.token_ids")
                 logprobs = route.member(route.member(choice, "logprobs", field), "token_logprobs", f"{field}.logprobs")
                 finish = choice.get("finish_reason")
+                cut = hit_max_tokens(route.url, finish)  # an aborted completion stops the run, as on openai
                 if finish not in ("stop", "length"):
                     route.fail(f"{field}.finish_reason", f"{shown(finish)}, where stop or length belongs")
                 completions.append(
                     route.completion(
                         token_ids,
                         route.logprobs(logprobs, f"{field}.logprobs.token_logprobs"),
-                        finish == "length",
+                        cut,
                         limits,
                         field,
                     )

@@ -5,7 +5,9 @@ thread, and math-verify times itself with SIGALRM, which works only in a main th
 process runs the reward in its main thread, and a worker stuck past the timeout is killed and
 replaced, so one bad completion costs at most `timeout_s` and the next step finds a full pool. A
 worker whose memory grew past `max_worker_rss_mb` (a reward that leaks, or read a huge reply) is
-replaced between chunks the same way (measured from /proc, so on Linux only).
+replaced between chunks the same way (measured from /proc, so on Linux only). Each worker leads a
+process group of its own, and stopping it kills the group: a helper process its reward started (a
+sandbox, a server) never outlives it.
 
 Workers are fresh interpreters (`python -m retrain.reward.worker`), never forks of the trainer:
 forking a process that holds CUDA contexts and thread pools can deadlock the child, and the
@@ -30,6 +32,7 @@ import logging
 import math
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -150,9 +153,10 @@ class _Worker:
                 self.process.wait(grace_s)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        # the worker leads its own process group (`start_new_session`), so what its reward started goes with it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
         self.conn.close()
 
 
@@ -411,6 +415,7 @@ class RewardScorer:
                 pass_fds=(child_fd,),
                 stdin=subprocess.DEVNULL,
                 env=_worker_env(),
+                start_new_session=True,  # a group of its own: `stop` kills the processes a reward forked too
             )
         finally:
             os.close(child_fd)  # the worker holds the only copy, so its death reads as EOF here

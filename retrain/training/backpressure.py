@@ -74,6 +74,24 @@ def fit_usl(points: Iterable[tuple[float, float]]) -> dict[str, float]:
     }
 
 
+def fit_error(fit: Mapping[str, float], points: Iterable[tuple[float, float]]) -> float:
+    """fit_usl's objective: the sum of squared errors of p/X against the fit's p/(λ·C(p)); infinite without λ > 0."""
+    if not fit["lam"] > 0:
+        return math.inf
+    return sum((p / x - p / (fit["lam"] * usl_throughput(p, fit["sigma"], fit["kappa"]))) ** 2 for p, x in points)
+
+
+def better_fit(refit: Mapping[str, float], fit: Mapping[str, float], points: Iterable[tuple[float, float]]) -> bool:
+    """Whether a refit should replace the last fit: it describes a curve (λ > 0) and explains the points no worse.
+
+    An unclamped refit is the least-squares optimum, so it always wins; one whose σ, κ were clamped
+    after one slow step (or that gives λ = 0) can describe nothing the points say, and keeping the last
+    fit then lets the controller see that step as retrograde.
+    """
+    pairs = list(points)
+    return fit_error(refit, pairs) <= fit_error(fit, pairs)
+
+
 def warmup_batch_sizes(min_batch: int, max_batch: int) -> list[int]:
     """The warmup sweep: min_batch, doubling while <= max_batch, then max_batch itself (1, 2, 4, ..., 64)."""
     if not 1 <= min_batch <= max_batch:
@@ -126,7 +144,8 @@ class BackpressureController:
     Steps 0 .. warmup_steps−1 run the warmup sweep's sizes, cycling. After each step the controller
     records (p, tokens/s), refits the USL on the last 100 pairs, classifies the regime and acts:
     throttle or increase set the size it holds to clamp(⌊throttle_margin·p*/group_size⌋, min, max);
-    hold keeps it. It starts holding `training.batch_size` (clamped). The throughput EMA restarts at
+    hold keeps it. A refit that describes no curve (λ = 0) or explains the window worse than the last fit
+    (clamped σ, κ after one slow step) keeps the last fit, so the slow step is judged against it. It starts holding `training.batch_size` (clamped). The throughput EMA restarts at
     each new concurrency, so it never mixes throughputs of different batch sizes.
     """
 
@@ -192,7 +211,9 @@ class BackpressureController:
             self.ema = decay * self.ema + (1.0 - decay) * throughput
         self.ema_concurrency = concurrency
         if len({p for p, _ in self.window}) >= MIN_FIT_CONCURRENCIES:
-            self.fit = fit_usl(self.window)  # else the last fit stands
+            refit = fit_usl(self.window)
+            if self.fit is None or better_fit(refit, self.fit, self.window):
+                self.fit = refit  # else the last good fit stands: one slow step must not erase it
 
     def _decide(self, step: int, concurrency: int, metrics: dict[str, Any]) -> tuple[str, str]:
         """The step's regime and the action taken on the size the controller holds (docs/backpressure.md)."""

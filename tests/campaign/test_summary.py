@@ -157,3 +157,21 @@ def test_a_comparison_setting_that_cannot_work_is_named(setting: dict[str, objec
     with pytest.raises(ConfigError) as raised:
         CampaignSettings(**setting)  # type: ignore[arg-type]
     assert named in str(raised.value)
+
+
+def test_a_baseline_without_a_readable_run_is_named_not_replaced(
+    sweep: tuple[Path, dict[str, list[SimulatedRun]]],
+) -> None:
+    sweep_dir, _ = sweep
+    for run_dir in sweep_dir.iterdir():
+        if run_dir.name.startswith("grpo_none_s"):
+            (run_dir / "status.json").write_bytes(b"\xff{")  # every baseline run unreadable
+    refresh(sweep_dir)
+    summary = json.loads((sweep_dir / SUMMARY_JSON).read_text())
+    assert summary["baseline"] == "grpo_none"
+    assert summary["baseline_note"] == "the baseline `grpo_none` has no readable run: no condition is tested against it"
+    rows = {row["condition"]: row for row in summary["conditions"]}
+    assert "grpo_none" not in rows and not any(row["is_baseline"] for row in rows.values())
+    assert all(row["fisher_vs_baseline"] is None and row["welch_vs_baseline"] is None for row in rows.values())
+    text = (sweep_dir / SUMMARY_MD).read_text()
+    assert "**the baseline `grpo_none` has no readable run" in text and "(baseline)" not in text

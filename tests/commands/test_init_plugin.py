@@ -90,3 +90,30 @@ def test_refuses_to_overwrite_and_bad_names(tmp_path: Path, capsys: pytest.Captu
     with pytest.raises(SystemExit) as bad:
         main(["--kind", "reward", "--name", "my-reward", "--dir", str(tmp_path)])
     assert bad.value.code == 2 and "Python identifier" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "origin"),
+    [
+        ("retrain", "retrain/__init__.py"),
+        ("torch", "torch/__init__.py"),
+        ("os", "the standard library"),
+        ("sys", "the standard library"),
+        ("json", "the standard library"),
+    ],
+)
+def test_a_name_that_shadows_a_module_a_run_imports_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, origin: str
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["--kind", "reward", "--name", name, "--dir", str(tmp_path)])
+    error = capsys.readouterr().err
+    assert refused.value.code == 1 and f"--name {name} would shadow the module {name} (" in error and origin in error
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_name_hydra_cannot_read_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["--kind", "reward", "--name", "ｍｙ＿ｒｅｗａｒｄ", "--dir", str(tmp_path)])
+    assert refused.value.code == 2 and "lower-case ASCII Python identifier" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -7,6 +7,7 @@ both verbatim from the original retrain's documentation, and pilot.toml, a campa
 
 from __future__ import annotations
 
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -416,6 +417,9 @@ def test_campaign_defaults_are_the_original_five_conditions_and_eight_seeds(tmp_
             "per-condition overrides (lr) cannot be migrated",
         ),
         ("[training\n", "not a readable TOML file"),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deep to parse"),
+        ("x = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n", "nested too deep to parse"),
+        ("[training]\nx = " + "[" * 40 + "]" * 40 + "\n", "training.x" + "[0]" * 31 + " nests arrays or tables deeper"),
     ],
 )
 def test_bad_input_is_an_error_naming_the_key(tmp_path, capsys, toml, message):
@@ -475,3 +479,13 @@ def test_the_semantic_planning_detector_and_its_model_carry_over(tmp_path, capsy
     assert_values(cfg, {"algorithm.planning.detector": "semantic", "algorithm.planning.model": "all-MiniLM-L6-v2"})
     assert cfg.algorithm.planning.threshold == 0.6  # the seeds' 0.02 is on another scale: reported, not carried
     assert "[planning] threshold = 0.02" in out and "cosine similarity" in out
+
+
+def test_a_fifo_is_refused_not_read(tmp_path, capsys):
+    fifo = tmp_path / "old.toml"
+    os.mkfifo(fifo)
+    assert main([str(fifo), "--output-dir", str(tmp_path / "conf")]) == 1  # reading it would block forever
+    assert (
+        capsys.readouterr().err
+        == f"retrain migrate-config: {fifo}: not a regular file (a FIFO, socket or device); give a .toml file\n"
+    )

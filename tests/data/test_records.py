@@ -5,16 +5,19 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 from pathlib import Path
 
 import datasets
+import pyarrow
+import pyarrow.parquet
 import pytest
 
 from retrain.data.config import Gsm8kDataConfig, JsonlDataConfig, MathDataConfig
 from retrain.data.gsm8k import Gsm8kData
 from retrain.data.jsonl import JsonlData
 from retrain.data.math import MathData
-from retrain.errors import DataError
+from retrain.errors import ConfigError, DataError
 
 GOOD = b'{"question": "1+1", "answer": "2"}\n'
 
@@ -36,6 +39,48 @@ def test_an_unreadable_file_is_a_data_error_naming_file_and_line(tmp_path: Path,
     path.write_bytes(content)
     with pytest.raises(DataError, match=rf"data.path='{path}': cannot read the records: {path} {named}"):
         JsonlData(JsonlDataConfig(path=str(path)), seed=0)
+
+
+def parquet_bytes(rows: int) -> bytes:
+    table = pyarrow.table({"question": ["1+1"] * rows, "answer": ["2"] * rows}, schema=PARQUET_SCHEMA)
+    sink = io.BytesIO()
+    pyarrow.parquet.write_table(table, sink)
+    return sink.getvalue()
+
+
+PARQUET_SCHEMA = pyarrow.schema([("question", pyarrow.string()), ("answer", pyarrow.string())])
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        (parquet_bytes(0), "is empty: it holds no records"),
+        (parquet_bytes(40)[:-200], r"is not a readable parquet file \(truncated or damaged: .*magic bytes"),
+    ],
+    ids=["empty", "truncated"],
+)
+def test_an_unreadable_parquet_file_is_a_data_error_naming_it(tmp_path: Path, content: bytes, named: str) -> None:
+    path = tmp_path / "problems.parquet"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=rf"data.path='{path}': cannot read the records: {path} {named}"):
+        JsonlData(seed=0, path=str(path))
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero", "/dev/null"])
+def test_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path: Path, special: str) -> None:
+    path = Path(special)
+    if special == "fifo":
+        path = tmp_path / "problems.jsonl"
+        os.mkfifo(path)  # reading it would block forever
+    with pytest.raises(ConfigError, match=rf"data.path='{path}' is not a regular file \(a FIFO, socket or device"):
+        JsonlData(seed=0, path=str(path))
+
+
+def test_a_directory_named_like_a_file_is_a_data_error(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    path.mkdir()
+    with pytest.raises(DataError, match=rf"data.path='{path}': cannot read the records of this directory \(Empty"):
+        JsonlData(seed=0, path=str(path))
 
 
 def test_in_a_run_datasets_own_parse_errors_go_to_run_log_only(tmp_path: Path) -> None:

@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from retrain.errors import ConfigError
+from retrain.inference import openai_server, vllm_server
 from retrain.inference.completions import request_seed
 from retrain.inference.config import OpenAIEngineConfig
+from retrain.inference.finish_reason import hit_max_tokens
+from retrain.inference.http import HttpError
 from retrain.inference.openai_server import OpenAIEngine, ServerFeatures
 from retrain.model.probe import Probe, StaleWeightsError
 from retrain.types import SamplingParams
@@ -141,3 +144,32 @@ def test_nucleus_sampling_warns_once_that_the_ratio_reads_below_one(fresh_model,
         engine.close()
     warnings = [r.getMessage() for r in caplog.records if "renormalised nucleus" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("training.top_p=0.9: the server reports log-probs"), warnings
+
+
+def test_an_aborted_completion_stops_the_run_as_on_vllm_server(fresh_model, backend):
+    routes = openai_routes(fresh_model, tokenizer_of(backend.spec.name_or_path), **BARE)
+    answer = routes["POST /v1/completions"]
+    aborting = {"on": False}
+
+    def abort_when_asked(body):
+        status, payload, headers = answer(body)
+        if aborting["on"]:
+            payload["choices"][-1]["finish_reason"] = "abort"
+        return status, payload, headers
+
+    routes["POST /v1/completions"] = abort_when_asked
+    with serve(routes) as server:
+        engine = engine_on(server, backend)
+        aborting["on"] = True
+        try:
+            with pytest.raises(HttpError, match=r"finish_reason='abort': the server aborted it mid-generation"):
+                engine.generate(encode(backend, PROMPTS[:1]), 2, SAMPLING, generator_seed=0)
+        finally:
+            engine.close()
+
+
+def test_both_server_engines_read_finish_reasons_alike():
+    assert hit_max_tokens("http://x/v1/completions", "length") and not hit_max_tokens("http://x", "stop")
+    with pytest.raises(HttpError, match="'abort'"):
+        hit_max_tokens("http://x/v1/completions", "abort")
+    assert vllm_server.hit_max_tokens is openai_server.hit_max_tokens

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import time
 from typing import Any
 
@@ -113,3 +114,13 @@ def memory_hog_reward(response: str, reference: str, **extra: Any) -> float:
     if "hog" in response:
         _HELD.append(b"m" * (128 << 20))
     return float(os.getpid())
+
+
+def forking_reward(response: str, reference: str, *, pid_dir: str = "", **extra: Any) -> float:
+    """Starts a helper process that outlives the call (a sandbox, a server) and records its pid; "hang" then hangs."""
+    helper = subprocess.Popen(["sleep", "3600"])
+    with open(os.path.join(pid_dir, f"{helper.pid}.pid"), "w") as handle:
+        handle.write(str(helper.pid))
+    if "hang" in response:
+        time.sleep(3600)
+    return 1.0

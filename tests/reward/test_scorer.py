@@ -349,3 +349,32 @@ def test_overhead_for_a_cheap_reward_stays_small(reward: object, bound_s: float)
             timings.append(time.perf_counter() - started)
     assert result.rewards.sum().item() == 256
     assert statistics.median(timings) < bound_s
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its reaper counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def helpers_alive(pid_dir: Path, wait_s: float = 5.0) -> list[int]:
+    pids = [int(path.stem) for path in pid_dir.glob("*.pid")]
+    deadline = time.monotonic() + wait_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.parametrize("responses", [["ok", "ok"], ["ok", "hang"]])
+def test_processes_a_reward_starts_end_with_its_worker(tmp_path: Path, responses: list[str]) -> None:
+    """A reward's forked children are killed with its worker: on a timeout, and when the scorer closes."""
+    with RewardScorer(plugins.forking_reward, timeout_s=1.0, workers=1) as scorer:
+        result = scorer.score(responses, examples(["x"] * 2, pid_dir=str(tmp_path)))
+        assert result.timeouts == responses.count("hang")
+        if "hang" in responses:  # the hung worker was killed: the helpers it started are gone too
+            assert len(list(tmp_path.glob("*.pid"))) == 2 and helpers_alive(tmp_path) == []
+    assert len(list(tmp_path.glob("*.pid"))) == 2
+    assert helpers_alive(tmp_path) == []
