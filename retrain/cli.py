@@ -143,6 +143,14 @@ def one_line(error: BaseException) -> str:
     return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
+def failure_line(error: BaseException) -> str:
+    """What status.json records of a run's error: the user's mistake as the console shows it, else the type and message."""
+    user_error = _user_error_behind(error)
+    if user_error is not None:
+        return one_line(user_error)
+    return f"{type(error).__name__}: {one_line(error)}"
+
+
 def _report_user_error(user_error: UserError, raised: BaseException) -> None:
     """The message, on one line, on the console and in the log files; the traceback (and the error's
     details) in the log files only."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from retrain.backend.model import ChatPrompts, ModelSpec
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.batching import build_batching
 from retrain.campaign.preemption import requeue_on_preemption
+from retrain.cli import failure_line
 from retrain.config import (
     BackpressureConfig,
     EvalConfig,
@@ -68,14 +70,26 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     keep_freed_memory()  # each step reuses the host memory of the step before instead of faulting it in anew
     # nothing is written into the run dir before it is this run's: a refused launch leaves it as it was
     with claimed_run_dir(run_dir, config_identity(cfg)), ExitStack() as parts:
-        record_launch(run_dir, cfg)
-        trainer = build_trainer(cfg, run_dir, parts)
-        # SIGTERM, Ctrl-C, a cluster's pre-emption signal: finish the step, checkpoint, then exit (or requeue)
-        with (
-            requeue_on_preemption(trainer),
-            reproducible_torch(trainer.training.deterministic, getattr(trainer.backend, "device", None)),
-        ):
-            return trainer.run()
+        with failure_recorded(run_dir):  # from here on, a run that cannot start says why in status.json
+            record_launch(run_dir, cfg)
+            trainer = build_trainer(cfg, run_dir, parts)
+            # SIGTERM, Ctrl-C, a cluster's pre-emption signal: finish the step, checkpoint, then exit (or requeue)
+            parts.enter_context(requeue_on_preemption(trainer))
+            parts.enter_context(
+                reproducible_torch(trainer.training.deterministic, getattr(trainer.backend, "device", None))
+            )
+        return trainer.run()  # records its own end (done, stopped, failed) in status.json
+
+
+@contextmanager
+def failure_recorded(run_dir: Path) -> Iterator[None]:
+    """An error raised while the run is built is recorded as `failed` in status.json, with the one line
+    the console shows, so `retrain status` says why instead of `dead ... updated never`."""
+    try:
+        yield
+    except Exception as error:
+        RunDir(run_dir).record_failure(failure_line(error))
+        raise
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:

@@ -227,3 +227,24 @@ def test_a_failed_jobs_user_error_survives_the_trip_back_from_a_cluster_node() -
     failed = pickle.loads(pickle.dumps(FailedJob("retrain: job #3 (x) failed: ...", refused)))
     assert str(failed) == "retrain: job #3 (x) failed: ..." and isinstance(failed.user_error, RunDirRefused)
     assert str(failed.user_error) == str(refused)  # what the campaign records of the job (callbacks.on_job_end)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["data=jsonl", "data.path=missing.jsonl"], "data.path='missing.jsonl': no such file or directory"),
+        ([f"reward._target_={UNIMPORTABLE}.reward"], f"reward._target_='{UNIMPORTABLE}.reward' cannot be imported"),
+        (["data=jsonl", "data.path=one_file.jsonl", "eval.num_examples=5"], "has no held-out split"),
+    ],
+)
+def test_a_run_that_fails_while_being_built_records_failed_with_its_error(
+    tmp_path: Path, cli_here: CliHere, overrides: list[str], error: str
+) -> None:
+    (tmp_path / "one_file.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    run_dir = tmp_path / "run"
+    result = cli_here([*SMALL, *overrides, f"hydra.run.dir={run_dir}"], tmp_path, check=False)
+    assert result.returncode == 1 and error in result.stdout, result.stdout
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "failed" and error in status["error"] and "\n" not in status["error"]
+    shown = json.loads(cli_here(["status", str(run_dir), "--json"], tmp_path).stdout)
+    assert shown["state"] == "failed" and error in shown["error"]  # not `dead ... updated never`
