@@ -20,6 +20,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -178,12 +179,22 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(Path.cwd()))  # directory import as they do under `python -m retrain`
     # the seeds' `.env` in the working directory: keys and tokens without exporting them (the environment wins)
     load_dotenv(Path.cwd() / ".env", override=False)
+    if args and args[0] in ("--version", "-V"):
+        print(f"retrain {version('retrain')}")
+        return 0
     if args and args[0] in SUBCOMMANDS:
         try:
             return int(importlib.import_module(SUBCOMMANDS[args[0]]).main(args[1:]) or 0)
         except BrokenPipeError:  # `retrain plugins | head`: the reader has what it wanted
             sys.stderr.close()  # nothing more to say, and no "Exception ignored" flushing stdout at exit
             return 0
+    if toml := next((arg for arg in args if arg.endswith(".toml") and "=" not in arg), None):
+        print(
+            f"retrain: {toml} is a seeds-style TOML config, which retrain no longer reads; convert it with "
+            f"`retrain migrate-config {toml}` and run the preset it writes (the command says how)",
+            file=sys.stderr,
+        )
+        return 2
     if args and re.fullmatch(r"[a-z][a-z-]*", args[0]):  # a word where Hydra wants key=value: a mistyped command
         close = difflib.get_close_matches(args[0], SUBCOMMANDS, n=1)
         hint = f"did you mean `retrain {close[0]}`? " if close else ""

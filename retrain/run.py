@@ -41,6 +41,7 @@ from retrain.config import (
     check_known_keys,
     container_dict,
 )
+from retrain.console import done_line, run_dir_line
 from retrain.determinism import reproducible_torch
 from retrain.environments.base import RolloutEnvironment
 from retrain.errors import CheckpointError, ConfigError
@@ -70,6 +71,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     keep_freed_memory()  # each step reuses the host memory of the step before instead of faulting it in anew
     # nothing is written into the run dir before it is this run's: a refused launch leaves it as it was
     with claimed_run_dir(run_dir, config_identity(cfg)), ExitStack() as parts:
+        log.info(run_dir_line(run_dir))
         with failure_recorded(run_dir):  # from here on, a run that cannot start says why in status.json
             record_launch(run_dir, cfg)
             trainer = build_trainer(cfg, run_dir, parts)
@@ -78,7 +80,10 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
             parts.enter_context(
                 reproducible_torch(trainer.training.deterministic, getattr(trainer.backend, "device", None))
             )
-        return trainer.run()  # records its own end (done, stopped, failed) in status.json
+        status = trainer.run()  # records its own end (done, stopped, failed) in status.json
+        if status["state"] == "done":
+            log.info(done_line(status, run_dir))
+        return status
 
 
 @contextmanager

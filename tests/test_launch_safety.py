@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import pickle
+import shlex
 import shutil
 import signal
 import subprocess
@@ -220,6 +221,18 @@ def test_sigterm_checkpoints_after_the_step_and_records_stopped(
     assert "Received SIGTERM: stopping after this step to checkpoint." in output
     assert status_main([str(run_dir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "stopped"  # resumable, not a dead run
+
+    # the exact command that resumes it: the same overrides, into the same dir (the default one is time-stamped)
+    command = output.split("Resume with:\n  ")[1].splitlines()[0]
+    typed = [arg for arg in args if not arg.startswith("hydra.run.dir=")]
+    assert command == shlex.join(["python", "-m", "retrain", *typed, f"hydra.run.dir={run_dir.resolve()}"])
+    one_more = [*shlex.split(command)[3:], f"training.max_steps={done + 1}", "eval.num_examples=2"]
+    resumed = run_cli(one_more, cwd=tmp_path).stdout
+    assert len(read_metrics(run_dir)) == done + 1  # it continued: one step more, none repeated
+    assert resumed.startswith(f"run dir: {run_dir.resolve()} ")
+    last = resumed.strip().splitlines()[-1]
+    assert last.startswith(f"done: {done + 1} steps in {run_dir.resolve()}; held-out accuracy greedy "), last
+    assert last.endswith(f"adapter: {run_dir.resolve() / 'final'}")
 
 
 def test_a_failed_jobs_user_error_survives_the_trip_back_from_a_cluster_node() -> None:
