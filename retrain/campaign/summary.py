@@ -34,19 +34,22 @@ def _scores(campaign: Campaign) -> dict[str, RunScores]:
 
 
 def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[str | None, list[dict[str, Any]]]:
-    """Per condition: estimates over its done seeds, pooled counts, and tests against the baseline."""
+    """Per condition: estimates over its done seeds, pooled counts, and tests against its baseline."""
     settings = campaign.settings
     conditions = campaign.conditions
     done = {c: [r for r in campaign.runs if r.condition == c and r.state == "done"] for c in conditions}
-    baseline = settings.baseline if settings.baseline in conditions else (conditions[0] if conditions else None)
-    base_scores = [scores[r.name] for r in done.get(baseline, [])] if baseline is not None else []
+    references = baselines(campaign)
+    declared = any(algorithm == settings.baseline for algorithm, _ in _parts(campaign).values())
+    baseline = settings.baseline if declared else (conditions[0] if conditions else None)
     rows = []
     for condition in conditions:
         own = [scores[r.name] for r in done[condition]]
         correct, total = sum(s.correct for s in own), sum(s.total for s in own)
+        reference = references[condition]
         row: dict[str, Any] = {
             "condition": condition,
-            "is_baseline": condition == baseline,
+            "baseline": reference,
+            "is_baseline": reference == condition,
             "runs": sum(1 for r in campaign.runs if r.condition == condition),
             "done": len(own),
             "seeds_done": [r.seed for r in done[condition]],
@@ -57,7 +60,8 @@ def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[st
             "fisher_vs_baseline": None,
             "welch_vs_baseline": None,
         }
-        if condition != baseline and baseline is not None:
+        if reference is not None and reference != condition:
+            base_scores = [scores[r.name] for r in done[reference]]
             row["fisher_vs_baseline"] = fisher_exact(
                 correct, total, sum(s.correct for s in base_scores), sum(s.total for s in base_scores)
             ).to_json()
@@ -66,11 +70,52 @@ def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[st
     return baseline, rows
 
 
+def _parts(campaign: Campaign) -> dict[str, tuple[str | None, dict[str, str]]]:
+    """Each condition's (algorithm, other swept settings)."""
+    parts: dict[str, tuple[str | None, dict[str, str]]] = {}
+    for run in campaign.runs:
+        if run.condition and run.condition not in parts:
+            parts[run.condition] = (run.algorithm or run.condition, run.settings)
+    return parts
+
+
+def baselines(campaign: Campaign) -> dict[str, str | None]:
+    """The condition each condition is tested against: like with like, the one that differs from it in the
+    algorithm only — the configured baseline's (`hydra.callbacks.campaign.baseline`) with the same other
+    swept settings. A sweep without the configured baseline tests against its first condition of the same
+    settings, else its first condition. None where the configured baseline ran, but not with these settings."""
+    parts = _parts(campaign)
+    wanted = campaign.settings.baseline
+    declared = any(algorithm == wanted for algorithm, _ in parts.values())
+    first = next(iter(parts), None)
+    references: dict[str, str | None] = {}
+    for condition, (_, settings) in parts.items():
+        same = [other for other, (_, its) in parts.items() if its == settings]
+        if declared:
+            references[condition] = next((other for other in same if parts[other][0] == wanted), None)
+        else:
+            references[condition] = same[0] if len(same) > 1 else first
+    return references
+
+
 def entropy_comparison(campaign: Campaign, scores: dict[str, RunScores]) -> dict[str, Any] | None:
-    """SEPA vs HICRA (by default): execution-token entropy variance over the last k steps, per seed."""
-    first, second = campaign.settings.entropy_pair
-    if first not in campaign.conditions or second not in campaign.conditions:
+    """SEPA vs HICRA (by default): execution-token entropy variance over the last k steps, per seed; the
+    first pair of conditions with these algorithms and the same other swept settings."""
+    wanted = campaign.settings.entropy_pair
+    parts = _parts(campaign)
+    pair = next(
+        (
+            (first, second)
+            for first, (algorithm, settings) in parts.items()
+            if algorithm == wanted[0]
+            for second, (other, its) in parts.items()
+            if other == wanted[1] and its == settings
+        ),
+        None,
+    )
+    if pair is None:
         return None
+    first, second = pair
     values = {
         c: [scores[r.name].entropy_var for r in campaign.runs if r.condition == c and r.state == "done"]
         for c in (first, second)
@@ -133,10 +178,12 @@ def _estimate_text(data: dict[str, Any]) -> str:
     return Estimate(**data).text()
 
 
-def _test_text(data: dict[str, Any] | None, name: str) -> str:
-    if data is None:
+def _test_text(row: dict[str, Any], key: str, name: str) -> str:
+    if row["is_baseline"]:
         return "(baseline)"
-    return TestResult(**data).text(name)
+    if row["baseline"] is None:
+        return "— (no baseline with the same settings)"
+    return TestResult(**row[key]).text(name)
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -150,6 +197,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"- state: **{summary['state']}** ({counts or 'no runs'})",
         f"- baseline: `{summary['baseline']}`; scores are `correct_rate`: *final* = last step, "
         f"*last-{k}* = mean of the last {k} steps; mean ± std [{level}% t-interval] over finished seeds",
+        "- a condition is every swept setting but the seed; each is tested against the baseline that has "
+        "its other settings",
         "",
         "## Conditions",
         "",
@@ -162,8 +211,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         pooled_text = f"{pooled['correct']}/{pooled['total']} ({_num(pooled['rate'])})" if pooled["total"] else "—"
         lines.append(
             f"| `{row['condition']}` | {row['done']}/{row['runs']} | {_estimate_text(row['final'])} "
-            f"| {_estimate_text(row['last_k'])} | {pooled_text} | {_test_text(row['fisher_vs_baseline'], 'OR')} "
-            f"| {_test_text(row['welch_vs_baseline'], 't')} |"
+            f"| {_estimate_text(row['last_k'])} | {pooled_text} | {_test_text(row, 'fisher_vs_baseline', 'OR')} "
+            f"| {_test_text(row, 'welch_vs_baseline', 't')} |"
         )
     comparison = summary["entropy_comparison"]
     if comparison is not None:
@@ -176,7 +225,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
             "",
             f"- `{first}`: {_estimate_text(comparison[first])}",
             f"- `{second}`: {_estimate_text(comparison[second])}",
-            f"- Welch: {_test_text(comparison['welch'], 't')}",
+            f"- Welch: {TestResult(**comparison['welch']).text('t')}",
         ]
     if summary["plot"]:
         lines += ["", "## Learning curves", "", f"![learning curves]({summary['plot']})"]

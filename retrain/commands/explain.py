@@ -135,7 +135,7 @@ class Job:
 
 def planned_jobs(overrides: list[str], multirun: bool, config_dir: Path | None) -> tuple[list[Job], DictConfig]:
     """Every job in Hydra's order with its composed config, and the config of the launch itself."""
-    from retrain.campaign.plan import expand
+    from retrain.campaign.plan import expand, name_swept_keys_in_subdir
     from retrain.secrets import masked_override
 
     sweeps, fixed = split_sweeps(overrides)
@@ -151,7 +151,28 @@ def planned_jobs(overrides: list[str], multirun: bool, config_dir: Path | None) 
         )
     params = launch.hydra.sweeper.get("params") or {}
     arguments = [f"{key}={value}" for key, value in params.items()] + [masked_override(o) for o in overrides]
-    return [Job(job.num, job.overrides, composed(job.overrides, config_dir)) for job in expand(arguments)], launch
+    plan = expand(arguments)
+    # as the launch does (retrain.campaign.callbacks): the default subdir names every swept key
+    named = name_swept_keys_in_subdir(launch, plan)
+    subdir = [] if named is None else [f"hydra.sweep.subdir={named}"]
+    return [Job(job.num, job.overrides, composed([*job.overrides, *subdir], config_dir)) for job in plan], launch
+
+
+def check_run_dirs_apart(jobs: list[Job], run_dirs: list[str], launch: DictConfig) -> None:
+    """The launch's refusal of jobs that would share a run dir (retrain.campaign.plan), from the run dirs
+    explained; one only the launcher resolves (`${hydra.job.num}`) is the launcher's to keep apart."""
+    from retrain.campaign.plan import PlannedJob, shared_run_dir
+    from retrain.config import container_dict
+
+    by_dir: dict[str, list[Job]] = {}
+    for job, where in zip(jobs, run_dirs):
+        if "${" not in where:
+            by_dir.setdefault(where, []).append(job)
+    raw = str(container_dict(launch.hydra.sweep, "hydra.sweep", resolve=False)["subdir"])
+    for where, shared in by_dir.items():
+        if len(shared) > 1:
+            planned = [PlannedJob(job.num, job.overrides, None, None) for job in shared]
+            raise shared_run_dir(launch, raw, Path(where).name, planned)
 
 
 # ---- one condition: parts, backend, preflight ----------------------------------------------------
@@ -283,13 +304,16 @@ def explain(
     gpu: str | None = None,
 ) -> dict[str, Any]:
     """The whole report (what `--json` prints)."""
+    from retrain.campaign.plan import condition_label, condition_settings
+
     jobs, launch = planned_jobs(overrides, multirun, config_dir)
     pilot: Pilot | None = read_pilot(pilot_dir) if pilot_dir is not None else None
     gpu = gpu or detected_gpu() or REFERENCE_GPU
     conditions: dict[str, dict[str, Any]] = {}
     runs = []
     notes: list[str] = []
-    for job in jobs:
+    settings = condition_settings([job.overrides for job in jobs])  # a condition: every swept setting but the seed
+    for job, setting in zip(jobs, settings):
         checked_config(job.config)
         container = plain(job.config)
         shape = json.dumps([container[group] for group in ("algorithm", "backend", "inference")], sort_keys=True)
@@ -303,7 +327,7 @@ def explain(
             {
                 "num": job.num,
                 "overrides": job.overrides,
-                "condition": conditions[shape]["name"],
+                "condition": condition_label(conditions[shape]["name"], setting),
                 "seed": container["training"]["seed"],
                 "run_dir": run_dir(job, launch, multirun),
                 "wandb": wandb_of(job.config),
@@ -315,6 +339,8 @@ def explain(
                 },
             }
         )
+    if multirun:
+        check_run_dirs_apart(jobs, [run["run_dir"] for run in runs], launch)
     launcher, parallel = launcher_parallelism(launch, len(runs)) if multirun else ("single run", 1)
     hours = [run["estimate"]["hours"] for run in runs]
     gpu_hours = [run["estimate"]["gpu_hours"] for run in runs]

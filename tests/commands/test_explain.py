@@ -235,3 +235,23 @@ def test_a_reward_that_does_not_import_is_named_before_any_run(tmp_path: Path, c
     )
     assert result.returncode == 1 and "Error getting object" not in result.stderr  # one line, not Hydra's as well
     assert "reward._target_='no_such_module.reward' cannot be imported: ModuleNotFoundError" in result.stderr
+
+
+def test_a_sweep_of_more_than_algorithm_and_seed_is_explained_as_it_launches(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert explain_main(["--json", "-m", "training.lr=1e-3,1e-4", "training.seed=1,2"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [(Path(run["run_dir"]).name, run["condition"]) for run in runs] == [
+        ("maxrl_gtpo_sepa_s1_lr0.001", "maxrl_gtpo_sepa training.lr=0.001"),
+        ("maxrl_gtpo_sepa_s2_lr0.001", "maxrl_gtpo_sepa training.lr=0.001"),
+        ("maxrl_gtpo_sepa_s1_lr0.0001", "maxrl_gtpo_sepa training.lr=0.0001"),
+        ("maxrl_gtpo_sepa_s2_lr0.0001", "maxrl_gtpo_sepa training.lr=0.0001"),
+    ]
+    # a subdir of one's own that leaves the rate out: refused, as the launch refuses it
+    assert explain_main(["-m", "training.lr=1e-3,1e-4", "hydra.sweep.subdir=run_s${training.seed}"]) == 1
+    assert capsys.readouterr().err.startswith(
+        "retrain explain: jobs #0, #1 would share the run dir run_s-1 (hydra.sweep.subdir=run_s${training.seed}), "
+        "which holds one run; they differ in training.lr: name it in the subdir, "
+        "e.g. hydra.sweep.subdir='run_s${training.seed}_lr${training.lr}'"
+    )
