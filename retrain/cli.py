@@ -34,6 +34,7 @@ from omegaconf import DictConfig
 from retrain.compose_errors import COMPOSE_ERRORS, compose_error_line, output_dir_unwritable
 from retrain.config import config_dir, register_configs
 from retrain.errors import WRONG_ARGUMENTS, ConfigError, UserError
+from retrain.threads import passive_openmp_waits
 
 log = logging.getLogger("retrain")
 
@@ -174,6 +175,7 @@ def _report_user_error(user_error: UserError, raised: BaseException) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    passive_openmp_waits()  # before anything imports torch (retrain/threads.py)
     args = sys.argv[1:] if argv is None else argv
     if str(Path.cwd()) not in sys.path and "" not in sys.path:  # the `retrain` script: plugins in the working
         sys.path.insert(0, str(Path.cwd()))  # directory import as they do under `python -m retrain`

@@ -59,6 +59,7 @@ class TrainingConfig:
     save_every: int = 20  # checkpoint every N steps (and always at the end)
     keep_checkpoints: int = 0  # keep the newest N checkpoints/step_N (final/ always); 0 = keep all
     deterministic: bool = False  # also bit-exact on GPU: deterministic kernels, slower (docs/reproducibility.md)
+    threads: int = 0  # torch's CPU threads; 0: the CPUs this process may use, or OMP_NUM_THREADS (retrain/threads.py)
 
     def __post_init__(self) -> None:
         from retrain.errors import ConfigError

@@ -54,6 +54,7 @@ from retrain.plugins import checked, import_failure, locate, plugin_name
 from retrain.reward.scorer import RewardScorer
 from retrain.rundir import LOCAL_CHECKPOINT_FILES, STATE_FILE, Checkpoint, RunDir
 from retrain.secrets import check_env_names, shown_config
+from retrain.threads import choose_threads
 from retrain.trainer import PlanningDetection, Trainer
 from retrain.types import Example
 from retrain.validation import check_config, check_prompt_lengths, warn_if_untrainable
@@ -69,6 +70,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     check_config(cfg)
     check_env_names(cfg)
     keep_freed_memory()  # each step reuses the host memory of the step before instead of faulting it in anew
+    use_usable_cpus(int(cfg.training.threads))
     # nothing is written into the run dir before it is this run's: a refused launch leaves it as it was
     with claimed_run_dir(run_dir, config_identity(cfg)), ExitStack() as parts:
         log.info(run_dir_line(run_dir))
@@ -84,6 +86,26 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
         if status["state"] == "done":
             log.info(done_line(status, run_dir))
         return status
+
+
+def use_usable_cpus(configured: int) -> None:
+    """torch computes with as many threads as the CPUs this process may use (retrain/threads.py); logged."""
+    import torch
+
+    choice = choose_threads(configured, job_cpus=local_sweep_job_cpus())
+    torch.set_num_threads(choice.threads)
+    log.info(choice.line())
+
+
+def local_sweep_job_cpus() -> int | None:
+    """The CPUs each job of a local sweep gets (`hydra/launcher=local` runs them side by side); None elsewhere."""
+    if not HydraConfig.initialized():
+        return None
+    launcher = HydraConfig.get().launcher
+    if not str(launcher.get("_target_", "")).endswith("submitit_launcher.LocalLauncher"):
+        return None
+    cpus = launcher.get("cpus_per_task")
+    return int(cpus) if cpus else None
 
 
 @contextmanager
@@ -273,7 +295,7 @@ def target_class(cfg: DictConfig, group: str) -> type:
 NOT_IDENTITY = {"resume", "logging", "eval", "scoring", "squeeze"}
 # keys of the other sections that may differ too: how long it runs, and back-pressure's roofline hints (never acted on)
 NOT_IDENTITY_KEYS = {
-    "training": {"max_steps", "save_every", "keep_checkpoints"},
+    "training": {"max_steps", "save_every", "keep_checkpoints", "threads"},
     "backpressure": {"peak_gflops", "peak_bw_gb_s"},
 }
 

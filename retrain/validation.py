@@ -42,6 +42,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "eval.num_examples": (lambda v: v >= 0, ">= 0 (0 = no evaluation)"),
     "eval.samples": (lambda v: v >= 1, ">= 1"),
     "training.save_every": (lambda v: v >= 0, ">= 0 (0 = only at the end)"),
+    "training.threads": (lambda v: v >= 0, ">= 0 (0 = the CPUs this process may use)"),
 }
 SELF_CHECKED = ("model", "scoring", "inference")  # ModelSpec, ScoringConfig, the engine's schema (inference/config.py)
 PROMPT_CHUNK = 1024  # prompts templated and tokenized per call when their lengths are checked
