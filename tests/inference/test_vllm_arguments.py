@@ -121,6 +121,9 @@ def test_the_engine_module_imports_vllm_only_when_an_engine_starts() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+NOISY = "To use this feature, torch.set_num_threads is disabled (a no-op) in the CPU worker"
+
+
 @pytest.mark.parametrize(("asked", "level", "filtered"), [(None, "WARNING", True), ("INFO", "INFO", False)])
 def test_vllm_chatter_stays_off_the_console_unless_asked(
     monkeypatch: pytest.MonkeyPatch, asked: str | None, level: str, filtered: bool
@@ -139,11 +142,9 @@ def test_vllm_chatter_stays_off_the_console_unless_asked(
         quiet_vllm_logging("retrain-test-vllm")  # the second call (after vLLM's import) adds no second filter
         assert os.environ["VLLM_LOGGING_LEVEL"] == level
         for _ in range(3):
-            logger.warning("To use this feature, torch.set_num_threads is disabled (a no-op) in the CPU worker")
+            logger.warning(NOISY)
         logger.warning("KV cache is full")
     finally:
         logger.removeHandler(handler)
-    lines = shown.getvalue().splitlines()
-    assert lines == (["KV cache is full"] if filtered else [*lines[:3], "KV cache is full"]) and len(
-        handler.filters
-    ) == int(filtered)
+    expected = ["KV cache is full"] if filtered else [NOISY] * 3 + ["KV cache is full"]
+    assert shown.getvalue().splitlines() == expected and len(handler.filters) == int(filtered)
