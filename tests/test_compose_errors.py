@@ -13,7 +13,7 @@ from retrain.config import compose
 
 TRAINING_KEYS = (
     "batch_size, betas, clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, lr, "
-    "max_grad_norm, max_steps, max_tokens, save_every, seed, temperature, top_p, weight_decay"
+    "max_grad_norm, max_steps, max_tokens, save_every, seed, temperature, threads, top_p, weight_decay"
 )
 
 

@@ -287,6 +287,12 @@ def detected_gpu() -> str | None:
         return None
 
 
+def eval_completions(container: dict[str, Any]) -> int:
+    """Completions one held-out evaluation samples: greedy and `eval.samples` sampled per problem (0 when off)."""
+    evaluation = container["eval"]
+    return int(evaluation["num_examples"]) * (1 + int(evaluation["samples"])) if evaluation["num_examples"] > 0 else 0
+
+
 def launcher_parallelism(launch: DictConfig, jobs: int) -> tuple[str, int]:
     """(launcher, how many runs it runs at once): one for Hydra's basic launcher, else its array_parallelism."""
     target = str(launch.hydra.launcher.get("_target_", ""))
@@ -334,7 +340,9 @@ def explain(
                 "max_steps": container["training"]["max_steps"],
                 "workload": asdict(workload),
                 "estimate": {
-                    **run_estimate(timing.seconds, job.config.training.max_steps, workload).as_dict(),
+                    **run_estimate(
+                        timing.seconds, job.config.training.max_steps, workload, eval_completions(container)
+                    ).as_dict(),
                     "source": timing.source,
                 },
             }
@@ -376,6 +384,14 @@ def _hours(value: float | None) -> str:
     return f"{value * 60:.1f} min" if value < 1 else f"{value:.1f} h"
 
 
+def _overhead(estimate: dict[str, Any]) -> str:
+    """What a run's time holds besides its steps: start-up, model load and the held-out evaluation."""
+    if estimate["hours"] is None:
+        return ""
+    parts = f"start-up {estimate['startup_s']:.0f} s, model load {estimate['model_load_s']:.0f} s"
+    return f" (with {parts}, evaluation {estimate['eval_s']:.0f} s)"
+
+
 def render(report: dict[str, Any]) -> str:
     lines = []
     for condition in report["conditions"]:
@@ -415,17 +431,18 @@ def render(report: dict[str, Any]) -> str:
             else (f"wandb off (group would be {wandb['group']})" if wandb["group"] else "wandb off")
         )
         step = run["estimate"]["step_time_s"]
-        timing = "step ? s" if step is None else f"step {step:.1f} s"
+        timing = "step ? s" if step is None else f"step {step:.2f} s"
         seed = "drawn at start" if run["seed"] == -1 else run["seed"]
         lines.append(
             f"  #{run['num']} {run['condition']} seed={seed} {run['max_steps']} steps, {timing}, "
-            f"{_hours(run['estimate']['hours'])}  {run['run_dir']}  {where}"
+            f"{_hours(run['estimate']['hours'])}{_overhead(run['estimate'])}  {run['run_dir']}  {where}"
         )
     pilot = estimate["pilot"]
+    on_cpu = {run["estimate"]["source"] for run in report["runs"]} == {"reference:cpu"}
     source = (
         f"pilot {pilot['run_dir']}: median step {pilot['median_step_time_s']:.2f} s over {pilot['steps']} steps"
         if pilot
-        else f"reference: one {estimate['reference_gpu']}"
+        else ("reference: the quickstart on 2 CPU cores" if on_cpu else f"reference: one {estimate['reference_gpu']}")
     )
     gpu_hours = "unknown" if estimate["gpu_hours"] is None else f"{estimate['gpu_hours']:.1f}"
     lines.append(
