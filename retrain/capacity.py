@@ -26,14 +26,15 @@ REFERENCE_COMPLETIONS = 4 * 8  # batch_size × group_size
 REFERENCE_MAX_TOKENS = 10240
 REFERENCE_PARAMS = 4.0e9  # Qwen3-4B
 REMOTE_OVERHEAD_S = 2.0  # the seeds: a remote service adds ~1-3 s of network round-trips per step
-# the CPU row: the quickstart's step (8 × 8 completions of up to 8 tokens, the bundled 0.9M-parameter Qwen3)
-# on 2 cores (docs/benchmarks.md, "Threads"); a smaller step costs as much (fixed per-step overheads dominate)
-CPU_REFERENCE_STEP_S = 0.25
+# the CPU row: the quickstart's step (8 × 8 completions of up to 8 tokens, the bundled 0.9M-parameter Qwen3),
+# ~0.07 s on a quiet 2-core machine (docs/benchmarks.md, "The offline demo"), rounded up for a busier one;
+# a smaller step costs as much (fixed per-step overheads dominate)
+CPU_REFERENCE_STEP_S = 0.1
 CPU_REFERENCE_COMPLETIONS = 8 * 8
 CPU_REFERENCE_MAX_TOKENS = 8
 CPU_REFERENCE_PARAMS = 898_944.0
 # what a run costs besides its steps: interpreter, torch and Hydra imports and the checks before the model
-# loads (~10 s measured on 2 cores), then the weights read from local disk at ~1 GB/s (bf16: 2 bytes each)
+# loads (6-10 s measured on 2 cores), then the weights read from local disk at ~1 GB/s (bf16: 2 bytes each)
 STARTUP_S = 10.0
 LOAD_BYTES_PER_S = 1.0e9
 BYTES_PER_PARAM = 2.0
