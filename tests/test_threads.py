@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra.core.hydra_config import HydraConfig
 
+from retrain.config import compose
+from retrain.run import local_sweep_job_cpus
 from retrain.threads import cgroup_cpu_quota, choose_threads, passive_openmp_waits, usable_cpus
 from tests.conftest import REPO, run_cli
 
@@ -84,3 +87,14 @@ def test_a_run_logs_its_thread_count_and_why(tmp_path: Path) -> None:
         assert line in result.stdout, result.stdout
     result = run_cli([*fails_early, f"hydra.run.dir={tmp_path / 'auto'}"], tmp_path, check=False, one_thread=False)
     assert "torch threads: " in result.stdout and "usable CPU(s), limited by" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(("launcher", "cpus"), [("local", 1), ("slurm", None), (None, None)])
+def test_a_local_sweep_job_gets_its_launchers_cpus_per_task(launcher: str | None, cpus: int | None) -> None:
+    """hydra/launcher=local runs a sweep's jobs side by side on this machine: each gets `cpus_per_task`."""
+    config = compose([f"hydra/launcher={launcher}"] if launcher else [], return_hydra_config=True)
+    HydraConfig.instance().set_config(config)
+    try:
+        assert local_sweep_job_cpus() == cpus
+    finally:
+        HydraConfig.instance().cfg = None
