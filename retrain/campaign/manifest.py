@@ -240,6 +240,8 @@ def label_conditions(runs: list[RunInfo], overrides: list[list[str] | None]) -> 
     for (run, _), setting in zip(known, settings):
         run.algorithm, run.settings = run.condition, setting
         run.condition = condition_label(run.condition, setting)
+        if run.dir is None and setting:  # a job not started yet: named as the default subdir will name it
+            run.name += "_" + "_".join(f"{key.rsplit('.', 1)[-1]}{value}" for key, value in setting.items())
     for run, job in zip(runs, overrides):
         if job is None:
             run.algorithm = run.condition

@@ -176,6 +176,13 @@ def test_a_condition_is_every_swept_setting_but_the_seed(tmp_path: Path) -> None
     assert "| `maxrl_gtpo_sepa training.lr=0.0001` | 3/3 |" in render_markdown(summary)
 
 
+def test_jobs_not_started_yet_are_named_apart_by_their_settings(tmp_path: Path) -> None:
+    plan = expand(["training.lr=1e-3,1e-4", "training.seed=1"])
+    start_manifest(tmp_path, plan, CampaignSettings(), "BasicLauncher", None)
+    runs = collect(tmp_path).runs  # the driver (this process) is alive: both pending
+    assert [(run.name, run.state) for run in runs] == [("job0_lr0.001", "pending"), ("job1_lr0.0001", "pending")]
+
+
 def test_a_sweep_without_the_baseline_tests_against_its_first_condition(tmp_path: Path) -> None:
     p_correct = {("maxrl_gtpo_sepa", "0.001"): 0.6, ("maxrl_gtpo_sepa", "0.0001"): 0.25}
     swept = simulated_sweep(tmp_path, ["training.lr=1e-3,1e-4"], p_correct)
