@@ -20,6 +20,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from omegaconf import DictConfig
 from retrain.config import config_dir, register_configs
 from retrain.config_checks.compose_errors import COMPOSE_ERRORS, compose_error_line, output_dir_unwritable
 from retrain.errors import WRONG_ARGUMENTS, ConfigError, UserError
+from retrain.housekeeping.threads import passive_openmp_waits
 
 log = logging.getLogger("retrain")
 
@@ -144,6 +146,14 @@ def one_line(error: BaseException) -> str:
     return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
+def failure_line(error: BaseException) -> str:
+    """What status.json records of a run's error: the user's mistake as the console shows it, else the type and message."""
+    user_error = _user_error_behind(error)
+    if user_error is not None:
+        return one_line(user_error)
+    return f"{type(error).__name__}: {one_line(error)}"
+
+
 def _report_user_error(user_error: UserError, raised: BaseException) -> None:
     """The message, on one line, on the console and in the log files; the traceback (and the error's
     details) in the log files only."""
@@ -166,17 +176,28 @@ def _report_user_error(user_error: UserError, raised: BaseException) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    passive_openmp_waits()  # before anything imports torch (retrain/housekeeping/threads.py)
     args = sys.argv[1:] if argv is None else argv
     if str(Path.cwd()) not in sys.path and "" not in sys.path:  # the `retrain` script: plugins in the working
         sys.path.insert(0, str(Path.cwd()))  # directory import as they do under `python -m retrain`
     # a `.env` in the working directory, as the original retrain read it: keys and tokens without exporting them (the environment wins)
     load_dotenv(Path.cwd() / ".env", override=False)
+    if args and args[0] in ("--version", "-V"):
+        print(f"retrain {version('retrain')}")
+        return 0
     if args and args[0] in SUBCOMMANDS:
         try:
             return int(importlib.import_module(SUBCOMMANDS[args[0]]).main(args[1:]) or 0)
         except BrokenPipeError:  # `retrain plugins | head`: the reader has what it wanted
             sys.stderr.close()  # nothing more to say, and no "Exception ignored" flushing stdout at exit
             return 0
+    if toml := next((arg for arg in args if arg.endswith(".toml") and "=" not in arg), None):
+        print(
+            f"retrain: {toml} is a seeds-style TOML config, which retrain no longer reads; convert it with "
+            f"`retrain migrate-config {toml}` and run the preset it writes (the command says how)",
+            file=sys.stderr,
+        )
+        return 2
     if args and re.fullmatch(r"[a-z][a-z-]*", args[0]):  # a word where Hydra wants key=value: a mistyped command
         close = difflib.get_close_matches(args[0], SUBCOMMANDS, n=1)
         hint = f"did you mean `retrain {close[0]}`? " if close else ""

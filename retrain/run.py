@@ -13,7 +13,8 @@ import dataclasses
 import functools
 import logging
 import secrets
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from retrain.backend.base import BACKEND_CHECKS, Backend, Capabilities
 from retrain.backend.capabilities import BackendInfo, describe_backend
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.campaign.preemption import requeue_on_preemption
+from retrain.cli import failure_line
 from retrain.config import (
     BackpressureConfig,
     EvalConfig,
@@ -41,10 +43,12 @@ from retrain.data.prompts import template_line
 from retrain.environments.base import RolloutEnvironment
 from retrain.errors import CheckpointError, ConfigError
 from retrain.housekeeping.allocator import keep_freed_memory
+from retrain.housekeeping.console import done_line, run_dir_line
 from retrain.housekeeping.determinism import reproducible_torch
 from retrain.housekeeping.launch import claimed_run_dir, record_launch
 from retrain.housekeeping.rundir import STATE_FILE, Checkpoint, RunDir
 from retrain.housekeeping.secrets import shown_config
+from retrain.housekeeping.threads import choose_threads
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.reachable import check_server_answers
@@ -66,16 +70,53 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     check_run_config(cfg)
     keep_freed_memory()  # each step reuses the host memory of the step before instead of faulting it in anew
+    use_usable_cpus(int(cfg.training.threads))
     # nothing is written into the run dir before it is this run's: a refused launch leaves it as it was
     with claimed_run_dir(run_dir, config_identity(cfg)), ExitStack() as parts:
-        record_launch(run_dir, cfg)
-        trainer = build_trainer(cfg, run_dir, parts)
-        # SIGTERM, Ctrl-C, a cluster's pre-emption signal: finish the step, checkpoint, then exit (or requeue)
-        with (
-            requeue_on_preemption(trainer),
-            reproducible_torch(trainer.training.deterministic, getattr(trainer.backend, "device", None)),
-        ):
-            return trainer.run()
+        log.info(run_dir_line(run_dir))
+        with failure_recorded(run_dir):  # from here on, a run that cannot start says why in status.json
+            record_launch(run_dir, cfg)
+            trainer = build_trainer(cfg, run_dir, parts)
+            # SIGTERM, Ctrl-C, a cluster's pre-emption signal: finish the step, checkpoint, then exit (or requeue)
+            parts.enter_context(requeue_on_preemption(trainer))
+            parts.enter_context(
+                reproducible_torch(trainer.training.deterministic, getattr(trainer.backend, "device", None))
+            )
+        status = trainer.run()  # records its own end (done, stopped, failed) in status.json
+        if status["state"] == "done":
+            log.info(done_line(status, run_dir))
+        return status
+
+
+def use_usable_cpus(configured: int) -> None:
+    """torch computes with as many threads as the CPUs this process may use (retrain/housekeeping/threads.py); logged."""
+    import torch
+
+    choice = choose_threads(configured, job_cpus=local_sweep_job_cpus())
+    torch.set_num_threads(choice.threads)
+    log.info(choice.line())
+
+
+def local_sweep_job_cpus() -> int | None:
+    """The CPUs each job of a local sweep gets (`hydra/launcher=local` runs them side by side); None elsewhere."""
+    if not HydraConfig.initialized():
+        return None
+    launcher = HydraConfig.get().launcher
+    if not str(launcher.get("_target_", "")).endswith("submitit_launcher.LocalLauncher"):
+        return None
+    cpus = launcher.get("cpus_per_task")
+    return int(cpus) if cpus else None
+
+
+@contextmanager
+def failure_recorded(run_dir: Path) -> Iterator[None]:
+    """An error raised while the run is built is recorded as `failed` in status.json, with the one line
+    the console shows, so `retrain status` says why instead of `dead ... updated never`."""
+    try:
+        yield
+    except Exception as error:
+        RunDir(run_dir).record_failure(failure_line(error))
+        raise
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
@@ -297,7 +338,7 @@ NOT_IDENTITY = {"resume", "logging", "eval", "scoring", "squeeze"}
 # keys of the other sections that may differ too: how long it runs, back-pressure's roofline hints (never acted
 # on), and where the inference server listens (a server restarted on another port serves the same run)
 NOT_IDENTITY_KEYS = {
-    "training": {"max_steps", "save_every", "keep_checkpoints"},
+    "training": {"max_steps", "save_every", "keep_checkpoints", "threads"},
     "inference": {"url"},
     "backpressure": {"peak_gflops", "peak_bw_gb_s"},
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,21 @@ def test_trl_worker_pushes_every_update_to_its_colocated_vllm(tmp_path: Path) ->
     gap = trl_worker(tmp_path, ["--vllm"], overrides)["sampler_gap"]
     # lr 1e-3 moves the policy: a vLLM left on the initial weights was 0.026, 0.092 and 0.106 away on steps 2-4.
     assert len(gap) == 4 and max(gap) < 0.02, gap
+
+
+@pytest.mark.slow  # six retrain processes of 3 steps, three with a busy loop beside them: ~1-2 min on 2 cores
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_threads_times_each_policy_quiet_and_beside_a_cpu_hog() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/threads.py", "--steps", "3"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    timed = [line.split()[2:4] for line in lines if "median step" in line]
+    assert timed == [[c, p] for c in ("quiet", "hog") for p in ("before", "after", "one-thread")]
+    assert [line.split(":")[0] for line in lines[-2:]] == ["round 1 quiet", "round 1 hog"]
+    assert all(float(line.rsplit(" ", 1)[1]) > 0 for line in lines[-2:])

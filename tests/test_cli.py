@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -361,6 +362,18 @@ def test_a_mistyped_command_is_named_with_the_commands(tmp_path: Path, cli_here:
     assert (
         "retrain: unknown command 'statsu'; did you mean `retrain status`? commands: status, squeeze" in result.stderr
     )
+
+
+def test_version_prints_retrains_own(tmp_path: Path, cli_here: CliHere) -> None:
+    result = cli_here(["--version"], tmp_path)
+    assert result.stdout.strip() == f"retrain {version('retrain')}" and "Hydra" not in result.stdout
+
+
+@pytest.mark.parametrize("path", ["old.toml", "configs/old.toml"])
+def test_a_seeds_toml_config_points_to_migrate_config(tmp_path: Path, cli_here: CliHere, path: str) -> None:
+    result = cli_here([path, "training.seed=1"], tmp_path, check=False)
+    assert result.returncode == 2 and "override" not in result.stderr, result.stderr
+    assert f"`retrain migrate-config {path}`" in result.stderr
 
 
 def test_the_retrain_script_imports_plugins_from_the_working_directory(tmp_path: Path) -> None:

@@ -12,8 +12,9 @@ from retrain.config import compose
 from retrain.config_checks.compose_errors import compose_error_line
 
 TRAINING_KEYS = (
-    "batch_size, betas, clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, kl_coef, lr, "
-    "max_grad_norm, max_steps, max_tokens, save_every, seed, temperature, top_p, weight_decay"
+    "batch_size, betas, clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, kl_coef, "
+    "logprob_diff_tolerance, lr, max_grad_norm, max_skipped_steps, max_steps, max_tokens, save_every, seed, "
+    "temperature, threads, top_p, weight_decay"
 )
 
 

@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import pickle
+import shlex
 import shutil
 import signal
 import subprocess
@@ -221,9 +222,42 @@ def test_sigterm_checkpoints_after_the_step_and_records_stopped(
     assert status_main([str(run_dir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "stopped"  # resumable, not a dead run
 
+    # the exact command that resumes it: the same overrides, into the same dir (the default one is time-stamped)
+    command = output.split("Resume with:\n  ")[1].splitlines()[0]
+    typed = [arg for arg in args if not arg.startswith("hydra.run.dir=")]
+    assert command == shlex.join(["python", "-m", "retrain", *typed, f"hydra.run.dir={run_dir.resolve()}"])
+    one_more = [*shlex.split(command)[3:], f"training.max_steps={done + 1}", "eval.num_examples=2"]
+    resumed = run_cli(one_more, cwd=tmp_path).stdout
+    assert len(read_metrics(run_dir)) == done + 1  # it continued: one step more, none repeated
+    assert resumed.startswith(f"run dir: {run_dir.resolve()} ")
+    last = resumed.strip().splitlines()[-1]
+    assert last.startswith(f"done: {done + 1} steps in {run_dir.resolve()}; held-out accuracy greedy "), last
+    assert last.endswith(f"adapter: {run_dir.resolve() / 'final'}")
+
 
 def test_a_failed_jobs_user_error_survives_the_trip_back_from_a_cluster_node() -> None:
     refused = RunDirRefused("run dir x holds a run with a different config")
     failed = pickle.loads(pickle.dumps(FailedJob("retrain: job #3 (x) failed: ...", refused)))
     assert str(failed) == "retrain: job #3 (x) failed: ..." and isinstance(failed.user_error, RunDirRefused)
     assert str(failed.user_error) == str(refused)  # what the campaign records of the job (callbacks.on_job_end)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["data=jsonl", "data.path=missing.jsonl"], "data.path='missing.jsonl': no such file or directory"),
+        ([f"reward._target_={UNIMPORTABLE}.reward"], f"reward._target_='{UNIMPORTABLE}.reward' cannot be imported"),
+        (["data=jsonl", "data.path=one_file.jsonl", "eval.num_examples=5"], "has no held-out split"),
+    ],
+)
+def test_a_run_that_fails_while_being_built_records_failed_with_its_error(
+    tmp_path: Path, cli_here: CliHere, overrides: list[str], error: str
+) -> None:
+    (tmp_path / "one_file.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    run_dir = tmp_path / "run"
+    result = cli_here([*SMALL, *overrides, f"hydra.run.dir={run_dir}"], tmp_path, check=False)
+    assert result.returncode == 1 and error in result.stdout, result.stdout
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "failed" and error in status["error"] and "\n" not in status["error"]
+    shown = json.loads(cli_here(["status", str(run_dir), "--json"], tmp_path).stdout)
+    assert shown["state"] == "failed" and error in shown["error"]  # not `dead ... updated never`

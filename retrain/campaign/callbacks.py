@@ -33,7 +33,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_settings
 from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
-from retrain.campaign.plan import check_run_dirs_apart, planned_jobs
+from retrain.campaign.plan import check_run_dirs_apart, name_swept_keys_in_subdir, planned_jobs
 from retrain.campaign.report import refresh
 from retrain.config import container_dict
 from retrain.config_checks.compose_errors import output_dir_unwritable, unresolvable
@@ -94,6 +94,7 @@ class CampaignCallback(Callback):
             self._sweep_dir = _resolved_sweep_dir(config)
             squeeze = squeeze_settings(config)
             plan = planned_jobs(config)
+            subdir = name_swept_keys_in_subdir(config, plan or [])
             check_run_dirs_apart(config, plan or [])
             _make(self._sweep_dir)
         except UserError as error:  # Hydra warns of a callback's exception, then launches every job anyway
@@ -110,6 +111,8 @@ class CampaignCallback(Callback):
         log.info(
             "Campaign: %s jobs, manifest at %s", "?" if plan is None else len(plan), self._sweep_dir / "manifest.json"
         )
+        if subdir is not None:
+            log.info("Run dirs name every swept key: hydra.sweep.subdir=%s", subdir)
         # Hydra skips on_multirun_end when a job fails or the driver is interrupted: refresh anyway.
         atexit.register(self._refresh_at_exit)
 

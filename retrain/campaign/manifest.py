@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from retrain.campaign.plan import PlannedJob
+from retrain.campaign.plan import PlannedJob, condition_label, condition_settings
 from retrain.campaign.runs import RunInfo, process_alive, read_job, read_run, slurm_job_id, slurm_states
 from retrain.errors import ConfigError
 from retrain.housekeeping.rundir import RunDir, read_json, write_json_atomic
@@ -207,12 +207,18 @@ def collect(sweep_dir: Path, driver_exiting: bool = False) -> Campaign:
     driver = manifest.get("driver") or {}
     driver_alive = False if driver_exiting else process_alive(driver.get("hostname"), driver.get("pid"))
     runs: list[RunInfo] = []
+    overrides: list[list[str] | None] = []
     for job in plan or []:
         started = runs_by_num.pop(job.num, None)
         if started is None:
             started = _not_started(sweep_dir, job, driver_alive, cluster.get(queued.get(job.num, "")))
         runs.append(started)
-    runs += [runs_by_num[num] for num in sorted(runs_by_num)] + unnumbered
+        overrides.append(job.overrides)
+    for run in [runs_by_num[num] for num in sorted(runs_by_num)] + unnumbered:
+        runs.append(run)
+        recorded = run.job.get("overrides")
+        overrides.append([str(o) for o in recorded] if isinstance(recorded, list) else None)
+    label_conditions(runs, overrides)
     return Campaign(
         sweep_dir=sweep_dir,
         settings=settings,
@@ -225,6 +231,22 @@ def collect(sweep_dir: Path, driver_exiting: bool = False) -> Campaign:
         squeeze=squeeze if isinstance(squeeze := read_json(sweep_dir / SQUEEZE_FILE), dict) else None,
         squeeze_settings=manifest.get("squeeze_settings"),
     )
+
+
+def label_conditions(runs: list[RunInfo], overrides: list[list[str] | None]) -> None:
+    """Make each run's condition every swept setting but the seed: its algorithm and, when the sweep varies
+    more (`training.lr=1e-3,1e-4`), those values too, so that statistics pool seeds of one condition only.
+    `overrides`: each run's job overrides (from the plan or its job.json); None where unknown."""
+    known = [(run, job) for run, job in zip(runs, overrides) if job is not None]
+    settings = condition_settings([job for _, job in known])
+    for (run, _), setting in zip(known, settings):
+        run.algorithm, run.settings = run.condition, setting
+        run.condition = condition_label(run.condition, setting)
+        if run.dir is None and setting:  # a job not started yet: named as the default subdir will name it
+            run.name += "_" + "_".join(f"{key.rsplit('.', 1)[-1]}{value}" for key, value in setting.items())
+    for run, job in zip(runs, overrides):
+        if job is None:
+            run.algorithm = run.condition
 
 
 def _not_started(sweep_dir: Path, job: PlannedJob, driver_alive: bool | None, cluster_state: str | None) -> RunInfo:

@@ -81,17 +81,90 @@ def planned_jobs(config: DictConfig) -> list[PlannedJob] | None:
     return jobs
 
 
+def overrides_by_key(overrides: Sequence[str]) -> dict[str, str]:
+    """`key=value` overrides as {key: value}, the key without its `+`/`~`/`++` prefix."""
+    pairs = (override.lstrip("+~").partition("=") for override in overrides)
+    return {key: value for key, _, value in pairs}
+
+
+def swept_keys(jobs_overrides: Sequence[Sequence[str]]) -> list[str]:
+    """The keys whose value differs between jobs (a key some jobs lack too), in the order they first appear."""
+    by_job = [overrides_by_key(overrides) for overrides in jobs_overrides]
+    keys = dict.fromkeys(key for job in by_job for key in job)
+    return [key for key in keys if len({job.get(key) for job in by_job}) > 1]
+
+
+def setting_keys(keys: Sequence[str]) -> list[str]:
+    """Of the swept keys, those that belong to a condition beside its algorithm (whose name it carries
+    already, `algorithm/...` parts included) and that are not the seed (which repeats a condition)."""
+    return [
+        key
+        for key in keys
+        if key != SEED_KEY
+        and key != f"{CONDITION_KEY}.name"
+        and key.partition("/")[0] != CONDITION_KEY
+        and not key.startswith(("hydra.", "hydra/"))
+    ]
+
+
+def condition_settings(jobs_overrides: Sequence[Sequence[str]]) -> list[dict[str, str]]:
+    """Per job, its values of the swept settings that make a condition besides the algorithm: with
+    `training.lr=1e-3,1e-4` the two rates are two conditions, never two seeds of one."""
+    keys = setting_keys(swept_keys(jobs_overrides))
+    by_job = [overrides_by_key(overrides) for overrides in jobs_overrides]
+    return [{key: job.get(key, "") for key in keys} for job in by_job]
+
+
+def condition_label(algorithm: str | None, settings: dict[str, str]) -> str | None:
+    """`maxrl_gtpo_sepa training.lr=1e-3`: the algorithm's name and the condition's other swept settings."""
+    if algorithm is None or not settings:
+        return algorithm
+    return " ".join([algorithm, *(f"{key}={value}" for key, value in settings.items())])
+
+
+def swept_subdir(config: DictConfig, jobs: list[PlannedJob]) -> str | None:
+    """The default subdir with every other swept key named too (`..._s${training.seed}_lr${training.lr}`);
+    None when the sweep varies nothing but the algorithm and the seed."""
+    keys = setting_keys(swept_keys([job.overrides for job in jobs]))
+    if not keys:
+        return None
+    return f"{DEFAULT_SUBDIR}_{_name_parts(config, keys)}"
+
+
+def name_swept_keys_in_subdir(config: DictConfig, jobs: list[PlannedJob]) -> str | None:
+    """With the default `hydra.sweep.subdir`, a sweep of more keys than algorithm and seed gets them in its
+    run dirs' names (`swept_subdir`), so an lr or beta sweep needs no hand-written subdir. Set on the launch's
+    config and added to its Hydra overrides, from which every job's config is composed (on a cluster node
+    too). Returns the subdir it set, None when it left the subdir as it was."""
+    raw = str(container_dict(config.hydra.sweep, "hydra.sweep", resolve=False)["subdir"])
+    subdir = swept_subdir(config, jobs) if raw == DEFAULT_SUBDIR else None
+    if subdir is None:
+        return None
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.sweep.subdir = subdir
+        config.hydra.overrides.hydra.append(f"hydra.sweep.subdir={subdir}")
+    return subdir
+
+
 def check_run_dirs_apart(config: DictConfig, jobs: list[PlannedJob]) -> None:
     """ConfigError when two planned jobs would share a run dir (`hydra.sweep.subdir`), naming what tells them apart.
 
     A run dir holds one run: the second job would be refused (another config) or would resume the
-    first's run. The default subdir, `<condition>_s<seed>`, is shared when a sweep varies another key.
+    first's run. The default subdir, `<condition>_s<seed>`, is shared when a sweep varies another key
+    and the subdir was not extended to name it (`name_swept_keys_in_subdir`).
     """
     raw = str(container_dict(config.hydra.sweep, "hydra.sweep", resolve=False)["subdir"])
-    # the default subdir is the plan's condition and seed; composing 40 jobs' configs to read it takes seconds
+    settings = condition_settings([job.overrides for job in jobs])
+    # the default subdirs name the plan's condition, seed (and swept values): composing 40 jobs' configs takes seconds
+    named_by_plan = raw == swept_subdir(config, jobs)
     by_subdir: dict[Any, list[PlannedJob]] = {}
-    for job in jobs:
-        key = (job.condition, job.seed) if raw == DEFAULT_SUBDIR else _subdir(config, job)
+    for job, setting in zip(jobs, settings):
+        if raw == DEFAULT_SUBDIR:
+            key: Any = (job.condition, job.seed)
+        elif named_by_plan:
+            key = (job.condition, job.seed, *setting.values())
+        else:
+            key = _subdir(config, job)
         if key is not None:
             by_subdir.setdefault(key, []).append(job)
     for shared in by_subdir.values():
@@ -100,7 +173,7 @@ def check_run_dirs_apart(config: DictConfig, jobs: list[PlannedJob]) -> None:
                 subdir = _job_subdir(config, shared[0])
             except COMPOSE_ERRORS as error:  # a typo in the key the sweep varies: the typo is the mistake
                 raise ConfigError(f"job #{shared[0].num}: {compose_error_line(error)}") from None
-            raise _shared_run_dir(config, raw, subdir, shared)
+            raise shared_run_dir(config, raw, subdir, shared)
 
 
 def _subdir(config: DictConfig, job: PlannedJob) -> str | None:
@@ -120,23 +193,24 @@ def _job_subdir(config: DictConfig, job: PlannedJob) -> str:
     return str(OmegaConf.select(job_config, "hydra.sweep.subdir", throw_on_missing=True))
 
 
-def _shared_run_dir(config: DictConfig, raw: str, subdir: str, jobs: list[PlannedJob]) -> ConfigError:
-    values: dict[str, set[str]] = {}
-    for job in jobs:
-        for override in job.overrides:
-            key, _, value = override.lstrip("+~").partition("=")
-            values.setdefault(key, set()).add(value)
-    varied = [key for key, seen in values.items() if len(seen) > 1]
-    choices = config.hydra.runtime.get("choices") or {}
-    parts = "_".join(
-        f"${{hydra:runtime.choices.{k}}}" if k in choices else f"{k.rsplit('.', 1)[-1]}${{{k}}}" for k in varied
-    )
+def shared_run_dir(config: DictConfig, raw: str, subdir: str, jobs: Sequence[PlannedJob]) -> ConfigError:
+    """The error of jobs that would share the run dir `subdir`: the keys they differ in, and a subdir naming them."""
+    varied = swept_keys([job.overrides for job in jobs])
     numbers = ", ".join(f"#{job.num}" for job in jobs)
     shared = f"jobs {numbers} would share the run dir {subdir} (hydra.sweep.subdir={raw}), which holds one run"
     if not varied:
         return ConfigError(f"{shared}; their overrides are the same: the sweep lists a value twice")
     return ConfigError(
-        f"{shared}; they differ in {', '.join(varied)}: name it in the subdir, e.g. hydra.sweep.subdir='{raw}_{parts}'"
+        f"{shared}; they differ in {', '.join(varied)}: name it in the subdir, "
+        f"e.g. hydra.sweep.subdir='{raw}_{_name_parts(config, varied)}'"
+    )
+
+
+def _name_parts(config: DictConfig, keys: Sequence[str]) -> str:
+    """`lr${training.lr}` per key (a config group: the option chosen), joined by `_`: a run dir name's part."""
+    choices = config.hydra.runtime.get("choices") or {}
+    return "_".join(
+        f"${{hydra.runtime.choices.{k}}}" if k in choices else f"{k.rsplit('.', 1)[-1]}${{{k}}}" for k in keys
     )
 
 

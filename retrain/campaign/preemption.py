@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from retrain.housekeeping.console import resume_command
 from retrain.housekeeping.rundir import RunDir
 
 log = logging.getLogger("retrain")
@@ -99,8 +100,15 @@ def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
             requeue(warning, None)  # submitit: checkpoint the launcher, `scontrol requeue`, exit
     first = received[0]
     name = signal.Signals(first).name
-    then = "for SLURM to requeue or cancel this job" if requeue is not None else "start it again to resume"
-    log.warning("Checkpointed after %s (state %s); exiting, %s.", name, state, then)
+    if requeue is not None:
+        log.warning("Checkpointed after %s (state %s); exiting, for SLURM to requeue or cancel this job.", name, state)
+    else:  # the default run dir is time-stamped: the same command again would start over at step 0
+        log.warning(
+            "Checkpointed after %s (state %s); exiting. Resume with:\n  %s",
+            name,
+            state,
+            resume_command(trainer.run_dir),
+        )
     raise SystemExit(128 + first if first in (signal.SIGTERM, signal.SIGINT) else TERMINATED_EXIT_CODE)
 
 

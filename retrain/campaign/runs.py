@@ -62,6 +62,10 @@ class RunInfo:
     exit: dict[str, Any] | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list, repr=False)
     eval: dict[str, Any] = field(default_factory=dict)  # held-out accuracy recorded in status.json
+    # in a sweep: the algorithm's name, and the other swept settings (the seed aside) that with it make the
+    # condition; `condition` is then the label of both (retrain.campaign.plan.condition_label)
+    algorithm: str | None = None
+    settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def has_adapter(self) -> bool:
@@ -73,6 +77,8 @@ class RunInfo:
             "name": self.name,
             "dir": None if self.dir is None else str(self.dir),
             "condition": self.condition,
+            "algorithm": self.algorithm,
+            "settings": self.settings,
             "seed": self.seed,
             "state": self.state,
             "step": self.step,

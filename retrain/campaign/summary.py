@@ -34,20 +34,21 @@ def _scores(campaign: Campaign) -> dict[str, RunScores]:
 
 
 def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[str | None, list[dict[str, Any]]]:
-    """Per condition: estimates over its done seeds, pooled counts, and tests against the baseline."""
+    """Per condition: estimates over its done seeds, pooled counts, and tests against its baseline."""
     settings = campaign.settings
     conditions = campaign.conditions
     done = {c: [r for r in campaign.runs if r.condition == c and r.state == "done"] for c in conditions}
-    baseline = chosen_baseline(campaign)
-    base_scores = [scores[r.name] for r in done.get(baseline, [])] if baseline is not None else []
-    testable = baseline in conditions  # a planned baseline whose runs all failed to read: nothing to test against
+    references = baselines(campaign)
+    baseline = settings.baseline if baseline_declared(campaign) else (conditions[0] if conditions else None)
     rows = []
     for condition in conditions:
         own = [scores[r.name] for r in done[condition]]
         correct, total = sum(s.correct for s in own), sum(s.total for s in own)
+        reference = references[condition]
         row: dict[str, Any] = {
             "condition": condition,
-            "is_baseline": condition == baseline,
+            "baseline": reference,
+            "is_baseline": reference == condition,
             "runs": sum(1 for r in campaign.runs if r.condition == condition),
             "done": len(own),
             "seeds_done": [r.seed for r in done[condition]],
@@ -58,7 +59,8 @@ def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[st
             "fisher_vs_baseline": None,
             "welch_vs_baseline": None,
         }
-        if condition != baseline and testable:
+        if reference is not None and reference != condition:
+            base_scores = [scores[r.name] for r in done[reference]]
             row["fisher_vs_baseline"] = fisher_exact(
                 correct, total, sum(s.correct for s in base_scores), sum(s.total for s in base_scores)
             ).to_json()
@@ -67,31 +69,68 @@ def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[st
     return baseline, rows
 
 
-def chosen_baseline(campaign: Campaign) -> str | None:
-    """The configured baseline when the sweep planned or ran it, else the first condition (docs/campaigns.md).
+def _parts(campaign: Campaign) -> dict[str, tuple[str | None, dict[str, str]]]:
+    """Each condition's (algorithm, other swept settings)."""
+    parts: dict[str, tuple[str | None, dict[str, str]]] = {}
+    for run in campaign.runs:
+        if run.condition and run.condition not in parts:
+            parts[run.condition] = (run.algorithm or run.condition, run.settings)
+    return parts
 
-    A planned baseline stays the baseline even when none of its runs reads: another condition in its
-    place would test every condition against the wrong reference.
-    """
+
+def baselines(campaign: Campaign) -> dict[str, str | None]:
+    """The condition each condition is tested against: like with like, the one that differs from it in the
+    algorithm only — the configured baseline's (`hydra.callbacks.campaign.baseline`) with the same other
+    swept settings. A sweep without the configured baseline tests against its first condition of the same
+    settings, else its first condition. None where the configured baseline ran, but not with these settings."""
+    parts = _parts(campaign)
+    wanted = campaign.settings.baseline
+    declared = baseline_declared(campaign)
+    first = next(iter(parts), None)
+    references: dict[str, str | None] = {}
+    for condition, (_, settings) in parts.items():
+        same = [other for other, (_, its) in parts.items() if its == settings]
+        if declared:
+            references[condition] = next((other for other in same if parts[other][0] == wanted), None)
+        else:
+            references[condition] = same[0] if len(same) > 1 else first
+    return references
+
+
+def baseline_declared(campaign: Campaign) -> bool:
+    """Whether the configured baseline algorithm was planned or ran: then it stays the baseline even when none
+    of its runs reads (another condition in its place would test every condition against the wrong reference)."""
+    wanted = campaign.settings.baseline
     planned = {job.condition for job in campaign.plan or []}
-    configured = campaign.settings.baseline
-    if configured in campaign.conditions or configured in planned:
-        return configured
-    return campaign.conditions[0] if campaign.conditions else None
+    return wanted in planned or any(algorithm == wanted for algorithm, _ in _parts(campaign).values())
 
 
-def baseline_note(campaign: Campaign, baseline: str | None) -> str | None:
-    """Why no condition is tested against the baseline, when none of its runs reads."""
-    if baseline is None or baseline in campaign.conditions:
+def baseline_note(campaign: Campaign) -> str | None:
+    """Why no condition is tested against the baseline, when it was planned but none of its runs reads."""
+    wanted = campaign.settings.baseline
+    if not baseline_declared(campaign) or any(algorithm == wanted for algorithm, _ in _parts(campaign).values()):
         return None
-    return f"the baseline `{baseline}` has no readable run: no condition is tested against it"
+    return f"the baseline `{wanted}` has no readable run: no condition is tested against it"
 
 
 def entropy_comparison(campaign: Campaign, scores: dict[str, RunScores]) -> dict[str, Any] | None:
-    """SEPA vs HICRA (by default): execution-token entropy variance over the last k steps, per seed."""
-    first, second = campaign.settings.entropy_pair
-    if first not in campaign.conditions or second not in campaign.conditions:
+    """SEPA vs HICRA (by default): execution-token entropy variance over the last k steps, per seed; the
+    first pair of conditions with these algorithms and the same other swept settings."""
+    wanted = campaign.settings.entropy_pair
+    parts = _parts(campaign)
+    pair = next(
+        (
+            (first, second)
+            for first, (algorithm, settings) in parts.items()
+            if algorithm == wanted[0]
+            for second, (other, its) in parts.items()
+            if other == wanted[1] and its == settings
+        ),
+        None,
+    )
+    if pair is None:
         return None
+    first, second = pair
     values = {
         c: [scores[r.name].entropy_var for r in campaign.runs if r.condition == c and r.state == "done"]
         for c in (first, second)
@@ -114,7 +153,7 @@ def build_summary(campaign: Campaign, plot: str | None) -> dict[str, Any]:
         "generated_at": time.time(),
         "settings": asdict(campaign.settings),
         "baseline": baseline,
-        "baseline_note": baseline_note(campaign, baseline),
+        "baseline_note": baseline_note(campaign),
         "counts": state_counts(campaign.runs),
         "conditions": rows,
         "entropy_comparison": entropy_comparison(campaign, scores),
@@ -155,10 +194,12 @@ def _estimate_text(data: dict[str, Any]) -> str:
     return Estimate(**data).text()
 
 
-def _test_text(data: dict[str, Any] | None, name: str, is_baseline: bool = True) -> str:
-    if data is None:
-        return "(baseline)" if is_baseline else "—"
-    return TestResult(**data).text(name)
+def _test_text(row: dict[str, Any], key: str, name: str) -> str:
+    if row["is_baseline"]:
+        return "(baseline)"
+    if row["baseline"] is None:
+        return "— (no baseline with the same settings)"
+    return TestResult(**row[key]).text(name)
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -173,6 +214,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"- baseline: `{summary['baseline']}`; scores are `correct_rate`: *final* = last step, "
         f"*last-{k}* = mean of the last {k} steps; mean ± std [{level}% t-interval] over finished seeds",
         *([f"- **{summary['baseline_note']}**"] if summary.get("baseline_note") else []),
+        "- a condition is every swept setting but the seed; each is tested against the baseline that has "
+        "its other settings",
         "",
         "## Conditions",
         "",
@@ -185,9 +228,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         pooled_text = f"{pooled['correct']}/{pooled['total']} ({_num(pooled['rate'])})" if pooled["total"] else "—"
         lines.append(
             f"| `{row['condition']}` | {row['done']}/{row['runs']} | {_estimate_text(row['final'])} "
-            f"| {_estimate_text(row['last_k'])} | {pooled_text} "
-            f"| {_test_text(row['fisher_vs_baseline'], 'OR', row['is_baseline'])} "
-            f"| {_test_text(row['welch_vs_baseline'], 't', row['is_baseline'])} |"
+            f"| {_estimate_text(row['last_k'])} | {pooled_text} | {_test_text(row, 'fisher_vs_baseline', 'OR')} "
+            f"| {_test_text(row, 'welch_vs_baseline', 't')} |"
         )
     comparison = summary["entropy_comparison"]
     if comparison is not None:
@@ -200,7 +242,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
             "",
             f"- `{first}`: {_estimate_text(comparison[first])}",
             f"- `{second}`: {_estimate_text(comparison[second])}",
-            f"- Welch: {_test_text(comparison['welch'], 't')}",
+            f"- Welch: {TestResult(**comparison['welch']).text('t')}",
         ]
     if summary["plot"]:
         lines += ["", "## Learning curves", "", f"![learning curves]({summary['plot']})"]

@@ -26,6 +26,18 @@ REFERENCE_COMPLETIONS = 4 * 8  # batch_size × group_size
 REFERENCE_MAX_TOKENS = 10240
 REFERENCE_PARAMS = 4.0e9  # Qwen3-4B
 REMOTE_OVERHEAD_S = 2.0  # the original retrain's documentation: a remote service adds ~1-3 s of round-trips per step
+# the CPU row: the quickstart's step (8 × 8 completions of up to 8 tokens, the bundled 0.9M-parameter Qwen3),
+# ~0.07 s on a quiet 2-core machine (docs/benchmarks.md, "The offline demo"), rounded up for a busier one;
+# a smaller step costs as much (fixed per-step overheads dominate)
+CPU_REFERENCE_STEP_S = 0.1
+CPU_REFERENCE_COMPLETIONS = 8 * 8
+CPU_REFERENCE_MAX_TOKENS = 8
+CPU_REFERENCE_PARAMS = 898_944.0
+# what a run costs besides its steps: interpreter, torch and Hydra imports and the checks before the model
+# loads (6-10 s measured on 2 cores), then the weights read from local disk at ~1 GB/s (bf16: 2 bytes each)
+STARTUP_S = 10.0
+LOAD_BYTES_PER_S = 1.0e9
+BYTES_PER_PARAM = 2.0
 # substrings of torch.cuda.get_device_name -> the reference row that GPU is timed like
 GPU_KINDS: tuple[tuple[str, str], ...] = (("H100", "h100"), ("H200", "h100"), ("A100", "a100"), ("4090", "rtx4090"))
 _SIZE_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)([BM])(?![a-zA-Z])", re.IGNORECASE)
@@ -184,8 +196,11 @@ def step_time(workload: Workload, gpu: str = REFERENCE_GPU, pilot: Pilot | None 
             notes.append(f"the pilot's step time scaled ×{ratio:.3g} from its batch, tokens and model to this config's")
         return StepTime(pilot.median_step_time_s * ratio, f"pilot:{pilot.run_dir}", tuple(notes))
     if workload.gpus == 0 and not workload.remote:
-        notes.append("no reference step time for CPU runs: give --pilot RUN_DIR of a short run of this config")
-        return StepTime(None, "none", tuple(notes))
+        notes.append(
+            f"CPU: the quickstart's {CPU_REFERENCE_STEP_S} s/step on 2 cores scaled to this config (rough for a "
+            "larger model: give --pilot RUN_DIR of a short run of this config)"
+        )
+        return StepTime(CPU_REFERENCE_STEP_S * max(1.0, cpu_relative_size(workload)), "reference:cpu", tuple(notes))
     seconds = REFERENCE_STEP_S[gpu] * workload.relative_size()
     if workload.remote:
         seconds += REMOTE_OVERHEAD_S
@@ -194,6 +209,16 @@ def step_time(workload: Workload, gpu: str = REFERENCE_GPU, pilot: Pilot | None 
             f"plus {REMOTE_OVERHEAD_S:.0f} s/step"
         )
     return StepTime(seconds, f"reference:{gpu}", tuple(notes))
+
+
+def cpu_relative_size(workload: Workload) -> float:
+    """This step's cost over the CPU reference step's (the quickstart's)."""
+    params = workload.params if workload.params is not None else REFERENCE_PARAMS
+    return (
+        (workload.completions / CPU_REFERENCE_COMPLETIONS)
+        * (workload.max_tokens / CPU_REFERENCE_MAX_TOKENS)
+        * (params / CPU_REFERENCE_PARAMS)
+    )
 
 
 def wall_hours(run_hours: Sequence[float], parallel: int) -> float:
@@ -208,15 +233,28 @@ def wall_hours(run_hours: Sequence[float], parallel: int) -> float:
 @dataclass(frozen=True)
 class RunEstimate:
     step_time_s: float | None
-    hours: float | None
+    hours: float | None  # start-up, model load, the steps and the held-out evaluation
     gpu_hours: float | None  # None for a remote backend (the service's GPUs) or with no step time
+    startup_s: float | None = None
+    model_load_s: float | None = None
+    training_s: float | None = None
+    eval_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def run_estimate(seconds: float | None, max_steps: int, workload: Workload) -> RunEstimate:
+def run_estimate(seconds: float | None, max_steps: int, workload: Workload, eval_completions: int = 0) -> RunEstimate:
+    """A run's hours: start-up, reading the weights (here: not for a remote backend), `max_steps` steps of
+    `seconds`, and the held-out evaluation before and after training (`eval_completions` each time, each
+    costing about what a training completion's share of a step does)."""
     if seconds is None:
         return RunEstimate(None, None, None)
-    hours = seconds * max_steps / 3600.0
-    return RunEstimate(seconds, hours, None if workload.remote else hours * workload.gpus)
+    params = workload.params if workload.params is not None else REFERENCE_PARAMS
+    load = 0.0 if workload.remote else params * BYTES_PER_PARAM / LOAD_BYTES_PER_S
+    training = seconds * max_steps
+    evaluation = 2 * eval_completions * seconds / max(workload.completions, 1)
+    hours = (STARTUP_S + load + training + evaluation) / 3600.0
+    return RunEstimate(
+        seconds, hours, None if workload.remote else hours * workload.gpus, STARTUP_S, load, training, evaluation
+    )

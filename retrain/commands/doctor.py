@@ -82,10 +82,11 @@ def diagnose(overrides: list[str], config_dir: Path | None = None) -> dict[str, 
     with ThreadPoolExecutor(max_workers=2) as waiting:  # the Hub probe and sinfo may each wait seconds
         hub, slurm = waiting.submit(hub_report), waiting.submit(slurm_report)
         distributions = packages_distributions()
+        torch_info = torch_report()
         report: dict[str, Any] = {
             "python": {"version": platform.python_version(), "executable": sys.executable},
-            "torch": torch_report(),
-            "extras": {extra: extra_report(extra, distributions) for extra in EXTRAS},
+            "torch": torch_info,
+            "extras": {extra: extra_report(extra, distributions, torch_info["cuda_available"]) for extra in EXTRAS},
             "wandb": wandb_report(distributions),
             "hub": hub.result(),
             "slurm": slurm.result(),
@@ -147,7 +148,15 @@ def torch_report() -> dict[str, Any]:
     }
 
 
-def extra_report(extra: str, distributions: Mapping[str, list[str]]) -> dict[str, Any]:
+def install_command(extra: str, cuda: bool) -> str:
+    """How to install an extra on this machine: vLLM's wheels on PyPI are CUDA builds, so on a machine
+    without CUDA its CPU build comes from the script that builds it."""
+    if extra == "vllm" and not cuda:
+        return "bash scripts/install-vllm-cpu.sh (no CUDA here: vLLM's CPU build)"
+    return f"pip install 'retrain[{extra}]'"
+
+
+def extra_report(extra: str, distributions: Mapping[str, list[str]], cuda: bool = True) -> dict[str, Any]:
     """Whether the extra's modules would import (found, not imported) and their distributions' versions."""
     modules = {}
     for module in EXTRAS[extra]:
@@ -161,7 +170,7 @@ def extra_report(extra: str, distributions: Mapping[str, list[str]]) -> dict[str
     return {
         "installed": all(m["installed"] for m in modules.values()),
         "modules": modules,
-        "install": f"pip install 'retrain[{extra}]'",
+        "install": install_command(extra, cuda),
     }
 
 
@@ -362,7 +371,7 @@ def extra_findings(cfg: DictConfig, extras: dict[str, Any]) -> list[Finding]:
                 "extra",
                 "blocking",
                 f"inference engine {engine} needs vLLM, which is not installed",
-                f"pip install 'retrain[{extra}]' (CPU: bash scripts/install-vllm-cpu.sh), or inference=pytorch",
+                f"{extras[extra]['install']}, or inference=pytorch",
             )
         )
     return findings

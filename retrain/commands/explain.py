@@ -143,7 +143,7 @@ class Job:
 
 def planned_jobs(overrides: list[str], multirun: bool, config_dir: Path | None) -> tuple[list[Job], DictConfig]:
     """Every job in Hydra's order with its composed config, and the config of the launch itself."""
-    from retrain.campaign.plan import expand
+    from retrain.campaign.plan import expand, name_swept_keys_in_subdir
     from retrain.housekeeping.secrets import masked_override
 
     sweeps, fixed = split_sweeps(overrides)
@@ -159,7 +159,28 @@ def planned_jobs(overrides: list[str], multirun: bool, config_dir: Path | None) 
         )
     params = launch.hydra.sweeper.get("params") or {}
     arguments = [f"{key}={value}" for key, value in params.items()] + [masked_override(o) for o in overrides]
-    return [Job(job.num, job.overrides, composed(job.overrides, config_dir)) for job in expand(arguments)], launch
+    plan = expand(arguments)
+    # as the launch does (retrain.campaign.callbacks): the default subdir names every swept key
+    named = name_swept_keys_in_subdir(launch, plan)
+    subdir = [] if named is None else [f"hydra.sweep.subdir={named}"]
+    return [Job(job.num, job.overrides, composed([*job.overrides, *subdir], config_dir)) for job in plan], launch
+
+
+def check_run_dirs_apart(jobs: list[Job], run_dirs: list[str], launch: DictConfig) -> None:
+    """The launch's refusal of jobs that would share a run dir (retrain.campaign.plan), from the run dirs
+    explained; one only the launcher resolves (`${hydra.job.num}`) is the launcher's to keep apart."""
+    from retrain.campaign.plan import PlannedJob, shared_run_dir
+    from retrain.config import container_dict
+
+    by_dir: dict[str, list[Job]] = {}
+    for job, where in zip(jobs, run_dirs):
+        if "${" not in where:
+            by_dir.setdefault(where, []).append(job)
+    raw = str(container_dict(launch.hydra.sweep, "hydra.sweep", resolve=False)["subdir"])
+    for where, shared in by_dir.items():
+        if len(shared) > 1:
+            planned = [PlannedJob(job.num, job.overrides, None, None) for job in shared]
+            raise shared_run_dir(launch, raw, Path(where).name, planned)
 
 
 # ---- one condition: parts, backend, preflight ----------------------------------------------------
@@ -274,6 +295,12 @@ def detected_gpu() -> str | None:
         return None
 
 
+def eval_completions(container: dict[str, Any]) -> int:
+    """Completions one held-out evaluation samples: greedy and `eval.samples` sampled per problem (0 when off)."""
+    evaluation = container["eval"]
+    return int(evaluation["num_examples"]) * (1 + int(evaluation["samples"])) if evaluation["num_examples"] > 0 else 0
+
+
 def launcher_parallelism(launch: DictConfig, jobs: int) -> tuple[str, int]:
     """(launcher, how many runs it runs at once): one for Hydra's basic launcher, else its array_parallelism."""
     target = str(launch.hydra.launcher.get("_target_", ""))
@@ -291,13 +318,16 @@ def explain(
     gpu: str | None = None,
 ) -> dict[str, Any]:
     """The whole report (what `--json` prints)."""
+    from retrain.campaign.plan import condition_label, condition_settings
+
     jobs, launch = planned_jobs(overrides, multirun, config_dir)
     pilot: Pilot | None = read_pilot(pilot_dir) if pilot_dir is not None else None
     gpu = gpu or detected_gpu() or REFERENCE_GPU
     conditions: dict[str, dict[str, Any]] = {}
     runs = []
     notes: list[str] = []
-    for job in jobs:
+    settings = condition_settings([job.overrides for job in jobs])  # a condition: every swept setting but the seed
+    for job, setting in zip(jobs, settings):
         checked_config(job.config)
         container = plain(job.config)
         shape = json.dumps([container[group] for group in ("algorithm", "backend", "inference")], sort_keys=True)
@@ -311,18 +341,22 @@ def explain(
             {
                 "num": job.num,
                 "overrides": job.overrides,
-                "condition": conditions[shape]["name"],
+                "condition": condition_label(conditions[shape]["name"], setting),
                 "seed": container["training"]["seed"],
                 "run_dir": run_dir(job, launch, multirun),
                 "wandb": wandb_of(job.config),
                 "max_steps": container["training"]["max_steps"],
                 "workload": asdict(workload),
                 "estimate": {
-                    **run_estimate(timing.seconds, job.config.training.max_steps, workload).as_dict(),
+                    **run_estimate(
+                        timing.seconds, job.config.training.max_steps, workload, eval_completions(container)
+                    ).as_dict(),
                     "source": timing.source,
                 },
             }
         )
+    if multirun:
+        check_run_dirs_apart(jobs, [run["run_dir"] for run in runs], launch)
     launcher, parallel = launcher_parallelism(launch, len(runs)) if multirun else ("single run", 1)
     hours = [run["estimate"]["hours"] for run in runs]
     gpu_hours = [run["estimate"]["gpu_hours"] for run in runs]
@@ -356,6 +390,14 @@ def _hours(value: float | None) -> str:
     if value is None:
         return "unknown"
     return f"{value * 60:.1f} min" if value < 1 else f"{value:.1f} h"
+
+
+def _overhead(estimate: dict[str, Any]) -> str:
+    """What a run's time holds besides its steps: start-up, model load and the held-out evaluation."""
+    if estimate["hours"] is None:
+        return ""
+    parts = f"start-up {estimate['startup_s']:.0f} s, model load {estimate['model_load_s']:.0f} s"
+    return f" (with {parts}, evaluation {estimate['eval_s']:.0f} s)"
 
 
 def render(report: dict[str, Any]) -> str:
@@ -397,17 +439,18 @@ def render(report: dict[str, Any]) -> str:
             else (f"wandb off (group would be {wandb['group']})" if wandb["group"] else "wandb off")
         )
         step = run["estimate"]["step_time_s"]
-        timing = "step ? s" if step is None else f"step {step:.1f} s"
+        timing = "step ? s" if step is None else f"step {step:.2f} s"
         seed = "drawn at start" if run["seed"] == -1 else run["seed"]
         lines.append(
             f"  #{run['num']} {run['condition']} seed={seed} {run['max_steps']} steps, {timing}, "
-            f"{_hours(run['estimate']['hours'])}  {run['run_dir']}  {where}"
+            f"{_hours(run['estimate']['hours'])}{_overhead(run['estimate'])}  {run['run_dir']}  {where}"
         )
     pilot = estimate["pilot"]
+    on_cpu = {run["estimate"]["source"] for run in report["runs"]} == {"reference:cpu"}
     source = (
         f"pilot {pilot['run_dir']}: median step {pilot['median_step_time_s']:.2f} s over {pilot['steps']} steps"
         if pilot
-        else f"reference: one {estimate['reference_gpu']}"
+        else ("reference: the quickstart on 2 CPU cores" if on_cpu else f"reference: one {estimate['reference_gpu']}")
     )
     gpu_hours = "unknown" if estimate["gpu_hours"] is None else f"{estimate['gpu_hours']:.1f}"
     lines.append(

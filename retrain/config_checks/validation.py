@@ -48,6 +48,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "eval.samples": (lambda v: v >= 1, ">= 1"),
     "eval.every": (lambda v: v >= 0, ">= 0 (0 = before and after training only)"),
     "training.save_every": (lambda v: v >= 0, ">= 0 (0 = only at the end)"),
+    "training.threads": (lambda v: v >= 0, ">= 0 (0 = the CPUs this process may use)"),
 }
 SELF_CHECKED = ("model", "scoring", "inference", "reward", "data")  # each part's schema checks its own values
 PROMPT_CHUNK = 1024  # prompts templated and tokenized per call when their lengths are checked

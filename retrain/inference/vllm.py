@@ -297,10 +297,32 @@ def _generation_config(spec: Any) -> Any:
         return None
 
 
+class _ThreadSetterWarnings(logging.Filter):
+    """Drops vLLM's warning that its CPU worker ignores torch.set_num_threads: retrain gives torch its
+    setter back once the engine has started (`_start_llm`), and vLLM repeats the line at every call."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "set_num_threads" not in record.getMessage()
+
+
+def quiet_vllm_logging(logger_name: str = "vllm") -> None:
+    """vLLM's INFO lines (config dumps, load progress) and its thread-setter warnings stay off the console
+    unless VLLM_LOGGING_LEVEL asks for them: the level is set before vLLM is imported (it reads it then),
+    the filter on the handlers vLLM gave its logger once it is."""
+    asked = os.environ.get("VLLM_LOGGING_LEVEL")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if asked is not None and asked.upper() in ("DEBUG", "INFO"):
+        return
+    for handler in logging.getLogger(logger_name).handlers:
+        if not any(isinstance(f, _ThreadSetterWarnings) for f in handler.filters):
+            handler.addFilter(_ThreadSetterWarnings())
+
+
 def _start_llm(arguments: dict[str, Any], device: torch.device) -> Any:
     """vllm.LLM in this process; a missing vLLM is a ConfigError naming the install route."""
     for key, value in {**IN_PROCESS_ENV, **(CPU_ENV if device.type == "cpu" else {})}.items():
         os.environ.setdefault(key, value)
+    quiet_vllm_logging()  # the level, before vLLM reads it
     try:
         from vllm import LLM
     except ImportError as error:
@@ -308,6 +330,7 @@ def _start_llm(arguments: dict[str, Any], device: torch.device) -> Any:
         raise ConfigError(
             f"inference=vllm needs vLLM, which is not installed ({error}); install it with: {route}"
         ) from error
+    quiet_vllm_logging()  # the filter, on the handlers vLLM has set up now
     threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
     llm = LLM(**arguments)
     # vLLM's CPU worker drops torch to one thread and replaces torch.set_num_threads with a no-op for

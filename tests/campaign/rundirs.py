@@ -42,13 +42,14 @@ def simulate_run(
     num: int | None = None,
     pid: int | None = None,
     error: str | None = None,
+    name: str | None = None,
 ) -> SimulatedRun:
-    """Write `<sweep>/<condition>_s<seed>` with metrics.jsonl, status.json, job.json and .hydra/."""
-    rng = np.random.default_rng([seed, zlib.crc32(condition.encode())])
+    """Write `<sweep>/<name>` (default `<condition>_s<seed>`) with metrics.jsonl, status.json, job.json and .hydra/."""
+    rng = np.random.default_rng([seed, zlib.crc32((name or condition).encode())])
     completions = batch_size * group_size
     draws = rng.random((steps, completions)) < p_correct
     entropy = rng.gamma(4.0, entropy_scale / 4.0, size=steps)
-    run_dir = RunDir(sweep_dir / f"{condition}_s{seed}")
+    run_dir = RunDir(sweep_dir / (name or f"{condition}_s{seed}"))
     run_dir.hydra_dir.mkdir(parents=True, exist_ok=True)
     total_correct = 0
     with open(run_dir.metrics, "w") as handle:

@@ -46,23 +46,37 @@ def test_campaign_wandb_names_follow_condition_and_seed(tmp_path: Path) -> None:
     assert logging_cfg["wandb_tags"] == ["maxrl_gtpo_hicra", "seed303"]
 
 
+def test_the_default_run_dirs_name_every_swept_key(tmp_path: Path, cli_here: CliHere) -> None:
+    sweep_dir = tmp_path / "sweep"
+    arguments = ["--multirun", *QUICK, "training.lr=-1,-2", f"hydra.sweep.dir={sweep_dir}"]
+    result = cli_here(arguments, tmp_path, check=False)  # a negative rate: each job fails as it starts
+    assert result.returncode == 1 and "retrain: job #0 (" in result.stderr and "must be > 0" in result.stderr
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == [
+        "maxrl_gtpo_sepa_s0_lr-1.0",
+        "maxrl_gtpo_sepa_s0_lr-2.0",
+    ]
+    assert "Run dirs name every swept key: hydra.sweep.subdir=${algorithm.name}_s${training.seed}_lr${training.lr}" in (
+        result.stdout
+    )
+
+
 def test_jobs_that_would_share_a_run_dir_stop_the_sweep_before_it_starts(tmp_path: Path, cli_here: CliHere) -> None:
     sweep_dir = tmp_path / "sweep"
+    unnamed = "hydra.sweep.subdir=run_s${training.seed}"  # a subdir of one's own that leaves the rate out
     result = cli_here(
-        ["--multirun", *QUICK_SWEEP, "training.lr=1e-3,1e-4", f"hydra.sweep.dir={sweep_dir}"], tmp_path, check=False
+        ["--multirun", *QUICK_SWEEP, "training.lr=1e-3,1e-4", f"hydra.sweep.dir={sweep_dir}", unnamed],
+        tmp_path,
+        check=False,
     )
     assert result.returncode == 1 and not sweep_dir.exists()
-    assert "retrain: jobs #0, #1 would share the run dir maxrl_gtpo_sepa_s0" in result.stderr, result.stderr
+    assert "retrain: jobs #0, #1 would share the run dir run_s0" in result.stderr, result.stderr
     assert "they differ in training.lr" in result.stderr and "Traceback" not in result.stderr
     # the subdir the message suggests tells them apart
     key, _, value = result.stderr.split("e.g. ", 1)[1].strip().partition("=")
     suggested = f"{key}={value.strip(chr(39))}"  # as a shell passes it, without the quotes
     arguments = ["--multirun", *QUICK_SWEEP, "training.lr=-1,-2", f"hydra.sweep.dir={sweep_dir}", suggested]
     plan = cli_here(arguments, tmp_path, check=False)
-    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == [
-        "maxrl_gtpo_sepa_s0_lr-1.0",
-        "maxrl_gtpo_sepa_s0_lr-2.0",
-    ]
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["run_s0_lr-1.0", "run_s0_lr-2.0"]
     assert plan.returncode == 1 and "retrain: job #0 (" in plan.stderr and "must be > 0" in plan.stderr
     assert "Traceback" not in plan.stderr, plan.stderr  # each job's user error is one line, the sweep's too
     assert "UserWarning" not in plan.stderr and (sweep_dir / "manifest.json").is_file()

@@ -13,9 +13,9 @@ import pytest
 from scipy import stats as scipy_stats
 
 from retrain.campaign.manifest import MANIFEST, CampaignSettings, collect, start_manifest
-from retrain.campaign.plan import expand
+from retrain.campaign.plan import expand, overrides_by_key
 from retrain.campaign.report import refresh
-from retrain.campaign.summary import SUMMARY_JSON, SUMMARY_MD
+from retrain.campaign.summary import SUMMARY_JSON, SUMMARY_MD, build_summary, render_markdown
 from retrain.errors import ConfigError
 from tests.campaign.rundirs import SimulatedRun, dead_pid, simulate_run
 
@@ -140,6 +140,66 @@ def test_learning_curves_png_has_a_band_per_condition(sweep: tuple[Path, dict[st
     image = matplotlib.image.imread(sweep_dir / "learning_curves.png")
     assert image.shape[0] > 300 and image.shape[1] > 1000  # three panels side by side
     assert "![learning curves](learning_curves.png)" in (sweep_dir / SUMMARY_MD).read_text()
+
+
+def simulated_sweep(sweep_dir: Path, arguments: list[str], p_correct: dict[tuple[str, str], float]) -> dict:
+    """Every planned job of `arguments` done, at `p_correct[(algorithm, lr)]`; the summary it gets."""
+    plan = expand([*arguments, "training.seed=1,2,3"])
+    start_manifest(sweep_dir, plan, CampaignSettings(last_k=LAST_K), "BasicLauncher", None)
+    last_k: dict[tuple[str, str], list[float]] = {}
+    for job in plan:
+        condition = job.condition or "maxrl_gtpo_sepa"
+        lr = overrides_by_key(job.overrides)["training.lr"]
+        name = f"{condition}_s{job.seed}_lr{lr}"
+        run = simulate_run(sweep_dir, condition, job.seed, p_correct[(condition, lr)], num=job.num, name=name)
+        last_k.setdefault((condition, lr), []).append(float(run.draws[-LAST_K:].mean()))
+    return {"summary": build_summary(collect(sweep_dir), plot=None), "last_k": last_k}
+
+
+def test_a_condition_is_every_swept_setting_but_the_seed(tmp_path: Path) -> None:
+    p_correct = {("grpo_none", "0.001"): 0.3, ("grpo_none", "0.0001"): 0.2}
+    p_correct |= {("maxrl_gtpo_sepa", "0.001"): 0.6, ("maxrl_gtpo_sepa", "0.0001"): 0.25}
+    swept = simulated_sweep(tmp_path, ["algorithm=grpo_none,maxrl_gtpo_sepa", "training.lr=1e-3,1e-4"], p_correct)
+    summary, last_k = swept["summary"], swept["last_k"]
+    rows = {row["condition"]: row for row in summary["conditions"]}
+    labels = [f"{algorithm} training.lr={lr}" for algorithm, lr in p_correct]
+    assert sorted(rows) == sorted(labels) and summary["baseline"] == "grpo_none"
+    for (algorithm, lr), values in last_k.items():
+        row = rows[f"{algorithm} training.lr={lr}"]
+        assert (row["done"], row["seeds_done"]) == (3, [1, 2, 3])  # three seeds, never the other rate's runs
+        assert row["last_k"]["mean"] == pytest.approx(np.mean(values))
+    for lr in ("0.001", "0.0001"):  # tested against the baseline at the same rate: they differ in the algorithm only
+        sepa, grpo = rows[f"maxrl_gtpo_sepa training.lr={lr}"], f"grpo_none training.lr={lr}"
+        assert sepa["baseline"] == grpo and rows[grpo]["is_baseline"] and rows[grpo]["welch_vs_baseline"] is None
+        welch = scipy_stats.ttest_ind(last_k[("maxrl_gtpo_sepa", lr)], last_k[("grpo_none", lr)], equal_var=False)
+        assert sepa["welch_vs_baseline"]["p_value"] == pytest.approx(welch.pvalue)
+    assert "| `maxrl_gtpo_sepa training.lr=0.0001` | 3/3 |" in render_markdown(summary)
+
+
+def test_jobs_not_started_yet_are_named_apart_by_their_settings(tmp_path: Path) -> None:
+    plan = expand(["training.lr=1e-3,1e-4", "training.seed=1"])
+    start_manifest(tmp_path, plan, CampaignSettings(), "BasicLauncher", None)
+    runs = collect(tmp_path).runs  # the driver (this process) is alive: both pending
+    assert [(run.name, run.state) for run in runs] == [("job0_lr0.001", "pending"), ("job1_lr0.0001", "pending")]
+
+
+def test_a_sweep_without_the_baseline_tests_against_its_first_condition(tmp_path: Path) -> None:
+    p_correct = {("maxrl_gtpo_sepa", "0.001"): 0.6, ("maxrl_gtpo_sepa", "0.0001"): 0.25}
+    swept = simulated_sweep(tmp_path, ["training.lr=1e-3,1e-4"], p_correct)
+    summary, last_k = swept["summary"], swept["last_k"]
+    first, second = summary["conditions"]
+    assert (first["condition"], second["condition"]) == (
+        "maxrl_gtpo_sepa training.lr=0.001",
+        "maxrl_gtpo_sepa training.lr=0.0001",
+    )
+    assert (
+        first["is_baseline"] and second["baseline"] == first["condition"] and summary["baseline"] == first["condition"]
+    )
+    assert (first["done"], second["done"]) == (3, 3)  # not one condition of 6 "seeds"
+    welch = scipy_stats.ttest_ind(
+        last_k[("maxrl_gtpo_sepa", "0.0001")], last_k[("maxrl_gtpo_sepa", "0.001")], equal_var=False
+    )
+    assert second["welch_vs_baseline"]["p_value"] == pytest.approx(welch.pvalue)
 
 
 @pytest.mark.parametrize(

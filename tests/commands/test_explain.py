@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from retrain.commands.capacity import (
+    CPU_REFERENCE_STEP_S,
     REFERENCE_STEP_S,
     Workload,
     model_params,
@@ -66,8 +67,10 @@ def test_the_default_run_explained_without_loading_a_model(tmp_path: Path) -> No
     # the reference: 15 s for 4 × 8 completions of 10,240 tokens of a 4B model; the default is 8 × 16 of those
     assert run["workload"]["params_source"] == "name" and run["workload"]["gpus"] == 1
     assert run["estimate"]["step_time_s"] == pytest.approx(15.0 * 4)
-    assert report["estimate"]["wall_hours"] == pytest.approx(60.0 * 500 / 3600)
-    assert report["estimate"]["gpu_hours"] == pytest.approx(60.0 * 500 / 3600)
+    # start-up, the 4B model's bf16 weights read at 1 GB/s, 500 steps; no evaluation (eval.num_examples=0)
+    assert (run["estimate"]["startup_s"], run["estimate"]["model_load_s"], run["estimate"]["eval_s"]) == (10.0, 8.0, 0)
+    assert report["estimate"]["wall_hours"] == pytest.approx((10 + 8 + 60.0 * 500) / 3600)
+    assert report["estimate"]["gpu_hours"] == pytest.approx((10 + 8 + 60.0 * 500) / 3600)
     assert not (tmp_path / "outputs").exists()  # a dry run writes nothing
 
 
@@ -99,7 +102,7 @@ def test_a_campaign_is_planned_in_hydras_order_with_its_run_dirs_groups_and_wall
     assert grpo["preflight"]["token_varying"] is False
     assert (sepa["name"], sepa["sepa"], sepa["planning_detection"]) == ("maxrl_gtpo_sepa", True, True)
     # 6 runs of 500 steps at 4 × 25 s; the SLURM launcher runs up to array_parallelism=8 at once: one wave
-    run_hours = REFERENCE_STEP_S["a100"] * 4 * 500 / 3600
+    run_hours = (10 + 8 + REFERENCE_STEP_S["a100"] * 4 * 500) / 3600  # start-up and model load included
     estimate = report["estimate"]
     assert (estimate["launcher"], estimate["parallel_runs"]) == ("SlurmLauncher", 6)
     assert estimate["wall_hours"] == pytest.approx(run_hours)
@@ -125,7 +128,11 @@ def test_a_pilot_run_replaces_the_reference(tmp_path: Path) -> None:
     assert report["estimate"]["pilot"]["median_step_time_s"] == 2.5
     assert report["runs"][0]["estimate"]["step_time_s"] == pytest.approx(5.0)
     assert report["runs"][0]["estimate"]["source"] == f"pilot:{pilot}"
-    assert report["estimate"]["wall_hours"] == pytest.approx(5.0 * 150 / 3600)
+    # and the held-out evaluation before and after: 200 problems × (greedy + 4 sampled), at 5 s per 16 × 8
+    evaluation = 2 * 200 * 5 * 5.0 / (16 * 8)
+    assert report["runs"][0]["estimate"]["eval_s"] == pytest.approx(evaluation)
+    load = report["runs"][0]["estimate"]["model_load_s"]
+    assert report["estimate"]["wall_hours"] == pytest.approx((10 + load + 5.0 * 150 + evaluation) / 3600)
     assert report["estimate"]["gpu_hours"] == 0  # on the CPU
 
 
@@ -159,8 +166,9 @@ def test_bad_overrides_fail_naming_the_key(capsys: pytest.CaptureFixture[str]) -
     assert explain_main(["training.lrr=1"]) == 1  # Hydra's compose error, as the run reports it
     assert capsys.readouterr().err == (
         "retrain explain: unknown config key 'training.lrr'; did you mean 'training.lr'? (known: batch_size, betas, "
-        "clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, kl_coef, lr, max_grad_norm, max_steps, "
-        "max_tokens, save_every, seed, temperature, top_p, weight_decay)\n"
+        "clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, kl_coef, logprob_diff_tolerance, "
+        "lr, max_grad_norm, max_skipped_steps, max_steps, max_tokens, save_every, seed, temperature, threads, top_p, "
+        "weight_decay)\n"
     )
 
 
@@ -205,7 +213,7 @@ def test_parameter_count_without_loading_the_model() -> None:
     assert source == "config.json" and params is not None and 1e5 < params < 1e7
 
 
-def test_reference_step_time_scales_with_the_workload() -> None:  # the CPU row: none, a pilot is needed
+def test_reference_step_time_scales_with_the_workload() -> None:
     reference = Workload(completions=32, max_tokens=10240, params=4e9, params_source="name", gpus=1, remote=False)
     assert step_time(reference, "rtx4090").seconds == 45.0
     bigger = Workload(completions=64, max_tokens=5120, params=8e9, params_source="name", gpus=2, remote=False)
@@ -213,7 +221,28 @@ def test_reference_step_time_scales_with_the_workload() -> None:  # the CPU row:
     remote = Workload(completions=32, max_tokens=10240, params=4e9, params_source="name", gpus=0, remote=True)
     assert step_time(remote, "h100").seconds == pytest.approx(17.0)
     cpu = Workload(completions=32, max_tokens=10240, params=4e9, params_source="name", gpus=0, remote=False)
-    assert step_time(cpu, "h100").seconds is None
+    # the CPU row: the quickstart's step, scaled up (never down: its fixed per-step costs dominate)
+    assert step_time(cpu, "h100").seconds == pytest.approx(
+        CPU_REFERENCE_STEP_S * (32 / 64) * (10240 / 8) * (4e9 / 898_944)
+    )
+    quickstart = Workload(completions=64, max_tokens=8, params=898_944, params_source="name", gpus=0, remote=False)
+    tinier = Workload(completions=8, max_tokens=4, params=898_944, params_source="name", gpus=0, remote=False)
+    assert step_time(quickstart).seconds == step_time(tinier).seconds == CPU_REFERENCE_STEP_S
+    assert step_time(quickstart).source == "reference:cpu"
+
+
+def test_a_cpu_run_is_estimated_without_a_pilot_with_start_up_load_and_evaluation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert explain_main(["--json", "experiment=quickstart"]) == 0
+    [run] = json.loads(capsys.readouterr().out)["runs"]
+    estimate = run["estimate"]
+    step = CPU_REFERENCE_STEP_S
+    assert (estimate["step_time_s"], estimate["source"]) == (step, "reference:cpu")
+    assert estimate["eval_s"] == pytest.approx(2 * 200 * 5 * step / 64)  # before and after: 200 × (1 + 4)
+    parts = estimate["startup_s"] + estimate["model_load_s"] + estimate["training_s"] + estimate["eval_s"]
+    assert estimate["training_s"] == pytest.approx(step * 150) and estimate["hours"] == pytest.approx(parts / 3600)
+    assert 16 <= estimate["hours"] * 3600 < 60  # measured: 16-18 s on a quiet 2-core machine (docs/benchmarks.md)
 
 
 def test_wall_time_fills_parallel_slots_in_order() -> None:
@@ -235,3 +264,23 @@ def test_a_reward_that_does_not_import_is_named_before_any_run(tmp_path: Path, c
     )
     assert result.returncode == 1 and "Error getting object" not in result.stderr  # one line, not Hydra's as well
     assert "reward._target_='no_such_module.reward' cannot be imported: ModuleNotFoundError" in result.stderr
+
+
+def test_a_sweep_of_more_than_algorithm_and_seed_is_explained_as_it_launches(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert explain_main(["--json", "-m", "training.lr=1e-3,1e-4", "training.seed=1,2"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [(Path(run["run_dir"]).name, run["condition"]) for run in runs] == [
+        ("maxrl_gtpo_sepa_s1_lr0.001", "maxrl_gtpo_sepa training.lr=0.001"),
+        ("maxrl_gtpo_sepa_s2_lr0.001", "maxrl_gtpo_sepa training.lr=0.001"),
+        ("maxrl_gtpo_sepa_s1_lr0.0001", "maxrl_gtpo_sepa training.lr=0.0001"),
+        ("maxrl_gtpo_sepa_s2_lr0.0001", "maxrl_gtpo_sepa training.lr=0.0001"),
+    ]
+    # a subdir of one's own that leaves the rate out: refused, as the launch refuses it
+    assert explain_main(["-m", "training.lr=1e-3,1e-4", "hydra.sweep.subdir=run_s${training.seed}"]) == 1
+    assert capsys.readouterr().err.startswith(
+        "retrain explain: jobs #0, #1 would share the run dir run_s-1 (hydra.sweep.subdir=run_s${training.seed}), "
+        "which holds one run; they differ in training.lr: name it in the subdir, "
+        "e.g. hydra.sweep.subdir='run_s${training.seed}_lr${training.lr}'"
+    )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import os
 import subprocess
 import sys
 
@@ -10,7 +13,13 @@ import torch
 
 from retrain.errors import ConfigError
 from retrain.inference.config import VllmEngineConfig
-from retrain.inference.vllm import VLLM_LORA_RANKS, engine_arguments, lora_rank_for_vllm, serving_tolerance
+from retrain.inference.vllm import (
+    VLLM_LORA_RANKS,
+    engine_arguments,
+    lora_rank_for_vllm,
+    quiet_vllm_logging,
+    serving_tolerance,
+)
 from retrain.model.resources import EngineResources
 from retrain.model.spec import ModelSpec
 from tests.conftest import REPO
@@ -110,3 +119,32 @@ def test_the_engine_module_imports_vllm_only_when_an_engine_starts() -> None:
     script = "import sys, retrain.inference.vllm; assert 'vllm' not in sys.modules, 'vllm imported'"
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+NOISY = "To use this feature, torch.set_num_threads is disabled (a no-op) in the CPU worker"
+
+
+@pytest.mark.parametrize(("asked", "level", "filtered"), [(None, "WARNING", True), ("INFO", "INFO", False)])
+def test_vllm_chatter_stays_off_the_console_unless_asked(
+    monkeypatch: pytest.MonkeyPatch, asked: str | None, level: str, filtered: bool
+) -> None:
+    if asked is None:
+        monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_LOGGING_LEVEL", asked)
+    logger = logging.getLogger("retrain-test-vllm")  # a logger set up as vLLM sets up its own: a console handler
+    shown = io.StringIO()
+    handler = logging.StreamHandler(shown)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        quiet_vllm_logging("retrain-test-vllm")
+        quiet_vllm_logging("retrain-test-vllm")  # the second call (after vLLM's import) adds no second filter
+        assert os.environ["VLLM_LOGGING_LEVEL"] == level
+        for _ in range(3):
+            logger.warning(NOISY)
+        logger.warning("KV cache is full")
+    finally:
+        logger.removeHandler(handler)
+    expected = ["KV cache is full"] if filtered else [NOISY] * 3 + ["KV cache is full"]
+    assert shown.getvalue().splitlines() == expected and len(handler.filters) == int(filtered)

@@ -29,6 +29,7 @@ class JudgeServer(BaseHTTPRequestHandler):
 
     requests: ClassVar[list[dict]] = []
     attempts: ClassVar[dict[str, int]] = {}
+    release = threading.Event()  # a HANGING answer is held until the test sets this
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -66,6 +67,12 @@ class JudgeServer(BaseHTTPRequestHandler):
                     self.wfile.write(b"x" * 65536)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+            return
+        if "HANGING" in answer and ("RETRIED" not in answer or seen > 1):  # RETRIED: fails once, then hangs
+            JudgeServer.release.wait(timeout=60)
+            return
+        if "RETRIED" in answer:
+            self.send_error(503, "try later")
             return
         if "SLOW" in answer:
             time.sleep(0.5)
@@ -207,15 +214,30 @@ def test_an_unreachable_judge_is_retried_then_gives_no_verdict() -> None:
         judged(judge, "12")
 
 
-def test_max_wait_bounds_a_judge_call_retries_included(base_url: str) -> None:
-    judge = JudgeReward(JudgeRewardConfig(model="m", base_url=base_url, max_wait_s=0.2))
+@pytest.mark.parametrize(("answer", "attempts"), [("HANGING", 1), ("RETRIED HANGING", 2)])
+def test_max_wait_bounds_a_judge_call_retries_included(base_url: str, answer: str, attempts: int) -> None:
+    """The server holds the (last) request until released, so only max_wait_s can end the call: no clock margin."""
+    JudgeServer.attempts.clear()
+    JudgeServer.release.clear()
+    judge = JudgeReward(JudgeRewardConfig(model="m", base_url=base_url, max_wait_s=0.2, retry_backoff_s=0.01))
     started = time.monotonic()
-    with pytest.raises(NoVerdict, match=r"did not answer within reward.max_wait_s=0.2 s"):
-        judged(judge, "CORRECT SLOW")  # the server takes 0.5 s
-    assert time.monotonic() - started < 0.45
-    slow_backoff = JudgeReward(JudgeRewardConfig(model="m", base_url=base_url, retry_backoff_s=1.0, max_wait_s=0.5))
-    with pytest.raises(NoVerdict, match="leaves no time to retry"):
-        judged(slow_backoff, "BROKEN")
+    try:
+        with pytest.raises(NoVerdict, match=r"did not answer within reward.max_wait_s=0.2 s"):
+            judged(judge, answer)
+        assert time.monotonic() - started >= 0.2  # the wait is the whole budget, the failed attempt included
+        assert list(JudgeServer.attempts.values()) == [attempts]
+    finally:
+        JudgeServer.release.set()
+
+
+def test_a_retry_is_not_started_when_its_pause_would_outlast_max_wait(base_url: str) -> None:
+    JudgeServer.attempts.clear()
+    judge = JudgeReward(JudgeRewardConfig(model="m", base_url=base_url, retry_backoff_s=60.0, max_wait_s=30.0))
+    started = time.monotonic()
+    with pytest.raises(NoVerdict, match="HTTP 500.*leaves no time to retry"):
+        judged(judge, "BROKEN")
+    assert list(JudgeServer.attempts.values()) == [1]
+    assert time.monotonic() - started < 30.0  # gave up at once rather than sleeping to the deadline
 
 
 @pytest.mark.parametrize(
