@@ -7,19 +7,26 @@ samples with its own copy of the weights in a second thread while the backend tr
 from __future__ import annotations
 
 import re
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import torch
 
 from retrain.backend.devices import resolve_devices
+from retrain.backend.local import LocalBackend
+from retrain.config import compose
 from retrain.errors import ConfigError
+from retrain.housekeeping.rundir import Checkpoint
 from retrain.model.probe import Probe
 from retrain.model.spec import ModelSpec
+from retrain.run import build_trainer
 from retrain.training.freshness import FreshnessProof
+from retrain.training.sampled_ahead import SAMPLED_AHEAD_FILE
+from retrain.training.trainer import Trainer
 from retrain.types import SamplingParams, TrainBatch
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine, tokenizer_of
-from tests.conftest import read_metrics, run_cli, without_timing
+from tests.conftest import QUICK, SMALL_BATCH, read_metrics, run_cli, without_timing
 
 SPLIT = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false", "backend.devices='cpu,cpu'"]
 
@@ -93,3 +100,39 @@ def test_a_split_run_resumed_from_a_checkpoint_follows_the_uninterrupted_one(tmp
     split_run(tmp_path, "partial", 3)
     resumed = split_run(tmp_path, "resumed", 6, f"resume.from={tmp_path / 'partial'}")
     assert without_timing(resumed) == without_timing(reference)
+
+
+def stopped_after(trainer: Trainer, steps: int) -> Trainer:
+    """Request a graceful stop (as SIGTERM or Ctrl-C does) once `steps` steps are done."""
+    train_step = trainer.train_step
+
+    def step_then_stop(step: int) -> dict:
+        record = train_step(step)
+        if step + 1 == steps:
+            trainer.request_stop()
+        return record
+
+    trainer.train_step = step_then_stop  # type: ignore[method-assign]
+    return trainer
+
+
+def split_trained(run_dir: Path, stop_after: int | None = None) -> dict:
+    overrides = [*QUICK, *SMALL_BATCH, "backend.devices='cpu,cpu'", "training.save_every=3", "training.max_steps=10"]
+    with ExitStack() as parts:
+        trainer = build_trainer(compose(overrides), run_dir, parts)
+        return (stopped_after(trainer, stop_after) if stop_after else trainer).run()
+
+
+@pytest.mark.parametrize("stop_after", [7, 8])
+def test_a_graceful_stop_off_a_checkpoint_boundary_resumes_exactly(tmp_path: Path, stop_after: int) -> None:
+    """Step 8 is sampled ahead while step 7 trains; a stop after step 7 keeps that sample in its checkpoint, so the
+    resumed run trains on what the uninterrupted one did (engine/policy_lag and correct_rate included)."""
+    assert split_trained(tmp_path / "full")["state"] == "done"
+    assert split_trained(tmp_path / "stopped", stop_after)["state"] == "stopped"
+    kept = tmp_path / "stopped" / "checkpoints" / f"step_{stop_after}" / SAMPLED_AHEAD_FILE
+    assert kept.is_file()
+    assert Checkpoint(kept.parent).damage(LocalBackend.checkpoint_files) is None  # reads with weights_only
+    assert split_trained(tmp_path / "stopped")["state"] == "done"
+    full, resumed = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "stopped")
+    assert [r["engine/policy_lag"] for r in resumed] == [0, 1, 1, 0, 1, 1, 0, 1, 1, 0]
+    assert without_timing(resumed) == without_timing(full)

@@ -44,6 +44,7 @@ from retrain.training.batching import Batching
 from retrain.training.freshness import Freshness, FreshnessProof
 from retrain.training.learning_curve import LEARNING_CURVE_PNG, write_learning_curve
 from retrain.training.metrics_log import JsonlLog, TensorBoardSink, WandbSink, console_line
+from retrain.training.sampled_ahead import SampledAhead
 from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger("retrain")
@@ -372,15 +373,11 @@ class Trainer:
 
     def _may_prefetch(self, step: int) -> bool:
         """Split mode samples step `step` early unless a checkpoint comes first: a run resumed from
-        it starts without a prefetched step, so the uninterrupted run must not have one there either."""
+        it starts without a prefetched step, so the uninterrupted run must not have one there either. A stop
+        request does not prevent it: the stop's checkpoint keeps the sample (retrain.training.sampled_ahead)."""
         every = self.training.save_every
         saves = every > 0 and step % every == 0
-        return (
-            step < self.training.max_steps
-            and not saves
-            and not self._evaluates_after(step - 1)
-            and not self._stop.is_set()
-        )
+        return step < self.training.max_steps and not saves and not self._evaluates_after(step - 1)
 
     def _evaluates_after(self, step: int) -> bool:
         """Whether held-out accuracy is measured after step `step` (eval.every; the last step's is "after")."""
@@ -578,11 +575,31 @@ class Trainer:
             rng=_rng_state(),
             config_identity=self.config_identity,
         )
-        checkpoint = self.files.save_checkpoint(completed, self.backend.save, state.to_json(), final=final)
+        ahead = self._finished_sample_ahead()
+        checkpoint = self.files.save_checkpoint(
+            completed, functools.partial(self._write_checkpoint_files, ahead), state.to_json(), final=final
+        )
         self._last_saved_step = completed - 1
         self.files.prune_checkpoints(self.training.keep_checkpoints)
         self._draw_learning_curve()
         return checkpoint.path
+
+    def _write_checkpoint_files(self, ahead: SampledAhead | None, path: Path) -> None:
+        """The backend's files, and the step sampled ahead when a graceful stop left one (split mode)."""
+        self.backend.save(path)
+        if ahead is not None:
+            ahead.save(path)
+
+    def _finished_sample_ahead(self) -> SampledAhead | None:
+        """The next step's sample when split mode drew one before a stop came (None: none, or cancelled)."""
+        if self._prefetched is None:
+            return None
+        try:
+            rollouts = self._prefetched.rollouts.result()
+        except SamplingInterrupted:
+            return None
+        sample = self._prefetched
+        return SampledAhead(sample.examples, sample.served_version, rollouts, data_after=self.data.state_dict())
 
     def _draw_learning_curve(self) -> None:
         """learning_curve.png beside metrics.jsonl, redrawn at every checkpoint; a plot that fails costs a warning,
@@ -624,6 +641,12 @@ class Trainer:
         self.freshness.forget()
         self._sync_engine(self.backend.load(checkpoint))
         self.data.load_state_dict(state.data)
+        ahead = SampledAhead.load(checkpoint)
+        if ahead is not None:  # a graceful stop in split mode kept the next step's sample: train on it as planned
+            self.data.load_state_dict(ahead.data_after)
+            sampled: Future[Rollouts | ScoredRollouts] = Future()
+            sampled.set_result(ahead.rollouts)
+            self._prefetched = StepSample(ahead.examples, ahead.served_version, sampled, state.data)
         self.algorithm.load_state_dict(state.algorithm)
         self.batching.load_state_dict(state.batching)
         self.total_correct = state.total_correct
