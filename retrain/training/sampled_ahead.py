@@ -47,9 +47,9 @@ class SampledAhead:
         if not path.is_file():
             return None
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        rollouts: Rollouts | ScoredRollouts = Rollouts(**payload["rollouts"])
-        if payload["scored"] is not None:
-            rollouts = ScoredRollouts(rollouts=rollouts, **payload["scored"])
+        rows = Rollouts(**payload["rollouts"])
+        scored = payload["scored"]
+        rollouts = rows if scored is None else ScoredRollouts(rollouts=rows, **scored)
         return cls(
             examples=[Example(**example) for example in payload["examples"]],
             served_version=int(payload["served_version"]),
