@@ -22,21 +22,11 @@ from retrain.errors import UserError
 from retrain.housekeeping.rundir import RunDir
 from retrain.model.probe import StaleWeightsError
 from retrain.run import build_trainer
-from tests.conftest import read_metrics, without_timing
+from tests.conftest import QUICK, read_metrics, without_timing
 from tests.inference.fake_servers import ServedModel, sglang_routes
 from tests.inference.loopback import Route, serve
 
-QUICK = [
-    "experiment=quickstart",
-    "eval.num_examples=0",
-    "scoring.workers=1",
-    "logging.console_groups=0",
-    "logging.progress_bar=false",
-    "training.batch_size=2",
-    "training.group_size=4",
-    "training.save_every=10",
-    "inference=sglang",
-]
+ON_SGLANG = [*QUICK, "training.batch_size=2", "training.group_size=4", "training.save_every=10", "inference=sglang"]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +46,7 @@ def sglang_server(model: ServedModel, wrap=None) -> Iterator[str]:
 
 
 def trainer_of(run_dir: Path, url: str, parts: ExitStack, *overrides: str):
-    return build_trainer(compose([*QUICK, f"inference.url={url}", *overrides]), run_dir, parts)
+    return build_trainer(compose([*ON_SGLANG, f"inference.url={url}", *overrides]), run_dir, parts)
 
 
 def train(run_dir: Path, url: str, *overrides: str) -> dict[str, Any]:
