@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from hydra.utils import instantiate
 from peft import LoraConfig
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -38,6 +37,7 @@ from trl import GRPOConfig, GRPOTrainer
 from retrain.backend.devices import resolve_device
 from retrain.config import compose
 from retrain.inference.vllm import CPU_ENV, IN_PROCESS_ENV
+from retrain.run import build_part
 
 
 class StepTimer(TrainerCallback):
@@ -132,9 +132,9 @@ def main() -> None:
     if training.seed < 0:
         raise SystemExit("training.seed must be fixed (>= 0): both sides then serve the same prompts in the same order")
     B, G, steps = training.batch_size, training.group_size, training.max_steps
-    spec = instantiate(cfg.model)
+    spec = build_part(cfg, "model")
     device = resolve_device(cfg.backend.devices)
-    data = instantiate(cfg.data, seed=training.seed)
+    data = build_part(cfg, "data", seed=training.seed)
     examples = [example for _ in range(steps) for example in data.next_batch(B)]
     dataset = Dataset.from_list(
         [
@@ -188,7 +188,7 @@ def main() -> None:
         )
         trainer = GRPOTrainer(
             model=spec.source()[0],
-            reward_funcs=retrain_reward(instantiate(cfg.reward)),
+            reward_funcs=retrain_reward(build_part(cfg, "reward")),
             args=config,
             train_dataset=dataset,
             peft_config=lora,

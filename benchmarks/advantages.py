@@ -80,7 +80,7 @@ def vectorized(name: str):
             ]
         ).algorithm
     )
-    assert algorithm.begin_step(1) == (LAMBDA if "sepa" in name else 0.0)
+    assert algorithm.begin_step(1) == {"sepa_lambda": LAMBDA if "sepa" in name else 0.0}
     return algorithm
 
 

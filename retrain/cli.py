@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     if toml := next((arg for arg in args if arg.endswith(".toml") and "=" not in arg), None):
         print(
-            f"retrain: {toml} is a seeds-style TOML config, which retrain no longer reads; convert it with "
+            f"retrain: {toml} is a TOML config of the original retrain, which this retrain no longer reads; convert it with "
             f"`retrain migrate-config {toml}` and run the preset it writes (the command says how)",
             file=sys.stderr,
         )

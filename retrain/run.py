@@ -70,10 +70,11 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     check_run_config(cfg)
     keep_freed_memory()  # each step reuses the host memory of the step before instead of faulting it in anew
-    use_usable_cpus(int(cfg.training.threads))
-    # nothing is written into the run dir before it is this run's: a refused launch leaves it as it was
+    # nothing is written into the run dir before it is this run's (its run.log included): a refused launch
+    # leaves it as it was
     with claimed_run_dir(run_dir, config_identity(cfg)), ExitStack() as parts:
         log.info(run_dir_line(run_dir))
+        use_usable_cpus(int(cfg.training.threads))
         with failure_recorded(run_dir):  # from here on, a run that cannot start says why in status.json
             record_launch(run_dir, cfg)
             trainer = build_trainer(cfg, run_dir, parts)
@@ -310,10 +311,10 @@ def build_part(cfg: DictConfig, group: str, **run_objects: Any) -> Any:
     if is_built_in(target) and isinstance(target, type) and dataclasses.is_dataclass(schema):
         settings = OmegaConf.to_object(node)
         return settings if target is schema else target(settings, **run_objects)
-    if not run_objects:
-        return instantiate(node)  # a reward function stays the partial its `_partial_: true` asks for
-    # a partial first: Hydra would turn dataclass arguments (a ModelSpec) back into configs
-    return instantiate(node, _partial_=True)(**run_objects)
+    if run_objects and (node.get("_partial_") or any(dataclasses.is_dataclass(v) for v in run_objects.values())):
+        # a partial first: Hydra would turn dataclass arguments (a ModelSpec, EngineResources) back into configs
+        return instantiate(node, _partial_=True)(**run_objects)
+    return instantiate(node, **run_objects)  # a reward function stays the partial its `_partial_: true` asks for
 
 
 def target_object(cfg: DictConfig, group: str) -> Any:

@@ -7,7 +7,9 @@ at the end runs each experiment preset for two steps through the real CLI).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from retrain.config import compose, config_groups
+from retrain.plugins import is_built_in
 from tests.conftest import read_metrics, run_cli
 
 GROUPS = ["backend", "model", "algorithm", "inference", "reward", "data"]
@@ -41,6 +44,12 @@ def check_targets(node: Any, runtime: dict, where: str) -> int:
     target = get_object(node["_target_"])
     kwargs = {k: v for k, v in node.items() if not str(k).startswith("_")}
     signature = inspect.signature(target)
+    if is_built_in(target) and isinstance(target, type) and "config" in signature.parameters:
+        schema = typing.get_type_hints(target.__init__)["config"]  # a built-in takes its schema's object
+        unknown = set(kwargs) - {field.name for field in dataclasses.fields(schema)}
+        assert not unknown, f"{where}: {node['_target_']} has no settings {sorted(unknown)} in {schema.__name__}"
+        (signature.bind_partial if node.get("_partial_", False) else signature.bind)(schema, **runtime)
+        return checked + 1
     try:
         if node.get("_partial_", False):
             signature.bind_partial(**kwargs)

@@ -33,7 +33,7 @@ DEFAULT_GRAMS: tuple[str, ...] = (
     "the key insight",
 )
 DETECTORS = ("regex", "semantic")  # algorithm.planning.detector
-DEFAULT_SEMANTIC_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # the seeds' default encoder
+DEFAULT_SEMANTIC_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # the original retrain's default encoder
 DEFAULT_SEMANTIC_THRESHOLD = 0.6  # cosine similarity to the nearest gram from which a clause is planning
 APOSTROPHES = "'\u2019\u2018\u02bc"  # ASCII, right/left single quotation marks, modifier apostrophe
 

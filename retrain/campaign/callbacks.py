@@ -33,7 +33,12 @@ from omegaconf.errors import InterpolationResolutionError
 
 from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_settings
 from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
-from retrain.campaign.plan import check_run_dirs_apart, name_swept_keys_in_subdir, planned_jobs
+from retrain.campaign.plan import (
+    check_first_job_composes,
+    check_run_dirs_apart,
+    name_swept_keys_in_subdir,
+    planned_jobs,
+)
 from retrain.campaign.report import refresh
 from retrain.config import container_dict
 from retrain.config_checks.compose_errors import output_dir_unwritable, unresolvable
@@ -94,6 +99,7 @@ class CampaignCallback(Callback):
             self._sweep_dir = _resolved_sweep_dir(config)
             squeeze = squeeze_settings(config)
             plan = planned_jobs(config)
+            check_first_job_composes(config, plan or [])
             subdir = name_swept_keys_in_subdir(config, plan or [])
             check_run_dirs_apart(config, plan or [])
             _make(self._sweep_dir)

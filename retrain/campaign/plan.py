@@ -146,6 +146,17 @@ def name_swept_keys_in_subdir(config: DictConfig, jobs: list[PlannedJob]) -> str
     return subdir
 
 
+def check_first_job_composes(config: DictConfig, jobs: list[PlannedJob]) -> None:
+    """ConfigError naming the job when the first planned job's config does not compose: a typo in a key the sweep
+    varies (`trainig.lr=1e-3,1e-4`) is the same typo in every job, found here before any starts (one compose)."""
+    if not jobs:
+        return
+    try:
+        GlobalHydra.instance().config_loader().load_sweep_config(config, list(jobs[0].overrides))
+    except COMPOSE_ERRORS as error:
+        raise ConfigError(f"job #{jobs[0].num}: {compose_error_line(error)}") from None
+
+
 def check_run_dirs_apart(config: DictConfig, jobs: list[PlannedJob]) -> None:
     """ConfigError when two planned jobs would share a run dir (`hydra.sweep.subdir`), naming what tells them apart.
 

@@ -63,7 +63,7 @@ def test_an_unreadable_parquet_file_is_a_data_error_naming_it(tmp_path: Path, co
     path = tmp_path / "problems.parquet"
     path.write_bytes(content)
     with pytest.raises(DataError, match=rf"data.path='{path}': cannot read the records: {path} {named}"):
-        JsonlData(seed=0, path=str(path))
+        JsonlData(JsonlDataConfig(path=str(path)), seed=0)
 
 
 @pytest.mark.parametrize("special", ["fifo", "/dev/zero", "/dev/null"])
@@ -73,14 +73,14 @@ def test_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path: Path, special
         path = tmp_path / "problems.jsonl"
         os.mkfifo(path)  # reading it would block forever
     with pytest.raises(ConfigError, match=rf"data.path='{path}' is not a regular file \(a FIFO, socket or device"):
-        JsonlData(seed=0, path=str(path))
+        JsonlData(JsonlDataConfig(path=str(path)), seed=0)
 
 
 def test_a_directory_named_like_a_file_is_a_data_error(tmp_path: Path) -> None:
     path = tmp_path / "x.jsonl"
     path.mkdir()
     with pytest.raises(DataError, match=rf"data.path='{path}': cannot read the records of this directory \(Empty"):
-        JsonlData(seed=0, path=str(path))
+        JsonlData(JsonlDataConfig(path=str(path)), seed=0)
 
 
 def test_in_a_run_datasets_own_parse_errors_go_to_run_log_only(tmp_path: Path) -> None:
