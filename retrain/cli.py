@@ -27,13 +27,14 @@ from typing import Any
 import hydra
 from dotenv import load_dotenv
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException, InstantiationException
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from retrain.config import config_dir, register_configs
 from retrain.config_checks.compose_errors import COMPOSE_ERRORS, compose_error_line, output_dir_unwritable
-from retrain.errors import WRONG_ARGUMENTS, ConfigError, UserError
+from retrain.error_lines import one_line, user_error_behind
+from retrain.errors import UserError
 from retrain.housekeeping.threads import passive_openmp_waits
 
 log = logging.getLogger("retrain")
@@ -52,12 +53,6 @@ SUBCOMMANDS = {
     "man": "retrain.commands.man",
     "export": "retrain.commands.export",
 }
-# Hydra's words when a `_target_` does not import: "Error locating target 'x', ...\nfull_key: reward"
-UNLOCATABLE_TARGET = re.compile(
-    r"Error locating target '(?P<target>[^']*)'.*?(?:\nfull_key: (?P<key>\S+))?\s*$", re.DOTALL
-)
-# ... and when calling it raised: "Error in call to target 'm.C':\nTypeError(...)\nfull_key: algorithm.transforms.c"
-FAILED_CALL = re.compile(r"Error in call to target '(?P<target>[^']*)'.*?(?:\nfull_key: (?P<key>\S+))?\s*$", re.DOTALL)
 
 
 def _hydra_entry(cfg: DictConfig) -> None:
@@ -71,7 +66,7 @@ def _hydra_entry(cfg: DictConfig) -> None:
     except Exception as error:
         if isinstance(error, RunDirRefused):  # the run dir is another run's: not a line into its run.log
             _stop_logging_into(Path(HydraConfig.get().runtime.output_dir))
-        user_error = _user_error_behind(error)
+        user_error = user_error_behind(error)
         if user_error is None:
             raise
         _report_user_error(user_error, error)
@@ -91,47 +86,6 @@ class FailedJob(CompactHydraException):
         self.user_error = user_error  # a default, so that a job on a cluster node sends it back pickled
 
 
-def _user_error_behind(error: BaseException | None) -> UserError | None:
-    """The UserError an error is, or was raised from (Hydra wraps errors raised in instantiate)."""
-    from retrain.plugins import PluginError, raised_in_plugin  # here: `retrain status` starts without torch
-
-    while error is not None:
-        if isinstance(error, UserError):
-            return error
-        plugin = raised_in_plugin(error)
-        if plugin is not None:
-            return PluginError(f"{plugin} raised {type(error).__name__}: {error}")
-        mistake = _target_mistake(error)
-        if mistake is not None:
-            return mistake
-        error = error.__cause__
-    return None
-
-
-def _target_mistake(error: BaseException) -> UserError | None:
-    """A `_target_` that does not import (a typo, a module not on the path), or that does not take
-    the arguments its config node gives (a `+key=value` typo), is a config mistake; a plugin's that
-    raises as it is built is the plugin's."""
-    if not isinstance(error, InstantiationException):
-        return None
-    from retrain.plugins import PluginError, import_failure  # here: `retrain status` starts without torch
-
-    match = UNLOCATABLE_TARGET.match(str(error))
-    if match is not None:
-        key = f"{match['key']}._target_" if match["key"] else "_target_"
-        return ConfigError(f"{key}={match['target']!r} cannot be imported: {import_failure(error)}")
-    match = FAILED_CALL.match(str(error))
-    cause = error.__cause__
-    if match is None or not isinstance(cause, Exception):
-        return None
-    if isinstance(cause, TypeError) and WRONG_ARGUMENTS.search(str(cause)):
-        return ConfigError(f"{match['key'] or 'a config node'}: {match['target']} does not take its arguments: {cause}")
-    if match["target"].split(".")[0] == "retrain":  # our own part raising as it is built: a bug in retrain
-        return None
-    key = f"{match['key']}._target_" if match["key"] else "_target_"
-    return PluginError(f"{key}={match['target']!r} raised {type(cause).__name__} as it was built: {cause}")
-
-
 def _stop_logging_into(run_dir: Path) -> None:
     """Close the log files Hydra opened inside `run_dir` (its run.log): what this process logs goes to the console."""
     root = logging.getLogger()
@@ -139,19 +93,6 @@ def _stop_logging_into(run_dir: Path) -> None:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(run_dir):
             root.removeHandler(handler)
             handler.close()
-
-
-def one_line(error: BaseException) -> str:
-    """The error's message with its lines joined: what the console shows of a user's mistake."""
-    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-
-
-def failure_line(error: BaseException) -> str:
-    """What status.json records of a run's error: the user's mistake as the console shows it, else the type and message."""
-    user_error = _user_error_behind(error)
-    if user_error is not None:
-        return one_line(user_error)
-    return f"{type(error).__name__}: {one_line(error)}"
 
 
 def _report_user_error(user_error: UserError, raised: BaseException) -> None:

@@ -30,7 +30,6 @@ from retrain.backend.base import BACKEND_CHECKS, Backend, Capabilities
 from retrain.backend.capabilities import BackendInfo, describe_backend
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.campaign.preemption import requeue_on_preemption
-from retrain.cli import failure_line
 from retrain.config import (
     BackpressureConfig,
     EvalConfig,
@@ -41,6 +40,7 @@ from retrain.config import (
 from retrain.config_checks.validation import check_prompt_lengths, check_run_config, warn_if_untrainable
 from retrain.data.prompts import template_line
 from retrain.environments.base import RolloutEnvironment
+from retrain.error_lines import failure_line
 from retrain.errors import CheckpointError, ConfigError
 from retrain.housekeeping.allocator import keep_freed_memory
 from retrain.housekeeping.console import done_line, run_dir_line

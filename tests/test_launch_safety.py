@@ -24,9 +24,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from retrain.campaign.preemption import requeue_on_preemption
-from retrain.cli import FailedJob, _user_error_behind
+from retrain.cli import FailedJob
 from retrain.commands.status import main as status_main
 from retrain.config import compose
+from retrain.error_lines import user_error_behind
 from retrain.errors import ConfigError
 from retrain.housekeeping.launch import RunDirRefused, claimed_run_dir
 from retrain.housekeeping.rundir import RunDir
@@ -135,7 +136,7 @@ def test_a_plugin_whose_import_fails_names_the_import_error(tmp_path: Path, cli_
     with pytest.raises(InstantiationException) as located:
         instantiate(OmegaConf.create({"reward": {"_target_": f"{UNIMPORTABLE}.reward"}}).reward)
     assert "Error locating target" in str(located.value)  # all that Hydra says
-    message = str(_user_error_behind(located.value))
+    message = str(user_error_behind(located.value))
     assert f"reward._target_='{UNIMPORTABLE}.reward' cannot be imported: importing {UNIMPORTABLE} raised" in message
     assert MISSING_DEPENDENCY in message and "unimportable_plugin.py, line 5" in message
 
