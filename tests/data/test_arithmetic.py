@@ -111,29 +111,18 @@ def test_problems_are_distinct_and_in_range(
     min_value: int, span: int, held_out_size: int, num_examples: int, task_seed: int
 ) -> None:
     max_value = min_value + span - 1
+    config = ArithmeticDataConfig(
+        num_examples=num_examples,
+        held_out_size=held_out_size,
+        min_value=min_value,
+        max_value=max_value,
+        task_seed=task_seed,
+    )
     if held_out_size + num_examples > span * span:
         with pytest.raises(ConfigError, match="distinct problems"):
-            ArithmeticData(
-                ArithmeticDataConfig(
-                    num_examples=num_examples,
-                    held_out_size=held_out_size,
-                    min_value=min_value,
-                    max_value=max_value,
-                    task_seed=task_seed,
-                ),
-                seed=0,
-            )
+            ArithmeticData(config, seed=0)
         return
-    data = ArithmeticData(
-        ArithmeticDataConfig(
-            num_examples=num_examples,
-            held_out_size=held_out_size,
-            min_value=min_value,
-            max_value=max_value,
-            task_seed=task_seed,
-        ),
-        seed=0,
-    )
+    data = ArithmeticData(config, seed=0)
     examples = data.train_examples + data.held_out(held_out_size)
     assert len(set(ids(examples))) == num_examples + held_out_size
     for example in examples:
