@@ -70,9 +70,14 @@ class PytorchEngineConfig(EngineConfig):
     prefix_caching: bool = True  # prefill each prompt once and repeat its KV cache G times
     merge_lora: bool = True  # fp32 models: sample through W + s·B·A, a copy of the adapted weights (faster)
     attention_kernel: str = "default"  # default | flash | triton | cutlass (CUDA): retrain/model/attention_kernels.py
+    # bound on the KV cache's memory; 0 = automatic: what the device has free after weights, training state
+    # and a margin (the memory plan). Rows that do not fit wait and enter as others finish.
+    kv_cache_gb: float = 0.0
 
     def __post_init__(self) -> None:
         check_pytorch_attention_kernel(self.attention_kernel)
+        if not self.kv_cache_gb >= 0:
+            raise ConfigError(f"inference.kv_cache_gb must be >= 0 (0 = automatic), got {self.kv_cache_gb}")
 
 
 @dataclass

@@ -20,3 +20,6 @@ class EngineResources:
     # split mode: the engine samples on its own device while the backend trains, so it must hold its
     # own copy of the weights (the trainer overlaps sampling of step s+1 with training of step s)
     overlap: bool = False
+    # the KV cache budget the memory plan set for `inference.kv_cache_gb=0` (automatic); None: the engine
+    # takes what its device has free, less a margin
+    kv_cache_bytes: int | None = None
