@@ -29,6 +29,14 @@ class LocalBackendConfig:
             "validator": at_least(0, "0 = all rows"),
         },
     )
+    micro_batch_tokens: int = field(
+        default=8192,
+        metadata={
+            "help": "padded tokens (prompt + completion) per forward/backward: rows are packed by length up to it, a "
+            "longer row alone; bounds activation memory, never changes the gradient. 0 = all rows at once",
+            "validator": at_least(0, "0 = all rows"),
+        },
+    )
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "recompute activations in backward: less memory, ~30% slower"}
     )

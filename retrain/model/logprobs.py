@@ -18,6 +18,10 @@ from retrain.model.lean_decoder import causal_lm_logits
 from retrain.model.packing import packed_logits
 from retrain.model.rows import positions_from_mask, rows_of
 
+# The LM head runs over chunks of tokens whose fp32 logits take at most this much (a [tokens, vocabulary]
+# fp32 tensor is never built whole): 256 MiB is ~440 tokens of Qwen3's 151,936-entry vocabulary.
+LOGITS_CHUNK_BYTES = 256 * 2**20
+
 
 def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists → ([B, P] ids, [B, P] bool mask), padded on the left."""
