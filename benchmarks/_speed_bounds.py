@@ -75,8 +75,8 @@ def lora_training_flops(config: Any, adapter_parameters: int, sequence_lengths: 
     """FLOPs of one LoRA forward + backward over sequences of these lengths, counted as perf.py's
     estimate_batch_flops (attention with hidden // heads per head, as perf.py has it)."""
     per_token = 4 * matmul_parameters(config) + 6 * adapter_parameters
-    attention = 12 * config.num_hidden_layers * config.num_attention_heads * (
-        config.hidden_size // config.num_attention_heads
+    attention = (
+        12 * config.num_hidden_layers * config.num_attention_heads * (config.hidden_size // config.num_attention_heads)
     )
     lengths = sequence_lengths.long()
     return float(per_token * int(lengths.sum()) + attention * int((lengths * lengths).sum()))

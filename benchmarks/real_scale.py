@@ -91,7 +91,9 @@ class Phase:
         self._started = time.perf_counter()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.seconds = time.perf_counter() - self._started
@@ -179,6 +181,13 @@ def build_parts(cfg: DictConfig) -> Parts:
     )
 
 
+def row_micro_batches(cfg: DictConfig, cuda: bool) -> list[str]:
+    """On CUDA, one row per forward/backward while the backend counts micro-batches in rows: two 10k-token rows
+    of Qwen3-4B hold ~150 GB of activations. A backend that packs rows by tokens (`backend.micro_batch_tokens`,
+    no `micro_batch_size`) needs nothing: a row longer than its token bound trains alone."""
+    return ["backend.micro_batch_size=1"] if cuda and "micro_batch_size" in cfg.backend else []
+
+
 def prompt_text(index: int, length: int) -> str:
     """A distinct prompt of `length` characters (one token each with the byte-level tokenizer)."""
     words = [PROMPT_WORDS[(index + i) % len(PROMPT_WORDS)] for i in range(length)]
@@ -244,7 +253,11 @@ def run_scenario(parts: Parts, step: int, max_tokens: int, groups: int, prompt_t
         "trained_tokens": int(sequence_lengths.sum()),
         "algorithm_metrics": step_metrics,
         "phases": {
-            name: {"seconds": phase.seconds, "peak_gb": phase.peak_gb, "planned_peak_gb": planned_peak_gb(parts.cfg, name)}
+            name: {
+                "seconds": phase.seconds,
+                "peak_gb": phase.peak_gb,
+                "planned_peak_gb": planned_peak_gb(parts.cfg, name),
+            }
             for name, phase in phases.items()
         },
         "decode_tokens_per_s": completion_tokens / sample.seconds,
@@ -321,8 +334,8 @@ def main() -> None:
             f"training.batch_size={args.batch}",
             f"training.group_size={args.group}",
             f"training.max_tokens={max(args.tokens)}",
-            *args.overrides,
         ]
+        overrides += [*row_micro_batches(compose(overrides), cuda), *args.overrides]
         cfg = compose(overrides)
         parts = build_parts(cfg)
         setup_s = time.perf_counter() - started
@@ -341,8 +354,11 @@ def main() -> None:
             if scenarios:
                 predicted = predicted_seconds(scenarios[-1], max_tokens, rows)
                 if elapsed + predicted > args.budget_s:
-                    print(f"{max_tokens} tokens × {rows} rows skipped: ~{predicted:.0f} s predicted, "
-                          f"{args.budget_s - elapsed:.0f} s of --budget-s left", flush=True)
+                    print(
+                        f"{max_tokens} tokens × {rows} rows skipped: ~{predicted:.0f} s predicted, "
+                        f"{args.budget_s - elapsed:.0f} s of --budget-s left",
+                        flush=True,
+                    )
                     skipped.append({"max_tokens": max_tokens, "rows": rows, "predicted_s": predicted})
                     continue
             scenarios.append(run_scenario(parts, step, max_tokens, groups, args.prompt_tokens))
