@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import math
+import resource
 import tempfile
 import threading
 import time
@@ -114,10 +115,7 @@ class Phase:
 
 def resident_bytes() -> int:
     """This process's resident set (Linux /proc)."""
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    import resource
-
-    return pages * resource.getpagesize()
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
 
 
 class ForwardCounter:
@@ -362,7 +360,12 @@ def main() -> None:
                     skipped.append({"max_tokens": max_tokens, "rows": rows, "predicted_s": predicted})
                     continue
             scenarios.append(run_scenario(parts, step, max_tokens, groups, args.prompt_tokens))
-            print(f"{max_tokens} tokens × {rows} rows done at {time.perf_counter() - started:.0f} s", flush=True)
+            at_limit = scenarios[-1]["hit_max_tokens_rate"]
+            print(
+                f"{max_tokens} tokens × {rows} rows done at {time.perf_counter() - started:.0f} s "
+                f"({at_limit:.0%} of the rows ran to the limit)",
+                flush=True,
+            )
     memory = "torch.cuda.max_memory_allocated per phase" if cuda else "RSS growth over the phase (CPU)"
     print(f"\npeak GB: {memory}; tokens/s: decode (sample), prompt + completion tokens trained (train)")
     print("\n".join(markdown_table(scenarios)))
