@@ -42,13 +42,16 @@ def choose_tokens(
         if sampling.top_p >= 1.0:
             tokens = draw(logp.exp(), uniforms)
         else:
-            sorted_logp, order = logp.sort(dim=-1, descending=True)
-            sorted_probs = sorted_logp.exp()
+            probs = logp.exp()
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
             # Keep a token while the mass strictly before it is below top_p: the top token always stays.
             in_nucleus = (sorted_probs.cumsum(dim=-1) - sorted_probs) < sampling.top_p
-            nucleus = sorted_probs * in_nucleus
+            # The draw runs over the nucleus in vocabulary order, not sorted: near-equal probabilities swap
+            # places in a sort on a rounding difference (a row decoded in another batch), which would move
+            # every later token's interval of the CDF and change what a uniform picks.
+            nucleus = probs * torch.zeros_like(in_nucleus).scatter_(-1, order, in_nucleus)
             kept_mass = nucleus.sum(dim=-1)
-            tokens = order.gather(-1, draw(nucleus, uniforms).unsqueeze(-1)).squeeze(-1)
+            tokens = draw(nucleus, uniforms)
     entropies = -(logp.exp() * logp).sum(dim=-1) if with_entropy else None
     return TokenChoice(
         tokens=tokens,
