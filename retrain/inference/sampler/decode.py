@@ -9,6 +9,7 @@ pool), and runs one decode forward over the rest. A row's token at position p is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -17,7 +18,7 @@ import torch
 from retrain.inference.sampler.kv_budget import GIB
 from retrain.inference.sampler.kv_pool import KvPool
 from retrain.inference.sampler.paged_cache import PagedCache, plan_forward
-from retrain.inference.sampler.scheduler import PromptEntry, Row, Scheduler
+from retrain.inference.sampler.scheduler import KvSequence, PromptEntry, Row, Scheduler
 from retrain.inference.sampler.tokens import choose_tokens
 from retrain.model.lean_decoder import causal_lm_logits
 from retrain.types import SamplingParams
@@ -147,7 +148,7 @@ class Forward:
     scheduler: Scheduler
     pad_id: int
 
-    def prefill(self, sequences: list[Row] | list[PromptEntry], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
+    def prefill(self, sequences: Sequence[KvSequence], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
         """Store `tokens` (one 1-D tensor per sequence, after the `stored` ones it shares) in each sequence's
         blocks; returns each sequence's [V] next-token logits. At most PREFILL_TOKENS padded tokens a forward."""
         done = [0] * len(sequences)
@@ -157,11 +158,11 @@ class Forward:
             batch: list[int] = []
             width = 0
             for index in pending:
-                piece = min(len(tokens[index]) - done[index], PREFILL_TOKENS)
-                if batch and max(width, piece) * (len(batch) + 1) > PREFILL_TOKENS:
+                size = min(len(tokens[index]) - done[index], PREFILL_TOKENS)
+                if batch and max(width, size) * (len(batch) + 1) > PREFILL_TOKENS:
                     break
                 batch.append(index)
-                width = max(width, piece)
+                width = max(width, size)
             pieces = [tokens[i][done[i] : done[i] + width] for i in batch]
             device = pieces[0].device
             new = torch.full((len(batch), width), self.pad_id, dtype=torch.long, device=device)
@@ -188,7 +189,7 @@ class Forward:
         return logits
 
     def _forward(
-        self, sequences: list[Row] | list[PromptEntry], lengths: list[int], new: torch.Tensor, real: torch.Tensor | None
+        self, sequences: Sequence[KvSequence], lengths: list[int], new: torch.Tensor, real: torch.Tensor | None
     ) -> torch.Tensor:
         table = self.scheduler.table_rows(sequences)
         plan = plan_forward(table, lengths, new, real)

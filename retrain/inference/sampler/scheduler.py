@@ -17,6 +17,7 @@ before the call), so every call finishes.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +26,7 @@ from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, KvPool, blocks_for
 
 
 @dataclass(eq=False)
-class Sequence:
+class KvSequence:
     """Tokens whose keys and values the pool holds: a row, or a prompt entry its group's rows share.
     `table_row`: its row of the block table; `stored`: tokens written so far, into `blocks` in order."""
 
@@ -36,14 +37,14 @@ class Sequence:
 
 
 @dataclass(eq=False)
-class Row(Sequence):
+class Row(KvSequence):
     """One completion of the call; `generated`: tokens sampled so far (its next one is at that position)."""
 
     generated: int = 0
 
 
 @dataclass(eq=False)
-class PromptEntry(Sequence):
+class PromptEntry(KvSequence):
     """A prompt prefilled once for the rows of its group (prefix caching)."""
 
     logits: torch.Tensor | None = None  # [V] next-token logits after the prompt: every row's first draw
@@ -162,7 +163,7 @@ class Scheduler:
         row.blocks = []
         del self.running[row.table_row]
 
-    def table_rows(self, sequences: list[Row] | list[PromptEntry]) -> torch.Tensor:
+    def table_rows(self, sequences: Sequence[KvSequence]) -> torch.Tensor:
         """[R, blocks] block tables of `sequences`, with every block taken so far."""
         if self._table_updates:
             rows, positions, blocks = zip(*self._table_updates, strict=True)
@@ -182,12 +183,12 @@ class Scheduler:
         heapq.heappush(self.waiting, row.table_row)
         self.preemptions += 1
 
-    def _extend(self, sequence: Sequence, blocks: int) -> None:
+    def _extend(self, sequence: KvSequence, blocks: int) -> None:
         """`sequence` holds `blocks` blocks: new ones taken from the pool after those it has."""
         new = self.pool.take(blocks - len(sequence.blocks))
         self._set_blocks(sequence, sequence.blocks + new)
 
-    def _set_blocks(self, sequence: Sequence, blocks: list[int]) -> None:
+    def _set_blocks(self, sequence: KvSequence, blocks: list[int]) -> None:
         start = len(sequence.blocks)
         sequence.blocks = blocks
         self._table_updates.extend((sequence.table_row, i, blocks[i]) for i in range(start, len(blocks)))
