@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from transformers import DynamicCache
 
 from retrain.inference.sampler.decode import Forward
-from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, KvPool, KvShape
+from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, GROWTH_MIN_BLOCKS, KvPool, KvShape
 from retrain.inference.sampler.paged_cache import PagedCache
 from retrain.inference.sampler.scheduler import Scheduler
 from retrain.model.cache_argument import with_cache
@@ -47,7 +48,8 @@ def paged_cache_logits(model, prompts: torch.Tensor, steps: int) -> tuple[list[t
     """The same steps through the engine's scheduler and paged cache, on a pool whose free blocks are shuffled."""
     pool = KvPool(KvShape.of(model.config, model.dtype), torch.device("cpu"), max_blocks=64)
     pool.release(pool.take(5))
-    pool.free = [pool.free[i] for i in torch.randperm(5, generator=torch.Generator().manual_seed(0)).tolist()]
+    order = torch.randperm(len(pool.free), generator=torch.Generator().manual_seed(0)).tolist()
+    pool.free = [pool.free[i] for i in order]
     rows = prompts.shape[0]
     scheduler = Scheduler(pool, [prompts.shape[1]] * rows, 1, steps + 1, False, torch.device("cpu"))
     forward = Forward(model, PagedCache(pool, None), scheduler, pad_id=0)
@@ -74,8 +76,23 @@ def test_the_paged_cache_gives_the_logits_of_a_dynamic_cache(tiny_spec) -> None:
         got, pool = paged_cache_logits(model, prompts, steps=6)
     for want, have in zip(expected, got, strict=True):
         torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-5)
-    assert pool.capacity > 5  # the storage grew (a copy) while rows decoded across a block boundary
-    assert pool.in_use == 2 * 2  # the two rows still going hold two blocks each; the others' went back
+    assert pool.in_use == 2 * 2  # the two rows going on hold two blocks each; the others returned theirs
+
+
+def test_the_pool_keeps_its_blocks_when_its_storage_grows_and_never_beyond_its_budget() -> None:
+    shape = KvShape(layers=2, kv_heads=1, head_dim=2, dtype=torch.float32)
+    pool = KvPool(shape, torch.device("cpu"), max_blocks=GROWTH_MIN_BLOCKS + 3)
+    first = pool.take(GROWTH_MIN_BLOCKS)
+    for layer, storage in enumerate(pool.keys):
+        storage.copy_(torch.arange(storage.numel(), dtype=torch.float32).view_as(storage) + layer)
+    kept = [storage.clone() for storage in pool.keys]
+    pool.take(2)  # grows: the budget caps it below GROWTH times the capacity
+    assert pool.capacity == pool.max_blocks and pool.available() == 1
+    assert all(torch.equal(storage[: len(old)], old) for storage, old in zip(pool.keys, kept, strict=True))
+    pool.release(first[:1])
+    assert pool.take(1) == first[:1] and pool.peak_in_use == GROWTH_MIN_BLOCKS + 2
+    with pytest.raises(RuntimeError, match="1 blocks left"):
+        pool.take(2)
 
 
 def test_the_cache_reaches_the_model_under_the_name_its_transformers_takes(tiny_spec) -> None:

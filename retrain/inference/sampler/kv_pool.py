@@ -7,7 +7,7 @@ blocks of BLOCK_TOKENS slots listed in the row's block table, so memory follows 
 row's blocks go back to a free list for the next row; the G rows of a group share their prompt's blocks
 (reference counts; the scheduler copies a shared block before a row writes into it).
 
-The storage grows as blocks are taken, by GROWTH at a time (the copy of a block pool into its larger
+The storage grows as blocks are taken, by GROWTH (and GROWTH_MIN_BLOCKS) at a time (the copy of a block pool into its larger
 successor is amortised), one layer after the other so that a growth holds at most one layer's old storage
 twice, and never beyond `max_blocks`: the KV budget. It lives within one sampling call.
 """
@@ -22,6 +22,7 @@ import torch
 
 BLOCK_TOKENS = 16  # token slots per block (vLLM's default): at most 15 slots of a row's last block stay empty
 GROWTH = 1.5  # the storage grows to at least 1.5x its capacity, so its copies cost O(1) per block taken
+GROWTH_MIN_BLOCKS = 64  # and by at least this many blocks: a call's first admissions take a few growths, not ten
 ATTENTION_LAYER_KINDS = ("full_attention", "sliding_attention")  # layers whose keys and values the pool holds
 
 
@@ -124,7 +125,8 @@ class KvPool:
             storage.index_copy_(0, target, storage.index_select(0, source))
 
     def _grow(self, at_least: int) -> None:
-        capacity = min(self.max_blocks, max(self.capacity + at_least, math.ceil(self.capacity * GROWTH)))
+        wanted = max(self.capacity + at_least, math.ceil(self.capacity * GROWTH), self.capacity + GROWTH_MIN_BLOCKS)
+        capacity = min(self.max_blocks, wanted)
         slots = capacity * BLOCK_TOKENS
         for storages in (self.keys, self.values):
             for layer in range(self.shape.layers):
