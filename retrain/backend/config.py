@@ -22,13 +22,6 @@ class LocalBackendConfig:
             "on the first while training on the last"
         },
     )
-    micro_batch_size: int = field(
-        default=2,
-        metadata={
-            "help": "rows per forward/backward (bounds activation memory); 0 = all rows at once",
-            "validator": at_least(0, "0 = all rows"),
-        },
-    )
     micro_batch_tokens: int = field(
         default=8192,
         metadata={
