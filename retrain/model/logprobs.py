@@ -110,8 +110,7 @@ def output_head(model: Any) -> torch.nn.Module | None:
     causal_lm = causal_lm_of(model)
     if causal_lm.config.model_type not in PLAIN_HEAD:
         return None
-    head: torch.nn.Module | None = causal_lm.get_output_embeddings()
-    return head
+    return causal_lm.get_output_embeddings()
 
 
 def head_logprobs(
