@@ -179,13 +179,6 @@ def build_parts(cfg: DictConfig) -> Parts:
     )
 
 
-def row_micro_batches(cfg: DictConfig, cuda: bool) -> list[str]:
-    """On CUDA, one row per forward/backward while the backend counts micro-batches in rows: two 10k-token rows
-    of Qwen3-4B hold ~150 GB of activations. A backend that packs rows by tokens (`backend.micro_batch_tokens`,
-    no `micro_batch_size`) needs nothing: a row longer than its token bound trains alone."""
-    return ["backend.micro_batch_size=1"] if cuda and "micro_batch_size" in cfg.backend else []
-
-
 def prompt_text(index: int, length: int) -> str:
     """A distinct prompt of `length` characters (one token each with the byte-level tokenizer)."""
     words = [PROMPT_WORDS[(index + i) % len(PROMPT_WORDS)] for i in range(length)]
@@ -333,7 +326,7 @@ def main() -> None:
             f"training.group_size={args.group}",
             f"training.max_tokens={max(args.tokens)}",
         ]
-        overrides += [*row_micro_batches(compose(overrides), cuda), *args.overrides]
+        overrides += args.overrides
         cfg = compose(overrides)
         parts = build_parts(cfg)
         setup_s = time.perf_counter() - started
