@@ -327,11 +327,11 @@ class MemoryPlan:
             size = "size unknown" if device.total_bytes is None else f"{gib(device.total_bytes)}"
             lines.append(f"  {device.device} ({device.role}, {size}):")
             for part in device.parts:
-                lines.append(f"    {part.name:<24} {part.phase:<9} {gib(part.bytes):>10}  {part.detail}")
+                lines.append(f"    {part.name:<27} {part.phase:<9} {gib(part.bytes):>10}  {part.detail}")
             verdict = "" if device.fits is None else ("  fits" if device.fits else "  DOES NOT FIT")
             usable_text = "" if device.usable_bytes is None else f" of {gib(device.usable_bytes)} usable"
             lines.append(
-                f"    {'peak':<24} {'':<9} {gib(device.peak_bytes):>10}  resident + max(sampling, training)"
+                f"    {'peak':<27} {'':<9} {gib(device.peak_bytes):>10}  resident + max(sampling, training)"
                 f"{usable_text}{verdict}"
             )
         lines += [f"  note: {note}" for note in self.notes]
@@ -498,3 +498,57 @@ def plan_memory(
         micro_batch_tokens=micro,
         notes=tuple(notes),
     )
+
+
+def model_config(name_or_path: str, revision: str | None = None) -> dict[str, Any] | None:
+    """The model's config.json without a download: a local copy (a directory, a bundled asset, the Hugging Face
+    cache), else the one retrain ships for a known Hub model (retrain/assets/model_configs/<last part of the id>)."""
+    import json
+
+    from retrain.assets import MODEL_CONFIGS_DIR
+    from retrain.commands.capacity import local_model_config
+
+    found = local_model_config(name_or_path, revision)
+    if found is not None:
+        return found
+    shipped = MODEL_CONFIGS_DIR / f"{name_or_path.rstrip('/').rsplit('/', 1)[-1]}.json"
+    if not shipped.is_file():
+        return None
+    loaded = json.loads(shipped.read_text())
+    return loaded if isinstance(loaded, dict) else None
+
+
+def plans_local_memory(config: Mapping[str, Any]) -> bool:
+    """Whether the run trains on this machine's devices (backend=local), so a memory plan applies."""
+    return str(config["backend"].get("_target_", "")) == "retrain.backend.local.LocalBackend"
+
+
+def plan_for(
+    config: Mapping[str, Any], device_bytes: Sequence[int | None], on_gpu: bool, prompt_tokens: int | None = None
+) -> MemoryPlan | None:
+    """The plan of a composed config (plain containers) on devices of `device_bytes`; None when it trains
+    elsewhere or its model's config.json is on neither this machine nor in retrain's shipped configs."""
+    if not plans_local_memory(config):
+        return None
+    model = config["model"]
+    found = model_config(str(model["name_or_path"]), model.get("revision"))
+    if found is None:
+        return None
+    try:
+        shape = ModelShape.from_config(found)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return plan_memory(shape, MemoryInputs.of(config, shape, prompt_tokens), device_bytes, on_gpu)
+
+
+def plans_by_gpu_size(config: Mapping[str, Any]) -> dict[int, MemoryPlan]:
+    """The plan on each GPU size of GPU_SIZES_GB (every device of the run that size); empty when none applies."""
+    devices = device_names(str(config["backend"].get("devices", "cpu")))
+    count = 2 if len(devices) == 2 and devices[0] != devices[1] else 1
+    plans = {}
+    for size in GPU_SIZES_GB:
+        plan = plan_for(config, [size * 10**9] * count, on_gpu=True)
+        if plan is None:
+            return {}
+        plans[size] = plan
+    return plans
