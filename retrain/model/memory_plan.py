@@ -339,7 +339,8 @@ class MemoryPlan:
 
 
 def gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB"
+    """Bytes as GiB, or MiB below one GiB."""
+    return f"{value / GIB:.2f} GiB" if abs(value) >= GIB else f"{value / 2**20:.1f} MiB"
 
 
 def usable(total_bytes: int, device: str) -> int:
@@ -381,12 +382,12 @@ def plan_memory(
     notes: list[str] = []
 
     lora = shape.lora_params(inputs.lora_rank, inputs.targets)
-    weights = Part("base weights", "resident", int(shape.params * b), f"{shape.params / 1e9:.3g}B params × {b} B")
+    weights = Part("base weights", "resident", int(shape.params * b), f"{shape.params / 1e6:,.1f}M params × {b} B")
     adapter = Part(
         "LoRA + grads + AdamW",
         "resident",
         lora * LORA_BYTES * (2 + ADAMW_STATE_PER_PARAM),
-        f"{lora / 1e6:.3g}M params × 4 B × (weight, grad, 2 moments)",
+        f"{lora / 1e6:,.2f}M params × 4 B × (weight, grad, 2 moments)",
     )
     sampler: list[Part] = []  # what the sampler adds on its device
     if split:
@@ -419,7 +420,7 @@ def plan_memory(
         "activations (checkpointed)",
         "training",
         micro * shape.layers * shape.hidden * b + micro * per_layer,
-        f"{micro} tokens × {shape.layers} layer inputs × {shape.hidden * b} B, + one layer's {per_layer} B/token",
+        f"{micro} tokens × {shape.layers} layer inputs × {shape.hidden * b} B, + {per_layer} B/token of the layer recomputed",
     )
     training_memory = device_bytes[-1]
     if inputs.checkpointing == "auto":
@@ -552,3 +553,46 @@ def plans_by_gpu_size(config: Mapping[str, Any]) -> dict[int, MemoryPlan]:
             return {}
         plans[size] = plan
     return plans
+
+
+def plan_on_this_machine(config: Mapping[str, Any]) -> MemoryPlan | None:
+    """The plan of a composed config on the devices this machine gives `backend.devices` (None: no plan applies)."""
+    from retrain.model.device_memory import device_memories
+
+    if not plans_local_memory(config):
+        return None
+    memories, on_gpu = device_memories(str(config["backend"].get("devices", "cpu")))
+    return plan_for(config, memories, on_gpu)
+
+
+def memory_report(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What `retrain explain` shows of a composed config's memory: the plan on this machine's devices, or, for GPUs
+    this machine lacks, on the first size of GPU_SIZES_GB it fits; and whether and how it fits each size."""
+    from retrain.model.device_memory import cuda_available
+
+    if not plans_local_memory(config):
+        return None
+    wants_gpu = any(spec.startswith("gpu:") for spec in device_names(str(config["backend"].get("devices", "cpu"))))
+    by_size = plans_by_gpu_size(config) if wants_gpu else {}
+    here = plan_on_this_machine(config) if cuda_available() or not wants_gpu else None
+    if here is None and by_size:
+        here = next((plan for plan in by_size.values() if plan.fits), by_size[GPU_SIZES_GB[-1]])
+    if here is None:
+        return None
+    shown = "this machine" if cuda_available() or not wants_gpu else f"a {here.devices[0].total_bytes // 10**9} GB GPU"
+    return {
+        "shown_on": shown,
+        "plan": here.as_dict(),
+        "table": here.table(),
+        "gpu_sizes": {
+            str(size): {
+                "fits": plan.fits,
+                "peak_bytes": max(device.peak_bytes for device in plan.devices),
+                "gradient_checkpointing": plan.checkpointing,
+                "kv_budget_bytes": plan.kv_budget_bytes,
+                "rows_at_once": plan.rows_at_once,
+                "problem": plan.problem(),
+            }
+            for size, plan in by_size.items()
+        },
+    }
