@@ -473,12 +473,15 @@ def render_memory(runs: list[dict[str, Any]]) -> list[str]:
         if memory is None or memory["table"] in shown:
             continue
         shown.add(memory["table"])
-        lines.append(f"{memory['table']}  (on {memory['shown_on']}; docs/capacity-planning.md, Memory)")
+        lines.append(f"Memory on {memory['shown_on']} (docs/capacity-planning.md, Memory):")
+        lines += [f"  {line}" for line in memory["table"].splitlines()]
+        if memory["gpu_sizes"]:
+            lines.append("  GPU sizes:")
         for size, fit in memory["gpu_sizes"].items():
             if fit["fits"]:
                 how = f"fits: checkpointing {'on' if fit['gradient_checkpointing'] else 'off'}, KV budget "
                 how += f"{fit['kv_budget_bytes'] / GIB:.1f} GiB ({fit['rows_at_once']} rows at full length at once)"
             else:
                 how = f"does not fit: {fit['problem']}"
-            lines.append(f"  {size:>4} GB GPU: {how}")
+            lines.append(f"    {size:>4} GB: {how}")
     return lines
