@@ -271,6 +271,7 @@ def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu:
     rows = workload["batch_size"] * workload["group_size"]
     row = workload["prompt_tokens"] + completion_width
     inputs = MemoryInputs(
+        batch_size=workload["batch_size"],
         rows=rows,
         prompt_tokens=workload["prompt_tokens"],
         prompt_source="given",

@@ -158,6 +158,7 @@ def saved_bytes_per_token_layer(
 class MemoryInputs:
     """What of a run's config the plan reads (`MemoryInputs.of` a composed config)."""
 
+    batch_size: int  # prompts a step
     rows: int  # batch_size × group_size
     prompt_tokens: int
     prompt_source: str  # "estimate" (PROMPT_TOKENS_ESTIMATE, capped by the context) or "given"
@@ -193,6 +194,7 @@ class MemoryInputs:
             room = PROMPT_TOKENS_ESTIMATE if shape.context is None else shape.context - max_tokens
             prompt_tokens, source = max(1, min(PROMPT_TOKENS_ESTIMATE, room)), "estimate"
         return cls(
+            batch_size=int(training["batch_size"]),
             rows=int(training["batch_size"]) * int(training["group_size"]),
             prompt_tokens=prompt_tokens,
             prompt_source=source,
@@ -402,6 +404,11 @@ def plan_memory(
     # training: one micro-batch of padded tokens (a row longer than the budget goes alone)
     row = inputs.row_tokens
     micro = max(inputs.micro_batch_tokens or inputs.rows * row, row)
+    rows_per_micro = min(inputs.rows, micro // row)
+    # without checkpointing the trainer runs each prompt of a micro-batch once for its rows (packed, or as a shared
+    # prefill); with it, every row runs prompt + completion (retrain.model.logprobs.completion_logprobs)
+    shared = min(rows_per_micro, inputs.batch_size) * inputs.prompt_tokens + rows_per_micro * inputs.max_tokens
+    whole = rows_per_micro * row
     per_layer = saved_bytes_per_token_layer(shape, b, inputs.lora_rank, inputs.targets, row)
     chunk_tokens = max(1, min(micro, LOGITS_CHUNK_BYTES // (shape.vocab * FP32)))
     logits = Part(
@@ -413,14 +420,14 @@ def plan_memory(
     full = Part(
         "activations",
         "training",
-        micro * shape.layers * per_layer,
-        f"{micro} tokens × {shape.layers} layers × {per_layer} B",
+        shared * shape.layers * per_layer,
+        f"{shared} tokens × {shape.layers} layers × {per_layer} B",
     )
     checkpointed = Part(
         "activations (checkpointed)",
         "training",
-        micro * shape.layers * shape.hidden * b + micro * per_layer,
-        f"{micro} tokens × {shape.layers} layer inputs × {shape.hidden * b} B, + {per_layer} B/token of the layer recomputed",
+        whole * shape.layers * shape.hidden * b + whole * per_layer,
+        f"{whole} tokens × {shape.layers} layer inputs × {shape.hidden * b} B, + {per_layer} B/token of the layer recomputed",
     )
     training_memory = device_bytes[-1]
     if inputs.checkpointing == "auto":
