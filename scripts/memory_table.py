@@ -1,4 +1,4 @@
-"""Print the memory tables of docs/capacity-planning.md ("Memory") from the memory plan itself.
+"""Print the memory plan and tables of docs/capacity-planning.md ("Memory") from the memory plan itself.
 
     python scripts/memory_table.py
 
@@ -9,6 +9,7 @@ tests/test_memory_plan.py checks the page holds exactly these lines, so the page
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -27,9 +28,13 @@ KNOB_ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+@functools.cache
+def composed(overrides: tuple[str, ...]) -> Any:
+    return OmegaConf.to_container(compose(list(overrides)), resolve=True)
+
+
 def planned(overrides: tuple[str, ...], size_gb: int) -> MemoryPlan:
-    config: Any = OmegaConf.to_container(compose(list(overrides)), resolve=True)
-    plan = plan_for(config, [size_gb * GB], on_gpu=True)
+    plan = plan_for(composed(overrides), [size_gb * GB], on_gpu=True)
     assert plan is not None
     return plan
 
@@ -64,5 +69,10 @@ def tables() -> str:
     return "\n".join(lines)
 
 
+def example() -> str:
+    """The default run's plan on an 80 GB GPU, as `retrain explain` prints it."""
+    return planned((), 80).table()
+
+
 if __name__ == "__main__":
-    print(tables())
+    print(example(), tables(), sep="\n\n")

@@ -321,3 +321,13 @@ def test_the_plan_predicts_a_measured_gpu_step_within_a_quarter(model: str, tmp_
     peak = max(measured["sampling_peak"], measured["training_peak"])
     planned = planned_step(model_dir, workload, measured["completion_width"], on_gpu=True, dtype="bf16")
     assert planned == pytest.approx(peak, rel=0.25), (planned, measured)
+
+
+def test_the_capacity_planning_page_shows_what_the_plan_computes() -> None:
+    """docs/capacity-planning.md's plan and tables are scripts/memory_table.py's output, number for number."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import memory_table
+
+    page = (REPO / "docs" / "capacity-planning.md").read_text()
+    assert memory_table.example() in page
+    assert memory_table.tables() in page
