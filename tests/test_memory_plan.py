@@ -193,6 +193,7 @@ def test_explain_prints_the_plan_and_the_gpu_sizes_and_json_carries_them() -> No
     assert "Memory plan" in text and "KV cache" in text and "141 GB" in text
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_fit_stops_before_its_model_loads(tmp_path: Path) -> None:
     """A quickstart whose one micro-batch would need terabytes: refused naming the knob, no weights loaded."""
     result = subprocess.run(

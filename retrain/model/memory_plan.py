@@ -46,8 +46,6 @@ KNOBS = {
     "micro_batch": "backend.micro_batch_tokens",
     "checkpointing": "backend.gradient_checkpointing=true",
 }
-ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -487,6 +485,7 @@ def plan_memory(
     else:
         notes.append("the inference engine is a server's: none of its memory is on these devices")
 
+    devices: tuple[DeviceMemory, ...]
     if two_memories:
         devices = (
             DeviceMemory(names[0], "sampling", device_bytes[0], (*sampler, *sampling)),
@@ -586,7 +585,8 @@ def memory_report(config: Mapping[str, Any]) -> dict[str, Any] | None:
         here = next((plan for plan in by_size.values() if plan.fits), by_size[GPU_SIZES_GB[-1]])
     if here is None:
         return None
-    shown = "this machine" if cuda_available() or not wants_gpu else f"a {here.devices[0].total_bytes // 10**9} GB GPU"
+    size = (here.devices[0].total_bytes or 0) // 10**9
+    shown = "this machine" if cuda_available() or not wants_gpu else f"a {size} GB GPU"
     return {
         "shown_on": shown,
         "plan": here.as_dict(),
