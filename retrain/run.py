@@ -266,12 +266,13 @@ def checked_memory_plan(cfg: DictConfig) -> MemoryPlan | None:
 
 
 def with_resolved_checkpointing(cfg: DictConfig, memory: MemoryPlan | None) -> DictConfig:
-    """`cfg` with `backend.gradient_checkpointing=auto` replaced by the plan's choice (off without a plan): the
-    backend receives true or false. The run's identity keeps `auto`."""
-    if checkpointing_choice(OmegaConf.select(cfg, "backend.gradient_checkpointing", default="false")) != "auto":
+    """`cfg` with `backend.gradient_checkpointing=auto` replaced by the plan's choice, so the backend receives true
+    or false; without a plan (a plugin backend, an unknown model) as it was. The run's identity keeps `auto`."""
+    setting = OmegaConf.select(cfg, "backend.gradient_checkpointing", default="false")
+    if memory is None or checkpointing_choice(setting) != "auto":
         return cfg
     resolved = copy.deepcopy(cfg)
-    on = memory is not None and memory.checkpointing
+    on = memory.checkpointing
     resolved.backend.gradient_checkpointing = "true" if on else "false"
     log.info("backend.gradient_checkpointing=auto: %s (the memory plan)", "on" if on else "off")
     return resolved

@@ -332,3 +332,20 @@ def test_the_capacity_planning_page_shows_what_the_plan_computes() -> None:
     page = (REPO / "docs" / "capacity-planning.md").read_text()
     assert memory_table.example() in page
     assert memory_table.tables() in page
+
+
+def test_the_run_hands_the_backend_the_resolved_checkpointing_and_the_engine_the_kv_budget() -> None:
+    from retrain.run import automatic_kv_bytes, with_resolved_checkpointing
+
+    cfg = compose([])
+    config = default_config()
+    short, enough = activations_fit_threshold(config)
+    on, off = plan_for(config, [short], on_gpu=True), plan_for(config, [enough], on_gpu=True)
+    assert with_resolved_checkpointing(cfg, on).backend.gradient_checkpointing == "true"
+    assert with_resolved_checkpointing(cfg, off).backend.gradient_checkpointing == "false"
+    assert cfg.backend.gradient_checkpointing == "auto"  # the run's own config (its identity) keeps auto
+    assert with_resolved_checkpointing(cfg, None) is cfg
+    assert on is not None and automatic_kv_bytes(cfg, on) == on.kv_budget_bytes
+    fixed_cfg = compose(["inference.kv_cache_gb=4"])
+    fixed = plan_for(default_config("inference.kv_cache_gb=4"), [short], on_gpu=True)
+    assert automatic_kv_bytes(fixed_cfg, fixed) is None  # the engine takes inference.kv_cache_gb itself

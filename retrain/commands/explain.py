@@ -8,8 +8,9 @@
 For each condition: the composed parts and their `_target_`s, the condition label, the backend's
 capabilities and where they come from, the algorithm's preflight on a synthetic step (exit 1 with its
 message when it fails), whether planning detection and SEPA are used. For the run or every run of the
-sweep (Hydra's job order, retrain.campaign.plan): its run dir and wandb group, and the estimate of
-wall time and GPU hours (retrain/commands/capacity.py, docs/capacity-planning.md).
+sweep (Hydra's job order, retrain.campaign.plan): its run dir and wandb group, the estimate of
+wall time and GPU hours (retrain/commands/capacity.py, docs/capacity-planning.md), and for a local backend
+its memory plan (retrain/model/memory_plan.py) with the GPU sizes it fits and with which knob.
 """
 
 from __future__ import annotations
