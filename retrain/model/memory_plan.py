@@ -390,7 +390,7 @@ def plan_memory(
         f"{lora / 1e6:,.2f}M params × 4 B × (weight, grad, 2 moments)",
     )
     sampler: list[Part] = []  # what the sampler adds on its device
-    if split:
+    if split and inputs.engine == "pytorch":  # the in-process engine's copy of the model on its own device
         sampler += [
             Part("base weights (copy)", "resident", weights.bytes, "split mode: the sampler's own copy"),
             Part("LoRA weights (copy)", "resident", lora * LORA_BYTES, "split mode: synced after each step"),
