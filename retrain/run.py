@@ -261,7 +261,11 @@ def checked_memory_plan(cfg: DictConfig) -> MemoryPlan | None:
     log.info("%s", memory.table())
     problem = memory.problem()
     if problem is not None:
-        raise ConfigError(problem)
+        if "gpu:" in str(cfg.backend.devices) and memory.devices[0].device == "cpu":
+            problem += (
+                "; no CUDA device is visible, so it would train on the CPU (the offline demo: experiment=quickstart)"
+            )
+        raise ConfigError(f"model.name_or_path={cfg.model.name_or_path}: {problem}")
     return memory
 
 
