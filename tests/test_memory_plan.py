@@ -137,6 +137,8 @@ def test_a_plan_over_its_device_names_the_knob_that_fixes_it() -> None:
     kv = plan_for(default_config("inference.kv_cache_gb=60"), [24 * GB], on_gpu=True)
     assert kv is not None and kv.fits is False
     assert "inference.kv_cache_gb" in str(kv.problem())
+    no_row = plan_for(default_config("inference.kv_cache_gb=0.5"), [80 * GB], on_gpu=True)
+    assert no_row is not None and "holds no row" in str(no_row.problem())
     config = default_config(
         "backend.gradient_checkpointing=false", "training.batch_size=64", "backend.micro_batch_tokens=0"
     )

@@ -270,9 +270,15 @@ class MemoryPlan:
     notes: tuple[str, ...] = field(default=())
 
     @property
+    def holds_no_row(self) -> bool:
+        """The in-process sampler's KV budget, set or sized from a known device, holds not one row at full length."""
+        sized = self.inputs.kv_cache_gb > 0 or all(device.total_bytes is not None for device in self.devices)
+        return self.inputs.engine == "pytorch" and self.rows_at_once == 0 and sized
+
+    @property
     def fits(self) -> bool | None:
         verdicts = [device.fits for device in self.devices]
-        return None if None in verdicts else all(verdicts)
+        return None if None in verdicts else all(verdicts) and not self.holds_no_row
 
     def problem(self) -> str | None:
         """Why the run cannot fit, naming the knob that fixes it; None when it fits (or no device size is known)."""
@@ -285,6 +291,12 @@ class MemoryPlan:
                 f"the memory plan needs {gib(device.peak_bytes)} on {device.device} ({device.role}) but "
                 f"{gib(device.usable_bytes)} is usable (of {gib(device.total_bytes or 0)}): {gib(over)} too much; "
                 f"{self.fix(device)}"
+            )
+        if self.holds_no_row:
+            return (
+                f"the KV budget of {gib(self.kv_budget_bytes)} holds no row of {self.inputs.row_tokens} tokens "
+                f"({gib(self.kv_full_bytes // self.inputs.rows)} each): raise {KNOBS['kv']}, use a device with more "
+                "memory or lower training.max_tokens"
             )
         return None
 
