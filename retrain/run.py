@@ -9,6 +9,7 @@ retrain's own are wrapped so their outputs are checked against their contract (r
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -28,6 +29,7 @@ from retrain.algorithm.checks import checked_algorithm
 from retrain.algorithm.preflight import ProbeReport, preflight
 from retrain.backend.base import BACKEND_CHECKS, Backend, Capabilities
 from retrain.backend.capabilities import BackendInfo, describe_backend
+from retrain.backend.config import checkpointing_choice
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.campaign.preemption import requeue_on_preemption
 from retrain.config import (
@@ -52,6 +54,7 @@ from retrain.housekeeping.threads import choose_threads
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.reachable import check_server_answers
+from retrain.model.memory_plan import MemoryPlan, plan_on_this_machine, plans_local_memory
 from retrain.model.probe import Probe
 from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.plugins import checked, import_failure, is_built_in, locate, plugin_name
@@ -135,6 +138,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     check_tensorboard(bool(cfg.logging.tensorboard))
     if not capabilities.samples_itself:  # a dead server is found in seconds, before the model loads
         check_server_answers(container_dict(cfg.inference, "inference"))
+    memory = checked_memory_plan(cfg)
 
     resume = find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls))
     identity = config_identity(
@@ -165,7 +169,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     check_prompt_lengths([*getattr(data, "train_examples", []), *eval_examples], tokenizer, model, training.max_tokens)
     backend: Backend = checked(
         build_part(
-            cfg,
+            with_resolved_checkpointing(cfg, memory),
             "backend",
             model=model,
             optim=OptimSettings.from_config(training),
@@ -176,7 +180,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
         f"backend {plugin_name(backend_cls)}",
     )
     parts.callback(backend.close)
-    engine = build_engine(cfg, backend, capabilities, tokenizer)
+    engine = build_engine(cfg, backend, capabilities, tokenizer, automatic_kv_bytes(cfg, memory))
     batching = build_batching(backpressure, training.batch_size, training.group_size, backend.engine_resources().model)
     parts.callback(engine.close)
     if isinstance(data, RolloutEnvironment):
@@ -242,6 +246,51 @@ def plan_parts(cfg: DictConfig) -> PartsPlan:
     return PartsPlan(algorithm, backend_cls, backend, container_dict(cfg.backend, "backend"), engine_cls)
 
 
+def checked_memory_plan(cfg: DictConfig) -> MemoryPlan | None:
+    """The run's memory plan on this machine's devices, logged; a run that cannot fit stops here, before any
+    weight loads, naming the knob that fixes it (docs/capacity-planning.md, "Memory")."""
+    config = container_dict(cfg, "config")
+    memory = plan_on_this_machine(config)
+    if memory is None:
+        if plans_local_memory(config):
+            log.info(
+                "no memory plan: the config.json of model.name_or_path=%s is not on this machine",
+                cfg.model.name_or_path,
+            )
+        return None
+    log.info("%s", memory.table())
+    problem = memory.problem()
+    if problem is not None:
+        if "gpu:" in str(cfg.backend.devices) and memory.devices[0].device == "cpu":
+            problem += (
+                "; no CUDA device is visible, so it would train on the CPU (the offline demo: experiment=quickstart)"
+            )
+        raise ConfigError(f"model.name_or_path={cfg.model.name_or_path}: {problem}")
+    return memory
+
+
+def with_resolved_checkpointing(cfg: DictConfig, memory: MemoryPlan | None) -> DictConfig:
+    """`cfg` with `backend.gradient_checkpointing=auto` replaced by the plan's choice, so the backend receives true
+    or false; without a plan (a plugin backend, an unknown model) as it was. The run's identity keeps `auto`."""
+    setting = OmegaConf.select(cfg, "backend.gradient_checkpointing", default="false")
+    if memory is None or checkpointing_choice(setting) != "auto":
+        return cfg
+    resolved = copy.deepcopy(cfg)
+    on = memory.checkpointing
+    resolved.backend.gradient_checkpointing = "true" if on else "false"
+    log.info("backend.gradient_checkpointing=auto: %s (the memory plan)", "on" if on else "off")
+    return resolved
+
+
+def automatic_kv_bytes(cfg: DictConfig, memory: MemoryPlan | None) -> int | None:
+    """The KV budget the plan sets for `inference.kv_cache_gb=0` on a known device; None: the engine's own."""
+    if memory is None or memory.inputs.engine != "pytorch" or memory.inputs.kv_cache_gb > 0:
+        return None
+    if any(device.total_bytes is None for device in memory.devices):
+        return None
+    return memory.kv_budget_bytes
+
+
 def check_kl_support(training: TrainingConfig, backend_cls: type) -> None:
     """`training.kl_coef > 0` needs a backend that can compute the base model's log-probs (`kl_to_base`)."""
     if training.kl_coef > 0 and not getattr(backend_cls, "kl_to_base", False):
@@ -251,15 +300,21 @@ def check_kl_support(training: TrainingConfig, backend_cls: type) -> None:
         )
 
 
-def build_engine(cfg: DictConfig, backend: Backend, capabilities: Capabilities, tokenizer: Any) -> InferenceEngine:
+def build_engine(
+    cfg: DictConfig, backend: Backend, capabilities: Capabilities, tokenizer: Any, kv_cache_bytes: int | None = None
+) -> InferenceEngine:
     """The backend's own sampler when it samples itself (a remote service), else `inference=...` built
-    beside it from what it shares. The two are always different objects, so the freshness proof compares
-    two real paths: the sampler's log-probs against the training forward's."""
+    beside it from what it shares (with the memory plan's KV budget, `kv_cache_bytes`, when it sets one). The two
+    are always different objects, so the freshness proof compares two real paths: the sampler's log-probs
+    against the training forward's."""
     if capabilities.samples_itself:
         log.info("backend %s samples itself; inference=%s is not used", plugin_name(backend), cfg.inference._target_)
         engine = backend.sampling_engine(tokenizer)  # type: ignore[attr-defined]  # declared by samples_itself
     else:
-        engine = build_part(cfg, "inference", tokenizer=tokenizer, resources=backend.engine_resources())
+        resources = backend.engine_resources()
+        if kv_cache_bytes is not None:
+            resources = replace(resources, kv_cache_bytes=kv_cache_bytes)
+        engine = build_part(cfg, "inference", tokenizer=tokenizer, resources=resources)
     return checked(engine, ENGINE_CHECKS, f"inference engine {plugin_name(engine)}")
 
 

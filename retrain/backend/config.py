@@ -8,6 +8,17 @@ from retrain.backend.option_rules import at_least
 from retrain.backend.prime_rl.config import PrimeRlBackendConfig
 from retrain.backend.tinker.config import TinkerBackendConfig
 
+CHECKPOINTING_CHOICES = ("auto", "true", "false")
+
+
+def checkpointing_choice(value: object) -> str:
+    """`backend.gradient_checkpointing` as one of auto | true | false (a YAML or command-line boolean arrives as
+    the string "True"/"False"); ValueError saying what is valid otherwise."""
+    choice = str(value).strip().lower()
+    if choice not in CHECKPOINTING_CHOICES:
+        raise ValueError(f"must be one of {', '.join(CHECKPOINTING_CHOICES)}")
+    return choice
+
 
 @dataclass
 class LocalBackendConfig:
@@ -34,8 +45,13 @@ class LocalBackendConfig:
             "validator": at_least(0, "0 = all rows"),
         },
     )
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "recompute activations in backward: less memory, ~30% slower"}
+    gradient_checkpointing: str = field(
+        default="auto",
+        metadata={
+            "help": "recompute activations in backward (less memory, ~30% slower): true | false | auto (on when the "
+            "memory plan says activations would not fit otherwise)",
+            "validator": checkpointing_choice,
+        },
     )
 
 

@@ -22,7 +22,7 @@ from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
 
 from retrain.backend.base import Capabilities
-from retrain.backend.config import LocalBackendConfig
+from retrain.backend.config import LocalBackendConfig, checkpointing_choice
 from retrain.backend.devices import resolve_devices
 from retrain.backend.micro_batches import row_micro_batches
 from retrain.backend.settings import LossSettings, OptimSettings
@@ -106,8 +106,9 @@ class LocalBackend:
         self.optim_settings = optim
         log.info("Loading train model: %s on %s...", model.name_or_path, self.device)
         self.model = model.load_lora_model(self.device, seed)
-        self.activation_checkpointing = config.gradient_checkpointing
-        if config.gradient_checkpointing:
+        # `auto` is resolved from the memory plan by the composition root; a backend built without one trains without
+        self.activation_checkpointing = checkpointing_choice(config.gradient_checkpointing) == "true"
+        if self.activation_checkpointing:
             _enable_activation_checkpointing(self.model)
         self.adapter = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
         self.trainable = list(self.adapter.values())

@@ -109,7 +109,7 @@ def gpu_kind(device_name: str) -> str | None:
 def model_params(name_or_path: str, revision: str | None = None) -> tuple[float | None, str]:
     """(parameter count, where it came from) without loading the model: its config.json when a copy is
     on this machine (a local dir, a bundled asset, the Hugging Face cache), else the size in its name."""
-    config = _local_model_config(name_or_path, revision)
+    config = local_model_config(name_or_path, revision)
     if config is not None:
         params = params_from_config(config)
         if params is not None:
@@ -137,7 +137,7 @@ def params_from_config(config: Mapping[str, Any]) -> float | None:
     return float(embeddings + layers * per_layer + hidden)
 
 
-def _local_model_config(name_or_path: str, revision: str | None) -> dict[str, Any] | None:
+def local_model_config(name_or_path: str, revision: str | None) -> dict[str, Any] | None:
     from retrain.model.spec import ASSET_PREFIX, bundled_asset_dir
 
     path: Path | None

@@ -8,8 +8,9 @@
 For each condition: the composed parts and their `_target_`s, the condition label, the backend's
 capabilities and where they come from, the algorithm's preflight on a synthetic step (exit 1 with its
 message when it fails), whether planning detection and SEPA are used. For the run or every run of the
-sweep (Hydra's job order, retrain.campaign.plan): its run dir and wandb group, and the estimate of
-wall time and GPU hours (retrain/commands/capacity.py, docs/capacity-planning.md).
+sweep (Hydra's job order, retrain.campaign.plan): its run dir and wandb group, the estimate of
+wall time and GPU hours (retrain/commands/capacity.py, docs/capacity-planning.md), and for a local backend
+its memory plan (retrain/model/memory_plan.py) with the GPU sizes it fits and with which knob.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from retrain.commands.capacity import (
 from retrain.commands.capacity import wall_hours as campaign_wall_hours
 from retrain.config_checks.compose_errors import config_mistake
 from retrain.errors import ConfigError
+from retrain.model.memory_plan import GIB, memory_report
 
 PART_GROUPS = ("backend", "model", "algorithm", "inference", "reward", "data")
 SEQUENTIAL_LAUNCHERS = ("BasicLauncher",)  # Hydra's default runs the jobs one after another
@@ -339,6 +341,7 @@ def explain(
         notes += [note for note in timing.notes if note not in notes]
         runs.append(
             {
+                "memory": memory_report(container),
                 "num": job.num,
                 "overrides": job.overrides,
                 "condition": condition_label(conditions[shape]["name"], setting),
@@ -445,6 +448,7 @@ def render(report: dict[str, Any]) -> str:
             f"  #{run['num']} {run['condition']} seed={seed} {run['max_steps']} steps, {timing}, "
             f"{_hours(run['estimate']['hours'])}{_overhead(run['estimate'])}  {run['run_dir']}  {where}"
         )
+    lines += render_memory(report["runs"])
     pilot = estimate["pilot"]
     on_cpu = {run["estimate"]["source"] for run in report["runs"]} == {"reference:cpu"}
     source = (
@@ -459,3 +463,26 @@ def render(report: dict[str, Any]) -> str:
     )
     lines += [f"  note: {note}" for note in estimate["notes"]]
     return "\n".join(lines)
+
+
+def render_memory(runs: list[dict[str, Any]]) -> list[str]:
+    """Each distinct memory plan of the runs, with the GPU sizes it fits and what makes it fit."""
+    lines: list[str] = []
+    shown: set[str] = set()
+    for run in runs:
+        memory = run["memory"]
+        if memory is None or memory["table"] in shown:
+            continue
+        shown.add(memory["table"])
+        lines.append(f"Memory on {memory['shown_on']} (docs/capacity-planning.md, Memory):")
+        lines += [f"  {line}" for line in memory["table"].splitlines()]
+        if memory["gpu_sizes"]:
+            lines.append("  GPU sizes:")
+        for size, fit in memory["gpu_sizes"].items():
+            if fit["fits"]:
+                how = f"fits: checkpointing {'on' if fit['gradient_checkpointing'] else 'off'}, KV budget "
+                how += f"{fit['kv_budget_bytes'] / GIB:.1f} GiB ({fit['rows_at_once']} rows at full length at once)"
+            else:
+                how = f"does not fit: {fit['problem']}"
+            lines.append(f"    {size:>4} GB: {how}")
+    return lines

@@ -1,0 +1,352 @@
+"""The memory plan (retrain/model/memory_plan.py): its parts against what torch really holds, where it shows
+(explain, the run's start), what it decides (checkpointing auto, the KV budget) and the knob it names."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from retrain.assets import MODEL_CONFIGS_DIR, TINY_MODEL_DIR
+from retrain.config import compose
+from retrain.errors import ConfigError
+from retrain.model.lean_decoder import causal_lm_logits
+from retrain.model.memory_plan import (
+    GPU_SIZES_GB,
+    MemoryInputs,
+    ModelShape,
+    plan_for,
+    plan_memory,
+    plans_by_gpu_size,
+    saved_bytes_per_token_layer,
+)
+from retrain.model.merged_lora import lean_lora, plain_lora_layers
+from retrain.model.rows import positions_from_mask
+from retrain.model.spec import ModelSpec
+from retrain.run import plan_parts
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN3_4B = json.loads((MODEL_CONFIGS_DIR / "Qwen3-4B-Instruct-2507.json").read_text())
+GB = 10**9
+
+
+def default_config(*overrides: str) -> dict:
+    return OmegaConf.to_container(compose(list(overrides)), resolve=True)  # type: ignore[return-value]
+
+
+def saved_bytes(model, ids: torch.Tensor, mask: torch.Tensor) -> int:
+    """Bytes of the tensors autograd saves for backward in one training forward (parameters left out)."""
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), lean_lora(plain_lora_layers(model)):
+        causal_lm_logits(model, ids, mask.long(), positions_from_mask(mask))
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_saved_activations_per_token_and_layer_are_what_autograd_saves(dtype: str, padded: bool) -> None:
+    """Layers 4 - 2 of the tiny Qwen3: what one decoder layer saves, against the derivation."""
+    spec = ModelSpec(name_or_path="retrain:tiny_qwen3", dtype=dtype)
+    model = spec.load_lora_model(torch.device("cpu"), seed=0)
+    model.train()
+    rows, length = 2, 48
+    ids = torch.randint(0, 250, (rows, length), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(rows, length, dtype=torch.bool)
+    if padded:
+        mask[0, :5] = False
+    four_layers = saved_bytes(model, ids, mask)
+    decoder = model.base_model.model.model
+    decoder.layers = decoder.layers[:2]
+    two_layers = saved_bytes(model, ids, mask)
+    measured = (four_layers - two_layers) / 2 / (rows * length)
+    shape = ModelShape.from_config(json.loads((TINY_MODEL_DIR / "config.json").read_text()))
+    derived = saved_bytes_per_token_layer(
+        shape, 4 if dtype == "fp32" else 2, spec.lora_rank, spec.target_modules, length if padded else 0
+    )
+    assert derived == pytest.approx(measured, rel=0.01)
+
+
+def test_kv_cache_per_token_is_layers_kv_heads_head_dim_keys_and_values() -> None:
+    shape = ModelShape.from_config(QWEN3_4B)
+    expected = QWEN3_4B["num_hidden_layers"] * QWEN3_4B["num_key_value_heads"] * QWEN3_4B["head_dim"] * 2 * 2
+    assert shape.kv_bytes_per_token(2) == expected
+
+
+def test_lora_counts_rank_times_in_plus_out_of_every_target() -> None:
+    shape = ModelShape.from_config(QWEN3_4B)
+    q = QWEN3_4B["num_attention_heads"] * QWEN3_4B["head_dim"]
+    h = QWEN3_4B["hidden_size"]
+    assert shape.lora_params(8, ["q_proj"]) == QWEN3_4B["num_hidden_layers"] * 8 * (h + q)
+
+
+def test_default_run_is_planned_from_the_shipped_config_json() -> None:
+    """Qwen3-4B is not downloaded here: its config.json ships with retrain, so every GPU size gets a plan."""
+    plans = plans_by_gpu_size(default_config())
+    assert sorted(plans) == sorted(GPU_SIZES_GB)
+    plan = plans[80]
+    assert plan.dtype == "bf16"
+    assert [part.name for part in plan.devices[0].parts][:2] == ["base weights", "LoRA + grads + AdamW"]
+    assert plan.kv_budget_bytes <= plan.kv_full_bytes
+    assert plan.devices[0].peak_bytes <= plan.devices[0].usable_bytes
+
+
+def activations_fit_threshold(config: dict) -> tuple[int, int]:
+    """(a GPU size in bytes whose room is just short of the unchckpointed training phase, one just above it)."""
+    huge = plan_for(config, [10**15], on_gpu=True)
+    assert huge is not None and not huge.checkpointing
+    device = huge.devices[0]
+    needed = device.phase_bytes("resident") + device.phase_bytes("training")
+    return int(needed / 0.95) - GB, int(needed / 0.95) + 3 * GB
+
+
+def test_checkpointing_auto_is_on_exactly_when_activations_would_not_fit() -> None:
+    config = default_config("backend.gradient_checkpointing=auto")
+    short, enough = activations_fit_threshold(config)
+    on, off = plan_for(config, [short], on_gpu=True), plan_for(config, [enough], on_gpu=True)
+    assert on is not None and on.checkpointing and on.fits
+    assert off is not None and not off.checkpointing and off.fits
+    forced = plan_for(default_config("backend.gradient_checkpointing=true"), [enough], on_gpu=True)
+    assert forced is not None and forced.checkpointing
+
+
+def test_checkpointing_takes_booleans_as_yaml_and_the_command_line_write_them() -> None:
+    for value in ("true", "false", "auto", "True"):
+        plan_parts(compose([f"backend.gradient_checkpointing={value}"])).check_options()
+
+
+def test_a_wrong_checkpointing_value_is_refused_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"backend\.gradient_checkpointing='maybe'.*auto, true, false"):
+        plan_parts(compose(["backend.gradient_checkpointing=maybe"])).check_options()
+
+
+def test_a_plan_over_its_device_names_the_knob_that_fixes_it() -> None:
+    kv = plan_for(default_config("inference.kv_cache_gb=60"), [24 * GB], on_gpu=True)
+    assert kv is not None and kv.fits is False
+    assert "inference.kv_cache_gb" in str(kv.problem())
+    no_row = plan_for(default_config("inference.kv_cache_gb=0.5"), [80 * GB], on_gpu=True)
+    assert no_row is not None and "holds no row" in str(no_row.problem())
+    config = default_config(
+        "backend.gradient_checkpointing=false", "training.batch_size=64", "backend.micro_batch_tokens=0"
+    )
+    activations = plan_for(config, [80 * GB], on_gpu=True)
+    assert activations is not None and "backend.gradient_checkpointing=true" in str(activations.problem())
+    config = default_config(
+        "backend.gradient_checkpointing=true", "training.batch_size=64", "backend.micro_batch_tokens=0"
+    )
+    checkpointed = plan_for(config, [80 * GB], on_gpu=True)
+    assert checkpointed is not None and "backend.micro_batch_tokens" in str(checkpointed.problem())
+
+
+def test_the_automatic_kv_budget_is_what_is_left_capped_at_all_rows_at_full_length() -> None:
+    config = default_config()
+    small, large = plan_for(config, [24 * GB], on_gpu=True), plan_for(config, [10**14], on_gpu=True)
+    assert small is not None and 0 < small.kv_budget_bytes < small.kv_full_bytes
+    assert small.rows_at_once < small.inputs.rows
+    assert large is not None and large.kv_budget_bytes == large.kv_full_bytes and large.rows_at_once == 128
+    fixed = plan_for(default_config("inference.kv_cache_gb=4"), [80 * GB], on_gpu=True)
+    assert fixed is not None and fixed.kv_budget_bytes == 4 * 2**30
+
+
+def test_split_mode_gives_each_device_its_own_parts() -> None:
+    plan = plan_for(default_config("backend.devices=gpu:0\\,gpu:1"), [80 * GB, 80 * GB], on_gpu=True)
+    assert plan is not None
+    sampling, training = plan.devices
+    assert (sampling.device, training.device) == ("gpu:0", "gpu:1")
+    assert {"KV cache", "base weights (copy)"} <= {part.name for part in sampling.parts}
+    assert "activations" not in {part.name for part in sampling.parts}
+    assert {"base weights", "LoRA + grads + AdamW"} <= {part.name for part in training.parts}
+    assert "KV cache" not in {part.name for part in training.parts}
+
+
+def test_vllm_takes_its_share_of_the_device() -> None:
+    plan = plan_for(default_config("inference=vllm"), [80 * GB], on_gpu=True)
+    assert plan is not None
+    share = next(part for part in plan.devices[0].parts if part.name == "vLLM share")
+    assert share.bytes == int(0.35 * 80 * GB)
+    assert "KV cache" not in {part.name for part in plan.devices[0].parts}
+
+
+def test_a_remote_backend_has_no_plan() -> None:
+    assert plan_for(default_config("backend=tinker"), [80 * GB], on_gpu=True) is None
+
+
+def test_explain_prints_the_plan_and_the_gpu_sizes_and_json_carries_them() -> None:
+    from retrain.commands.explain import explain, render
+
+    report = explain([])
+    memory = report["runs"][0]["memory"]
+    assert sorted(memory["gpu_sizes"]) == sorted(str(size) for size in GPU_SIZES_GB)
+    assert memory["plan"]["devices"][0]["parts"][0]["name"] == "base weights"
+    text = render(report)
+    assert "Memory plan" in text and "KV cache" in text and "141 GB" in text
+
+
+@pytest.mark.slow
+def test_a_run_that_cannot_fit_stops_before_its_model_loads(tmp_path: Path) -> None:
+    """A quickstart whose one micro-batch would need terabytes: refused naming the knob, no weights loaded."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "retrain",
+            "experiment=quickstart",
+            "training.batch_size=100000",
+            "backend.micro_batch_tokens=0",
+            "backend.gradient_checkpointing=false",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "Memory plan" in output and "backend.gradient_checkpointing=true" in output
+    assert "Loading train model" not in output
+
+
+def test_the_planned_device_is_the_cpu_where_cuda_is_absent() -> None:
+    shape = ModelShape.from_config(json.loads((TINY_MODEL_DIR / "config.json").read_text()))
+    inputs = MemoryInputs.of(default_config("model=tiny", "training.max_tokens=8"), shape)
+    plan = plan_memory(shape, inputs, [8 * GB], on_gpu=False)
+    assert plan.dtype == "fp32" and plan.devices[0].device == "cpu"
+    assert inputs.prompt_source == "estimate" and inputs.prompt_tokens == shape.context - 8
+    assert "merged LoRA weights" in {part.name for part in plan.devices[0].parts}
+
+
+# the measured workloads: rows × (prompt + completion) large enough that the KV cache, the activations and the
+# merged weights are tens to hundreds of MiB; a micro-batch budget both trainers form the same micro-batches by
+MEASURED = {
+    "tiny": {"batch_size": 8, "group_size": 8, "prompt_tokens": 32, "max_tokens": 96, "micro_rows": 0},
+    "small64": {"batch_size": 2, "group_size": 16, "prompt_tokens": 32, "max_tokens": 96, "micro_rows": 8},
+}
+
+
+def measured_step(model_dir: Path, workload: dict, device: str = "cpu", dtype: str = "fp32") -> dict:
+    """tests/memory_probe.py in a fresh process: one real sampling + training step and its peaks."""
+    row = workload["prompt_tokens"] + workload["max_tokens"]
+    settings = {
+        "model": str(model_dir),
+        "lora_rank": 32,
+        "batch_size": workload["batch_size"],
+        "group_size": workload["group_size"],
+        "prompt_tokens": workload["prompt_tokens"],
+        "max_tokens": workload["max_tokens"],
+        "micro_batch_tokens": workload["micro_rows"] * row,
+        "gradient_checkpointing": "false",
+        "device": device,
+        "dtype": dtype,
+    }
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.memory_probe", json.dumps(settings)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=900,
+        check=True,
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu: bool, dtype: str) -> int:
+    """The plan's peak for the measured step, at the completion width the step reached (the trainer forwards
+    the longest completion's width, not max_tokens), the device's size unknown (the KV cache at full length)."""
+    shape = ModelShape.from_config(json.loads((model_dir / "config.json").read_text()))
+    rows = workload["batch_size"] * workload["group_size"]
+    row = workload["prompt_tokens"] + completion_width
+    inputs = MemoryInputs(
+        batch_size=workload["batch_size"],
+        rows=rows,
+        prompt_tokens=workload["prompt_tokens"],
+        prompt_source="given",
+        max_tokens=completion_width,
+        lora_rank=32,
+        targets=tuple(ModelSpec(name_or_path="retrain:tiny_qwen3").target_modules),
+        dtype=dtype,
+        micro_batch_tokens=workload["micro_rows"] * row,
+        checkpointing="false",
+        engine="pytorch",
+        kv_cache_gb=0.0,
+        merge_lora=True,
+        vllm_share=0.0,
+        vllm_sleeps=False,
+        devices="gpu:0" if on_gpu else "cpu",
+    )
+    return plan_memory(shape, inputs, [None], on_gpu=on_gpu).devices[0].peak_bytes
+
+
+def model_dirs(tmp_path: Path) -> dict[str, Path]:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from _small64 import write_model
+
+    return {"tiny": TINY_MODEL_DIR, "small64": write_model(tmp_path / "small64")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(MEASURED))
+def test_the_plan_predicts_a_measured_cpu_step_within_a_quarter(model: str, tmp_path: Path) -> None:
+    """Peak resident memory of sampling + training over the baseline after imports: weights, LoRA state,
+    merged weights, KV cache, activations and logits, against the plan's resident + max(sampling, training)."""
+    model_dir = model_dirs(tmp_path)[model]
+    workload = MEASURED[model]
+    measured = measured_step(model_dir, workload)
+    peak = max(measured["sampling_peak"], measured["training_peak"])
+    planned = planned_step(model_dir, workload, measured["completion_width"], on_gpu=False, dtype="fp32")
+    assert planned == pytest.approx(peak, rel=0.25), (planned, measured)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", sorted(MEASURED))
+def test_the_plan_predicts_a_measured_gpu_step_within_a_quarter(model: str, tmp_path: Path) -> None:
+    """torch.cuda.max_memory_allocated of sampling + training (bf16) over what was allocated before loading."""
+    model_dir = model_dirs(tmp_path)[model]
+    workload = MEASURED[model]
+    measured = measured_step(model_dir, workload, device="gpu:0", dtype="bf16")
+    peak = max(measured["sampling_peak"], measured["training_peak"])
+    planned = planned_step(model_dir, workload, measured["completion_width"], on_gpu=True, dtype="bf16")
+    assert planned == pytest.approx(peak, rel=0.25), (planned, measured)
+
+
+def test_the_capacity_planning_page_shows_what_the_plan_computes() -> None:
+    """docs/capacity-planning.md's plan and tables are scripts/memory_table.py's output, number for number."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import memory_table
+
+    page = (REPO / "docs" / "capacity-planning.md").read_text()
+    assert memory_table.example() in page
+    assert memory_table.tables() in page
+
+
+def test_the_run_hands_the_backend_the_resolved_checkpointing_and_the_engine_the_kv_budget() -> None:
+    from retrain.run import automatic_kv_bytes, with_resolved_checkpointing
+
+    cfg = compose([])
+    config = default_config()
+    short, enough = activations_fit_threshold(config)
+    on, off = plan_for(config, [short], on_gpu=True), plan_for(config, [enough], on_gpu=True)
+    assert with_resolved_checkpointing(cfg, on).backend.gradient_checkpointing == "true"
+    assert with_resolved_checkpointing(cfg, off).backend.gradient_checkpointing == "false"
+    assert cfg.backend.gradient_checkpointing == "auto"  # the run's own config (its identity) keeps auto
+    assert with_resolved_checkpointing(cfg, None) is cfg
+    assert on is not None and automatic_kv_bytes(cfg, on) == on.kv_budget_bytes
+    fixed_cfg = compose(["inference.kv_cache_gb=4"])
+    fixed = plan_for(default_config("inference.kv_cache_gb=4"), [short], on_gpu=True)
+    assert automatic_kv_bytes(fixed_cfg, fixed) is None  # the engine takes inference.kv_cache_gb itself
