@@ -47,13 +47,6 @@ def peak_bf16_flops(device: torch.device) -> float | None:
     return None
 
 
-def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    """Keys and values of one token over all layers."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * itemsize
-
-
 def decode_kv_reads(prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor) -> int:
     """Cached positions read over a sampling call: a row's t-th decode forward (t = 1 … c − 1) reads its
     prompt and t generated tokens (the first token comes from the prefill)."""

@@ -40,7 +40,6 @@ from _small64 import vowel_share
 from _speed_bounds import (
     copy_bandwidth,
     decode_kv_reads,
-    kv_bytes_per_token,
     lora_training_flops,
     peak_bf16_flops,
 )
@@ -48,9 +47,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig, compose
+from retrain.inference.sampler.kv_pool import KvShape
+from retrain.model.device_memory import device_memories
+from retrain.model.memory_plan import plan_for
 from retrain.model.probe import Probe
 from retrain.model.spec import ChatPrompts
-from retrain.run import build_part, plan_parts, planning_detection
+from retrain.run import build_part, checked_memory_plan, plan_parts, planning_detection, with_resolved_checkpointing
 from retrain.training.freshness import FreshnessProof
 from retrain.types import SamplingParams, TrainBatch
 
@@ -61,10 +63,22 @@ PHASES = ("sample", "train", "sync")
 PROMPT_WORDS = ("solve", "the", "sum", "of", "seven", "and", "nine", "then", "explain", "why")
 
 
-def planned_peak_gb(cfg: DictConfig, phase: str) -> float | None:
-    """HOOK (issue 40, the memory plan of retrain/model/memory_plan.py): the plan's predicted peak bytes / 1e9
-    of `phase` on the device for this config. None until the plan is wired in; the table prints n/a."""
-    return None
+def planned_peak_gb(cfg: DictConfig, groups: int, max_tokens: int, prompt_tokens: int) -> dict[str, float] | None:
+    """The memory plan's (retrain/model/memory_plan.py) predicted peak of each phase, in GB, for `groups` prompts
+    at `max_tokens` with prompts of `prompt_tokens`: on CUDA the resident parts plus the phase's (what
+    max_memory_allocated measures), on the CPU the phase's own (what the resident set's growth measures).
+    None when no plan applies."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(config, dict)
+    config["training"] = {**config["training"], "batch_size": groups, "max_tokens": max_tokens}
+    memories, on_gpu = device_memories(str(cfg.backend.devices))
+    plan = plan_for(config, memories, on_gpu, prompt_tokens=prompt_tokens)
+    if plan is None:
+        return None
+    device = plan.devices[0]
+    resident = device.phase_bytes("resident") if on_gpu else 0
+    phase_bytes = {"sample": device.phase_bytes("sampling"), "train": device.phase_bytes("training"), "sync": 0}
+    return {phase: (resident + value) / GB for phase, value in phase_bytes.items()}
 
 
 @dataclass
@@ -154,7 +168,7 @@ def build_parts(cfg: DictConfig) -> Parts:
     model = build_part(cfg, "model")
     tokenizer = model.load_tokenizer()
     backend = build_part(
-        cfg,
+        with_resolved_checkpointing(cfg, checked_memory_plan(cfg)),  # as the run resolves checkpointing=auto
         "backend",
         model=model,
         optim=OptimSettings.from_config(training),
@@ -190,7 +204,7 @@ def groups_admitted(parts: Parts, prompt_tokens: int, max_tokens: int, kv_cache_
     if kv_cache_gb <= 0:
         return batch
     model = parts.backend.engine_resources().model
-    row = kv_bytes_per_token(model.config, model.dtype) * (prompt_tokens + max_tokens + 16)  # 16: chat template
+    row = KvShape.of(model.config, model.dtype).bytes_per_token * (prompt_tokens + max_tokens + 16)  # 16: chat template
     return max(1, min(batch, math.floor(KV_SLACK * kv_cache_gb * GB / (row * parts.training.group_size))))
 
 
@@ -215,6 +229,7 @@ def run_scenario(parts: Parts, step: int, max_tokens: int, groups: int, prompt_t
     batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
     with Phase(device) as train:
         result = parts.backend.train(batch)
+    planned = planned_peak_gb(parts.cfg, groups, max_tokens, int(rollouts.prompt_mask.sum(dim=1).max()))
     with Phase(device) as sync:
         if result.update is not None:
             parts.engine.sync(result.update)
@@ -224,7 +239,9 @@ def run_scenario(parts: Parts, step: int, max_tokens: int, groups: int, prompt_t
     completion_lengths = rollouts.completion_mask.sum(dim=1)
     completion_tokens = int(completion_lengths.sum())
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    kv_read = kv_bytes_per_token(model.config, model.dtype) * decode_kv_reads(prompt_lengths, completion_lengths)
+    kv_read = KvShape.of(model.config, model.dtype).bytes_per_token * decode_kv_reads(
+        prompt_lengths, completion_lengths
+    )
     bound_s = (forwards * weight_bytes + kv_read) / parts.bandwidth
     trained = row_mask & (completion_lengths > 0)
     sequence_lengths = (prompt_lengths + completion_lengths)[trained]
@@ -247,7 +264,7 @@ def run_scenario(parts: Parts, step: int, max_tokens: int, groups: int, prompt_t
             name: {
                 "seconds": phase.seconds,
                 "peak_gb": phase.peak_gb,
-                "planned_peak_gb": planned_peak_gb(parts.cfg, name),
+                "planned_peak_gb": None if planned is None else planned[name],
             }
             for name, phase in phases.items()
         },

@@ -9,6 +9,8 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from benchmarks._real_scale_model import EOS, SPECIAL_TOKENS, qwen3_4b_config, write_tokenizer
 from benchmarks._speed_bounds import decode_kv_reads, matmul_parameters
+from retrain.inference.sampler.kv_pool import KvShape
+from retrain.model.memory_plan import ModelShape
 from retrain.model.spec import ChatPrompts
 
 
@@ -55,3 +57,10 @@ def test_offline_tokenizer_has_the_vocabulary_size_and_qwens_chat_tokens(tmp_pat
     assert tokenizer.decode(prompt) == "<|im_start|>user\nadd 2 and 3<|im_end|>\n<|im_start|>assistant\n"
     words = tokenizer.decode(list(range(vocab_size - 3, vocab_size)))  # the last entries: lowercase words
     assert words.replace(" ", "").isalpha() and words.startswith(" ")
+
+
+def test_the_plan_and_the_engine_agree_on_qwen3_4b_kv_bytes_per_token() -> None:
+    """The plan reads config.json before loading, the engine's pool the loaded config: both give 144 KiB in bf16."""
+    model = qwen3_4b()
+    planned = ModelShape.from_config(qwen3_4b_config()).kv_bytes_per_token(2)
+    assert planned == KvShape.of(model.config, torch.bfloat16).bytes_per_token == 36 * 8 * 128 * 2 * 2

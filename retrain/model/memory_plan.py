@@ -34,8 +34,9 @@ ADAMW_STATE_PER_PARAM = 2  # exp_avg and exp_avg_sq
 # fp32 [rows, vocab] tensors alive at once in one decode step: the scaled log-softmax, its exp, the cumulative
 # sum of the draw (top-p adds a sorted copy and its order) and the logits themselves
 DECODE_LOGITS_COPIES = 4
-# fp32 [tokens, vocab] tensors of one logits chunk at its backward: the chunk, its softmax and its gradient
-LOGITS_CHUNK_COPIES = 3
+# fp32 [tokens, vocab] tensors of one logits chunk at its backward (the chunk, its scaled copy, its softmax and
+# its gradient): measured ~4x the chunk (tests/inference/test_logits_chunks.py's subprocess measurement)
+LOGITS_CHUNK_COPIES = 4
 # what the plan keeps free of a device's memory: allocator fragmentation, CUDA's context and kernels' workspaces
 MARGIN_FRACTION = 0.05
 CUDA_RESERVE_BYTES = 1 * GIB
@@ -413,14 +414,15 @@ def plan_memory(
 
     # training: one micro-batch of padded tokens (a row longer than the budget goes alone)
     row = inputs.row_tokens
-    micro = max(inputs.micro_batch_tokens or inputs.rows * row, row)
+    micro = max(min(inputs.micro_batch_tokens or inputs.rows * row, inputs.rows * row), row)
     rows_per_micro = min(inputs.rows, micro // row)
     # without checkpointing the trainer runs each prompt of a micro-batch once for its rows (packed, or as a shared
     # prefill); with it, every row runs prompt + completion (retrain.model.logprobs.completion_logprobs)
     shared = min(rows_per_micro, inputs.batch_size) * inputs.prompt_tokens + rows_per_micro * inputs.max_tokens
     whole = rows_per_micro * row
     per_layer = saved_bytes_per_token_layer(shape, b, inputs.lora_rank, inputs.targets, row)
-    chunk_tokens = max(1, min(micro, LOGITS_CHUNK_BYTES // (shape.vocab * FP32)))
+    # only completion tokens reach the LM head (retrain.model.logprobs), in chunks of LOGITS_CHUNK_BYTES fp32 logits
+    chunk_tokens = max(1, min(rows_per_micro * inputs.max_tokens, LOGITS_CHUNK_BYTES // (shape.vocab * FP32)))
     logits = Part(
         "logits chunk + backward",
         "training",
