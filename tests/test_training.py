@@ -19,7 +19,7 @@ from tests.wandb_records import offline_history
 SMALL = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
 
 
-DEFAULT_THREADS = functools.partial(run_cli, one_thread=False)  # as users run (docs/reproducibility.md)
+DEFAULT_THREADS = functools.partial(run_cli, one_thread=False)  # one per usable CPU (docs/reproducibility.md)
 
 
 def small_run(tmp_path: Path, name: str, *extra: str, steps: int = 4, cli: CliHere = run_cli) -> Path:
