@@ -64,7 +64,7 @@ class TrainingConfig:
     # mean |engine − trainer| log-prob of the sampled tokens allowed at policy lag 0; None = by dtype (the probe's)
     logprob_diff_tolerance: float | None = None
     threads: int = (
-        0  # torch's CPU threads; 0: the CPUs this process may use, or OMP_NUM_THREADS (retrain/housekeeping/threads.py)
+        0  # torch's CPU threads; 0: the CPUs this process may use that are idle at the start, or OMP_NUM_THREADS (retrain/housekeeping/threads.py)
     )
 
     def __post_init__(self) -> None:
