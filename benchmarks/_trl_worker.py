@@ -124,9 +124,9 @@ def main() -> None:
 
     cfg = compose(args.overrides)
     training = cfg.training
-    if cfg.backend.micro_batch_size != 0:
+    if cfg.backend.micro_batch_tokens != 0:
         raise SystemExit(
-            "backend.micro_batch_size must be 0 here: TRL then trains all B*G rows in one "
+            "backend.micro_batch_tokens must be 0 here: TRL then trains all B*G rows in one "
             "forward/backward, as retrain does"
         )
     if training.seed < 0:

@@ -181,3 +181,36 @@ def test_threads_times_each_policy_quiet_and_beside_a_cpu_hog() -> None:
     assert timed == [[c, p] for c in ("quiet", "hog") for p in ("before", "after", "one-thread")]
     assert [line.split(":")[0] for line in lines[-2:]] == ["round 1 quiet", "round 1 hog"]
     assert all(float(line.rsplit(" ", 1)[1]) > 0 for line in lines[-2:])
+
+
+@pytest.mark.slow  # a 2-layer Qwen3-4B-shaped model (~590M parameters, most in the 151,936-entry vocabulary): ~1 min
+def test_real_scale_runs_every_phase_of_both_scenarios_at_reduced_depth(tmp_path: Path) -> None:
+    """The real-scale benchmark at 2 layers on CPU: each scenario's sample, train and sync row is printed, with
+    the JSON behind them; the model has Qwen3-4B's vocabulary and width, only its depth is cut."""
+    out = tmp_path / "real_scale.json"
+    options = ["--layers", "2", "--batch", "1", "--group", "4", "--tokens", "6", "12", "--prompt-tokens", "16"]
+    result = subprocess.run(
+        [sys.executable, "benchmarks/real_scale.py", *options, "--out", str(out)],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [
+        line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ") and "phase" not in line
+    ]
+    assert [(row[0].strip(), row[1].strip(), row[2].strip()) for row in rows] == [
+        (tokens, "4", phase) for tokens in ("6", "12") for phase in ("sample", "train", "sync")
+    ]
+    assert all(float(row[3]) > 0 for row in rows)  # seconds
+    assert all(row[5].strip() == "n/a" for row in rows)  # the memory plan's column, until it is wired in
+    report = json.loads(out.read_text())
+    assert report["layers"] == 2 and report["copy_bandwidth_gb_s"] > 0 and not report["skipped"]
+    for scenario in report["scenarios"]:
+        assert scenario["completion_tokens"] <= scenario["rows"] * scenario["max_tokens"]
+        assert scenario["forwards"] >= scenario["completion_tokens"] / scenario["rows"]  # a prefill + decode steps
+        assert 0 < scenario["decode_tokens_per_s"] and 0 < scenario["decode_share_of_bound"] < 1
+        assert scenario["trained_tokens"] > 0 and scenario["train_tokens_per_s"] > 0
+        assert scenario["mfu"] is None  # no peak FLOPs on a CPU

@@ -40,6 +40,21 @@ def test_an_unknown_key_is_named_with_the_key_it_most_likely_meant(override: str
     assert composed_mistake(override).startswith(line)
 
 
+def test_a_replaced_key_names_its_replacement(tmp_path: Path) -> None:
+    """`backend.micro_batch_size` (rows) became `backend.micro_batch_tokens` (padded tokens): the old key fails at
+    compose time, from an override or from a user's preset, naming the new one and what it counts."""
+    line = (
+        "config key 'backend.micro_batch_size' was replaced by backend.micro_batch_tokens, which counts padded tokens "
+        "(prompt + completion) per forward/backward, not rows (0 = all rows at once, as before)"
+    )
+    assert composed_mistake("backend.micro_batch_size=2") == line
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "old.yaml").write_text("# @package _global_\nbackend:\n  micro_batch_size: 2\n")
+    with pytest.raises(Exception) as raised:
+        compose([f"hydra.searchpath=[file://{tmp_path}]", "experiment=old"])
+    assert compose_error_line(raised.value) == f"experiment/old: {line}"
+
+
 def test_a_node_without_a_schema_says_how_to_add_an_argument() -> None:
     """A transform's node holds only its `_target_`: a new argument is a `+`, as Hydra advises there."""
     assert composed_mistake("algorithm.transforms.sepa.lam=1") == (

@@ -24,6 +24,7 @@ from peft.utils import load_peft_weights
 from retrain.backend.base import Capabilities
 from retrain.backend.config import LocalBackendConfig
 from retrain.backend.devices import resolve_devices
+from retrain.backend.micro_batches import row_micro_batches
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.errors import ConfigError
 from retrain.model.logprobs import completion_logprobs
@@ -100,7 +101,7 @@ class LocalBackend:
         self.spec = model
         self.devices = resolve_devices(config.devices)
         self.device = self.devices.training
-        self.micro_batch_size = config.micro_batch_size
+        self.micro_batch_tokens = config.micro_batch_tokens
         self.loss_settings = loss
         self.optim_settings = optim
         log.info("Loading train model: %s on %s...", model.name_or_path, self.device)
@@ -149,22 +150,20 @@ class LocalBackend:
             return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0)
 
         rows = contributing.any(dim=1).nonzero().squeeze(-1)
-        # Rows of similar length share a micro-batch, so little compute goes to padding.
-        lengths = rollouts.completion_mask[rows].sum(dim=1)
-        rows = rows[lengths.argsort(stable=True)]
-        step_size = self.micro_batch_size or len(rows)
+        micro_batches = row_micro_batches(rollouts, rows, self.micro_batch_tokens)
         set_training(self.model, True)  # the engine leaves the shared model in eval mode
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
         ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0, 0.0
-        chunks = rows.split(step_size)
         # the base model's log-probs first, through PEFT's own forward (which honours the disabled adapter)
-        base = [self._base_logprobs(rollouts, chunk) for chunk in chunks] if self.loss_settings.kl_coef > 0 else None
+        base = (
+            [self._base_logprobs(rollouts, rows) for rows in micro_batches] if self.loss_settings.kl_coef > 0 else None
+        )
         kl_sum = 0.0
         with lean_lora(self.plain_lora_layers):  # routed once per step, for every micro-batch
-            for index, chunk in enumerate(chunks):
+            for index, micro_batch in enumerate(micro_batches):
                 token_loss, mask = self._micro_batch_loss(
-                    rollouts, advantages, contributing, chunk, None if base is None else base[index]
+                    rollouts, advantages, contributing, micro_batch, None if base is None else base[index]
                 )
                 micro_loss = (token_loss.loss * mask).sum() / num_tokens
                 micro_loss.backward()

@@ -38,6 +38,11 @@ MERGING = re.compile(r"Error merging override (?P<override>.+)")
 IN_FILE = re.compile(r"In '(?P<path>[^']+)': \w+ raised while composing config")
 SCHEMA_PREFIX = "base_"  # a group's schemas (retrain/config.py registers them): not options to pick
 LISTED_OPTIONS = 12  # more than this, and only the closest is named (--help lists them all)
+# keys retrain no longer has -> what replaced them: a value for the old key seldom means the same under the new
+REPLACED_KEYS = {
+    "backend.micro_batch_size": "backend.micro_batch_tokens, which counts padded tokens (prompt + completion) per "
+    "forward/backward, not rows (0 = all rows at once, as before)",
+}
 
 
 def compose_error_line(error: BaseException) -> str | None:
@@ -97,6 +102,8 @@ def config_mistake(error: Exception) -> str | None:
 
 def _unknown_key(cause: ConfigKeyError | ConfigAttributeError) -> str:
     full_key = str(cause.full_key)
+    if full_key in REPLACED_KEYS:
+        return f"config key {full_key!r} was replaced by {REPLACED_KEYS[full_key]}"
     known = sorted(str(key) for key in cause.parent_node if not str(key).startswith("_") and key != "hydra")
     close = difflib.get_close_matches(str(cause.key), known, n=1)
     parent = full_key.rpartition(".")[0]

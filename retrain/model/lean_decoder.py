@@ -13,6 +13,10 @@ model's forward is mostly that machinery (docs/benchmarks.md, change 13).
 
 Any other model, a model under activation checkpointing while it trains, an attention implementation
 without sdpa's masks, or accelerate's device-map hooks take transformers' own forward.
+
+The trainer takes the decoder's last hidden states instead (`causal_lm_hidden`, the same forward less the
+LM head): retrain/model/logprobs.py runs the head over chunks of tokens, so that a [tokens, vocabulary]
+tensor of logits is never built whole.
 """
 
 from __future__ import annotations
@@ -58,11 +62,47 @@ def causal_lm_logits(
             **({} if cache is None else with_cache(model, cache)),
         )
         return output.logits
+    return lean.causal_lm.lm_head(_lean_hidden(lean, input_ids, attention_mask, position_ids, cache, logits_to_keep))
+
+
+def causal_lm_hidden(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Cache | None = None,
+    keep: int = 0,
+) -> torch.Tensor:
+    """[B, T or keep, hidden] last hidden states (after the final norm) of the decoder inside `model`: what its
+    output embeddings turn into `causal_lm_logits`' logits. Arguments as causal_lm_logits takes them."""
+    lean = LeanForward.of(model)
+    if lean is not None:
+        return _lean_hidden(lean, input_ids, attention_mask, position_ids, cache, keep)
+    decoder = causal_lm_of(model).get_decoder()
+    output = decoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=cache is not None,
+        **({} if cache is None else with_cache(decoder, cache)),
+    )
+    return output.last_hidden_state[:, -keep:]
+
+
+def _lean_hidden(
+    lean: LeanForward,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    cache: Cache | None,
+    keep: int,
+) -> torch.Tensor:
+    """`lean.hidden` with the mask and positions transformers' forward derives from its arguments."""
     past = cache.get_seq_length() if cache is not None else 0
     mask = sdpa_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], past, input_ids.device)
     if position_ids is None:
         position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + past).unsqueeze(0)
-    return lean.logits(input_ids, mask, position_ids, cache, logits_to_keep)
+    return lean.hidden(input_ids, mask, position_ids, cache, keep)
 
 
 def sdpa_mask(
@@ -92,7 +132,7 @@ class LeanForward:
     @classmethod
     def of(cls, model: Any) -> LeanForward | None:
         """The model's lean forward, or None where transformers' own forward must run now."""
-        causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        causal_lm = causal_lm_of(model)
         if causal_lm not in _head_norms:  # the architecture is looked at once per model object
             _head_norms[causal_lm] = _mirrored_head_norms(causal_lm)
         head_norms = _head_norms[causal_lm]
@@ -102,16 +142,17 @@ class LeanForward:
             return None
         return cls(causal_lm, head_norms)
 
-    def logits(
+    def hidden(
         self,
         input_ids: torch.Tensor,
         mask: torch.Tensor | None,
         position_ids: torch.Tensor,
         cache: Cache | None,
-        logits_to_keep: int,
+        keep: int,
     ) -> torch.Tensor:
-        """[B, T or logits_to_keep, V] logits; `mask`: which keys (cache, then input) each query sees, [B, 1, T, K]
-        booleans, or None for plain causal attention (sdpa's `is_causal`; a single query sees every key)."""
+        """[B, T or keep, hidden] the final norm's output, which transformers hands to the LM head; `mask`: which keys
+        (cache, then input) each query sees, [B, 1, T, K] booleans, or None for plain causal attention (sdpa's
+        `is_causal`; a single query sees every key)."""
         decoder, config = self.causal_lm.model, self.causal_lm.config
         batch, length = input_ids.shape
         hidden = decoder.embed_tokens(input_ids)
@@ -126,7 +167,7 @@ class LeanForward:
             residual = hidden
             hidden = residual + _mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         hidden = decoder.norm(hidden).view(batch, length, -1)
-        return self.causal_lm.lm_head(hidden[:, slice(-logits_to_keep, None), :])
+        return hidden[:, slice(-keep, None), :]
 
     def _attention(
         self,
@@ -154,6 +195,11 @@ class LeanForward:
         dropout = 0.0 if not module.training else module.attention_dropout
         output, _ = attend(module, queries, keys, values, mask, dropout=dropout, scaling=module.scaling)
         return module.o_proj(output.reshape(hidden.shape[0], -1).contiguous())
+
+
+def causal_lm_of(model: Any) -> Any:
+    """The transformers *ForCausalLM inside any PEFT wrappers."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _mirrored_head_norms(causal_lm: Any) -> bool | None:

@@ -4,23 +4,44 @@ Prompts are left-padded and completions right-padded; position ids are derived f
 mask, so padding never changes a real token's logits. Log-probs are taken from the
 temperature-scaled distribution log_softmax(logits / T): the sampler records them while sampling,
 the trainer recomputes them here, and on fresh samples the two agree (importance ratio 1).
+
+The trainer's logits are never built whole: at Qwen3's 151,936-entry vocabulary a [tokens, vocabulary]
+fp32 tensor takes 0.6 MB a token, 12 GB for two rows of 10,240 tokens. The decoder's forward stops at its
+last hidden states, and the LM head, the temperature, the logsumexp and the chosen token's logit run on
+the real completion tokens only, in chunks whose fp32 logits take at most LOGITS_CHUNK_BYTES; under
+autograd each chunk is checkpointed (its logits recomputed in backward), so backward holds one chunk's
+logits at a time too. Everything in one chunk (a small model's step) runs as one plain head call.
+Checkpointing rather than a hand-written backward: it works for whatever module the head is (a plain
+linear, one tied to the embeddings, a LoRA-adapted one, one behind accelerate's hooks) and gives autograd's
+own gradient of the same ops; its price is autograd's intermediates within a chunk. A model whose logits
+are more than its output embeddings applied to those hidden states (Gemma 2's final-logit softcap,
+Cohere's and Granite's logit scales; anything not in PLAIN_HEAD) takes the full logits instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from retrain.model.lean_decoder import causal_lm_logits
-from retrain.model.packing import packed_logits
+from retrain.model.lean_decoder import causal_lm_hidden, causal_lm_logits, causal_lm_of
+from retrain.model.packing import packed_hidden
 from retrain.model.rows import positions_from_mask, rows_of
 
 # The LM head runs over chunks of tokens whose fp32 logits take at most this much (a [tokens, vocabulary]
 # fp32 tensor is never built whole): 256 MiB is ~440 tokens of Qwen3's 151,936-entry vocabulary.
 LOGITS_CHUNK_BYTES = 256 * 2**20
+# model_type -> transformers' *ForCausalLM computes its logits as lm_head(last hidden state), nothing more
+PLAIN_HEAD = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3", "gemma", "olmo2", "smollm3"}
+)
+
+# features of a forward: the decoder's hidden states, or a model's full logits (causal_lm_hidden's arguments)
+Forward = Callable[..., torch.Tensor]
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,50 +76,104 @@ def completion_logprobs(
     temperature: float,
     share_prompts: bool = True,
 ) -> torch.Tensor:
-    """[R, T] log-prob of each completion token given its prompt and the completion tokens before it
+    """[R, T] fp32 log-prob of each completion token given its prompt and the completion tokens before it
     (0 on padding); differentiable when grad is enabled.
 
     Row r continues prompt `prompt_index[r]` of the [B, P] prompts. With `share_prompts`, each prompt
     runs once: packed with its rows' completions into one row (retrain/model/packing.py) where that
     applies, else as a prefill whose KV cache (with its autograd graph) is repeated for its rows, as the
     sampler does; otherwise every row runs prompt + completion in one forward (needed under activation
-    checkpointing, which drops KV caches).
+    checkpointing, which drops KV caches). The head runs as the module docstring says.
     """
-    if share_prompts:
-        shared = (model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask)
-        packed = packed_logits(*shared)
-        logits = packed if packed is not None else _logits_with_shared_prompts(*shared)
+    head = output_head(model)
+    forward: Forward = causal_lm_logits if head is None else causal_lm_hidden
+    shared = (model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask)
+    packed = packed_hidden(*shared) if share_prompts and head is not None else None
+    if packed is not None:
+        features = packed
+    elif share_prompts:
+        features = _features_with_shared_prompts(forward, *shared)
     else:
-        logits = _logits_in_one_forward(
-            model, prompt_ids[prompt_index], prompt_mask[prompt_index], completion_ids, completion_mask
+        features = _features_in_one_forward(
+            forward, model, prompt_ids[prompt_index], prompt_mask[prompt_index], completion_ids, completion_mask
         )
+    real = completion_mask.flatten().nonzero().squeeze(1)
+    logprobs = head_logprobs(head, rows_of(features.flatten(0, 1), real), completion_ids.flatten()[real], temperature)
+    return torch.zeros(completion_mask.shape, dtype=logprobs.dtype, device=logprobs.device).masked_scatter(
+        completion_mask, logprobs
+    )
+
+
+def output_head(model: Any) -> torch.nn.Module | None:
+    """The module that turns `causal_lm_hidden`'s hidden states into `model`'s logits (its output embeddings), or
+    None where its logits are more than that (a softcap, a scale: see PLAIN_HEAD)."""
+    causal_lm = causal_lm_of(model)
+    if causal_lm.config.model_type not in PLAIN_HEAD:
+        return None
+    return causal_lm.get_output_embeddings()
+
+
+def head_logprobs(
+    head: torch.nn.Module | None, features: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """[N] fp32 log_softmax(head(features) / T)[target] for [N, hidden] features (with head None: [N, V] logits),
+    over chunks of tokens whose fp32 logits take at most LOGITS_CHUNK_BYTES; under autograd a chunk's logits are
+    recomputed in its backward rather than kept. One chunk runs plainly."""
     scale = temperature if temperature > 0 else 1.0
+    vocabulary = features.shape[-1] if head is None else _vocabulary(head)
+    per_chunk = max(1, LOGITS_CHUNK_BYTES // (4 * vocabulary))
+    if len(features) <= per_chunk:
+        return _chunk_logprobs(head, features, targets, scale)
+    differentiable = torch.is_grad_enabled() and (
+        features.requires_grad or (head is not None and any(p.requires_grad for p in head.parameters()))
+    )
+    chunks = []
+    for chunk, chosen in zip(features.split(per_chunk), targets.split(per_chunk), strict=True):
+        if differentiable:
+            chunks.append(checkpoint(_chunk_logprobs, head, chunk, chosen, scale, use_reentrant=False))
+        else:
+            chunks.append(_chunk_logprobs(head, chunk, chosen, scale))
+    return torch.cat(chunks)
+
+
+def _chunk_logprobs(
+    head: torch.nn.Module | None, features: torch.Tensor, targets: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One chunk of `head_logprobs`."""
+    logits = features if head is None else head(features)
     scaled = logits.float() / scale
-    chosen = scaled.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-    logprobs = chosen - torch.logsumexp(scaled, dim=-1)
-    return logprobs.masked_fill(~completion_mask, 0.0)
+    chosen = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(scaled, dim=-1)
 
 
-def _logits_in_one_forward(
+def _vocabulary(head: torch.nn.Module) -> int:
+    """Logits per token of an output embedding (a linear layer, perhaps wrapped by PEFT)."""
+    weight = head.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight.shape[0]
+
+
+def _features_in_one_forward(
+    forward: Forward,
     model: Any,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """[R, T, V] next-token logits for every completion position, from one forward per row."""
+    """[R, T, F] features (hidden states or logits, as `forward` gives) for every completion position, from
+    one forward per row."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     width = completion_ids.shape[1]
-    logits = causal_lm_logits(
-        model, input_ids, attention_mask.long(), positions_from_mask(attention_mask), logits_to_keep=width + 1
-    )
-    # Logits at position i predict token i + 1: the last width + 1 positions cover every completion
-    # token (the first is predicted from the prompt's last token); the very last predicts nothing.
-    return logits[:, :-1]
+    features = forward(model, input_ids, attention_mask.long(), positions_from_mask(attention_mask), None, width + 1)
+    # Position i predicts token i + 1: the last width + 1 positions cover every completion token (the first
+    # is predicted from the prompt's last token); the very last predicts nothing.
+    return features[:, :-1]
 
 
-def _logits_with_shared_prompts(
+def _features_with_shared_prompts(
+    forward: Forward,
     model: Any,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
@@ -106,12 +181,10 @@ def _logits_with_shared_prompts(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """[R, T, V] next-token logits: one prefill per prompt, its cache repeated per row, then one
-    forward over every row's completion tokens (but the last, which predicts nothing)."""
+    """[R, T, F] features for every completion position: one prefill per prompt, its cache repeated per row,
+    then one forward over every row's completion tokens (but the last, which predicts nothing)."""
     cache = DynamicCache(config=model.config)
-    prefill = causal_lm_logits(
-        model, prompt_ids, prompt_mask.long(), positions_from_mask(prompt_mask), cache, logits_to_keep=1
-    )
+    prefill = forward(model, prompt_ids, prompt_mask.long(), positions_from_mask(prompt_mask), cache, 1)
     first = rows_of(prefill[:, -1:], prompt_index)  # predicts completion token 0
     width = completion_ids.shape[1]
     if width == 1:
@@ -120,7 +193,7 @@ def _logits_with_shared_prompts(
     row_prompt_mask = prompt_mask[prompt_index]
     attention_mask = torch.cat([row_prompt_mask, completion_mask[:, :-1]], dim=1)
     positions = row_prompt_mask.sum(dim=1, keepdim=True) + torch.arange(width - 1, device=completion_ids.device)
-    rest = causal_lm_logits(model, completion_ids[:, :-1], attention_mask.long(), positions, cache)
+    rest = forward(model, completion_ids[:, :-1], attention_mask.long(), positions, cache)
     return torch.cat([first, rest], dim=1)
 
 

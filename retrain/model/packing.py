@@ -19,7 +19,7 @@ masked: G × L² scores per head and layer, where the KV-cache way computes G ×
 than the forward and the copies it saves. Measured on small64's model (docs/benchmarks.md, change 14) with
 completions of 8, 16, 32 and 64 tokens, the training step took 14% less at 2.4× the KV-cache way's scores,
 8% less at 3.4×, the same at 4.7× and 15% more at 5.9×; the tiny Qwen3's, at ~2.7×, 25% less.
-`packed_logits` packs up to PACKED_SCORE_RATIO times the KV-cache way's scores and PACKED_MASK_LIMIT mask
+`packed_hidden` packs up to PACKED_SCORE_RATIO times the KV-cache way's scores and PACKED_MASK_LIMIT mask
 entries, with a model that runs its lean forward (which takes such masks); otherwise it returns None and
 the trainer takes the KV-cache way.
 """
@@ -98,7 +98,7 @@ class PackedGroups:
         return torch.where(offsets == 0, 0, self.slot.unsqueeze(1) * self.width + offsets)
 
 
-def packed_logits(
+def packed_hidden(
     model: Any,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
@@ -106,9 +106,9 @@ def packed_logits(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
 ) -> torch.Tensor | None:
-    """[R, T, V] next-token logits of every completion token from one forward of packed groups (see the module
-    docstring), or None where packing does not apply. Arguments as completion_logprobs takes them; every prompt
-    has at least one row."""
+    """[R, T, hidden] last hidden states that predict every completion token (the LM head's input; see
+    `causal_lm_hidden`), from one forward of packed groups (see the module docstring), or None where packing does
+    not apply. Arguments as completion_logprobs takes them; every prompt has at least one row."""
     lean = LeanForward.of(model)
     if lean is None:
         return None
@@ -123,9 +123,7 @@ def packed_logits(
     input_ids[group_of_row, columns] = completion_ids[:, :-1]
     real[group_of_row, columns] = completion_mask[:, :-1]
     mask = (packing.attends() & real[:, None, :]).unsqueeze(1)
-    logits = lean.logits(
-        input_ids, mask, packing.positions(prompt_mask), None, logits_to_keep=1 + packing.slots * packing.width
-    )
+    hidden = lean.hidden(input_ids, mask, packing.positions(prompt_mask), None, keep=1 + packing.slots * packing.width)
     kept = packing.kept(completion_ids.shape[1])
-    flat = prompt_index.unsqueeze(1) * logits.shape[1] + kept
-    return rows_of(logits.flatten(0, 1), flat.flatten()).view(*kept.shape, -1)
+    flat = prompt_index.unsqueeze(1) * hidden.shape[1] + kept
+    return rows_of(hidden.flatten(0, 1), flat.flatten()).view(*kept.shape, -1)

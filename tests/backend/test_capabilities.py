@@ -120,13 +120,14 @@ def test_backends_command_prints_the_table_and_json(tmp_path, cli_here: CliHere)
     } == SEEDS_TABLE
     assert by_name["tinker"]["install"] == "pip install 'retrain[tinker]'"
     assert isinstance(by_name["tinker"]["extra_installed"], bool)
-    assert by_name["local"]["options"]["micro_batch_size"] == {
-        "name": "micro_batch_size",
+    assert by_name["local"]["options"]["micro_batch_tokens"] == {
+        "name": "micro_batch_tokens",
         "type": "int",
-        "default": 2,
+        "default": 8192,
         "choices": None,
         "required": False,
-        "help": "rows per forward/backward (bounds activation memory); 0 = all rows at once",
+        "help": "padded tokens (prompt + completion) per forward/backward: rows are packed by length up to it, a "
+        "longer row alone; bounds activation memory, never changes the gradient. 0 = all rows at once",
     }
     assert by_name[f"{HOOKS}.ModuleHookedBackend"]["source"] == "plugin/hook"
     assert payload["plugin_hooks"] == list(HOOK_NAMES)

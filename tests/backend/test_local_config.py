@@ -50,7 +50,7 @@ def test_backend_and_engine_build_from_the_config(tiny_model_dir):
     )
     backend = build_part(cfg, "backend", model=build_part(cfg, "model"), seed=0, **SETTINGS)
     assert isinstance(backend, LocalBackend)
-    assert backend.micro_batch_size == cfg.backend.micro_batch_size
+    assert backend.micro_batch_tokens == cfg.backend.micro_batch_tokens
     tokenizer = tokenizer_of(str(tiny_model_dir))
     engine = build_part(cfg, "inference", tokenizer=tokenizer, resources=backend.engine_resources())
     assert isinstance(engine, PytorchEngine)

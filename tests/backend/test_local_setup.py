@@ -90,9 +90,9 @@ def test_bad_devices_are_named(devices, error, message):
         resolve_device(devices)
 
 
-def test_negative_micro_batch_size_is_rejected():
-    with pytest.raises(ValueError, match="backend.micro_batch_size"):
-        describe_backend(LocalBackend).check_options({"micro_batch_size": -1})
+def test_negative_micro_batch_tokens_are_rejected():
+    with pytest.raises(ValueError, match="backend.micro_batch_tokens"):
+        describe_backend(LocalBackend).check_options({"micro_batch_tokens": -1})
 
 
 class TestModelSpec:

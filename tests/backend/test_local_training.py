@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from retrain.backend.local import policy_token_loss
+from retrain.backend.micro_batches import row_micro_batches
 from retrain.backend.settings import LossSettings
 from retrain.model.logprobs import completion_logprobs
 from retrain.types import Rollouts, SamplingParams, TrainBatch, WeightUpdate
@@ -79,30 +80,32 @@ def test_a_step_returns_its_weight_update_and_a_skipped_step_none(tiny_spec):
     assert backend.train(batch_for(rollouts)).update.version == 2
 
 
-def test_micro_batches_give_the_same_gradient(tiny_spec):
-    grads = []
-    results = []
-    trained_rows = None
-    for micro_batches in (1, 4):
-        backend = make_backend(tiny_spec, max_grad_norm=0.0)
-        batch = batch_for(sample(backend))
-        trained_rows = int((batch.advantages != 0).any(dim=1).sum())
-        backend.micro_batch_size = 0 if micro_batches == 1 else math.ceil(trained_rows / micro_batches)
-        captured: dict[int, torch.Tensor] = {}
-        backend.optimizer.register_step_pre_hook(
-            lambda opt, args, kwargs, captured=captured, backend=backend: captured.update(
-                {i: p.grad.clone() for i, p in enumerate(backend.trainable)}
-            )
-        )
-        results.append(backend.train(batch))
-        grads.append(captured)
-    assert trained_rows >= 13  # so that ceil(rows / 4) rows per micro-batch gives 4 micro-batches
-    assert results[0].num_tokens == results[1].num_tokens > 0
-    assert results[0].loss == pytest.approx(results[1].loss, abs=1e-6)
-    assert results[0].grad_norm == pytest.approx(results[1].grad_norm, rel=1e-5)
-    assert grads[0].keys() == grads[1].keys() and grads[0]
-    for key in grads[0]:
-        torch.testing.assert_close(grads[0][key], grads[1][key], rtol=1e-5, atol=1e-7)
+def step_with_gradient(tiny_spec, micro_batch_tokens: int):
+    """A step on fresh samples of a fresh backend, with the gradient the optimizer saw."""
+    backend = make_backend(tiny_spec, max_grad_norm=0.0, micro_batch_tokens=micro_batch_tokens)
+    batch = batch_for(sample(backend))
+    captured: dict[int, torch.Tensor] = {}
+    backend.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: captured.update({i: p.grad.clone() for i, p in enumerate(backend.trainable)})
+    )
+    return batch, backend.train(batch), captured
+
+
+def test_token_micro_batches_give_the_one_batch_loss_and_gradient(tiny_spec):
+    """Budgets of 1 token (every row alone: each is longer), 100 and 250 padded tokens split the 16 rows of ~35
+    padded tokens into 16, ~8 and ~3 micro-batches; the loss is the step's token mean whatever the split."""
+    batch, one, one_gradient = step_with_gradient(tiny_spec, 0)
+    trained = (batch.advantages != 0).any(dim=1).nonzero().squeeze(-1)
+    for budget in (1, 100, 250):
+        split = row_micro_batches(batch.rollouts, trained, budget)
+        assert 1 < len(split) < len(trained) or (budget == 1 and len(split) == len(trained))
+        _, result, gradient = step_with_gradient(tiny_spec, budget)
+        assert result.num_tokens == one.num_tokens > 0
+        assert result.loss == pytest.approx(one.loss, abs=1e-6)
+        assert result.grad_norm == pytest.approx(one.grad_norm, rel=1e-5)
+        assert gradient.keys() == one_gradient.keys() and gradient
+        for key in gradient:
+            torch.testing.assert_close(gradient[key], one_gradient[key], rtol=1e-5, atol=1e-7)
 
 
 def test_only_rows_with_signal_are_trained(tiny_spec):

@@ -44,13 +44,13 @@ def make_backend(
     max_grad_norm: float = 1.0,
     loss: LossSettings | None = None,
     devices: str = "cpu",
-    micro_batch_size: int = 0,
+    micro_batch_tokens: int = 0,
     **options,
 ) -> LocalBackend:
     """A CPU LocalBackend with the run-wide defaults but `lr` and `max_grad_norm`."""
     training = TrainingConfig(lr=lr, max_grad_norm=max_grad_norm)
     return LocalBackend(
-        LocalBackendConfig(devices=devices, micro_batch_size=micro_batch_size, **options),
+        LocalBackendConfig(devices=devices, micro_batch_tokens=micro_batch_tokens, **options),
         model=spec,
         optim=OptimSettings.from_config(training),
         loss=loss or LossSettings.from_config(training),

@@ -9,7 +9,7 @@ import torch
 
 import retrain.model.packing as packing_module
 from retrain.model.logprobs import completion_logprobs, left_pad
-from retrain.model.packing import PACKED_MASK_LIMIT, PackedGroups, packed_logits
+from retrain.model.packing import PACKED_MASK_LIMIT, PackedGroups, packed_hidden
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
 
 
@@ -76,7 +76,7 @@ def test_packed_groups_give_the_kv_cache_way_logprobs_and_gradient(
     assert (packed[~arguments[4]] == 0).all()
 
 
-def test_packed_logits_pack_the_rows_they_are_given(tiny_spec, monkeypatch):
+def test_packed_hidden_packs_the_rows_it_is_given(tiny_spec, monkeypatch):
     """The result comes from the packed forward (not the KV-cache fallback) while packing pays."""
     backend = make_backend(tiny_spec)
     prompts, prompt_mask, index, completions, completion_mask = rows_and_completions(
@@ -84,9 +84,9 @@ def test_packed_logits_pack_the_rows_they_are_given(tiny_spec, monkeypatch):
     )
     arguments = (backend.model, prompts[:2], prompt_mask[:2], index, completions, completion_mask)
     with torch.no_grad():
-        assert packed_logits(*arguments) is not None
+        assert packed_hidden(*arguments) is not None
         monkeypatch.setattr(packing_module, "PACKED_SCORE_RATIO", 0)
-        assert packed_logits(*arguments) is None
+        assert packed_hidden(*arguments) is None
 
 
 def layout(prompt_width: int, rows_per_group: int, groups: int, completion_width: int) -> PackedGroups:

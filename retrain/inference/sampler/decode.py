@@ -1,0 +1,200 @@
+"""The decode loop of one sampling call: admit rows, prefill them, sample, decode, until every row is done.
+
+Each iteration admits the rows the scheduler lets in (prefilled in forwards of at most PREFILL_TOKENS padded
+tokens: a long prompt batch, or one long prompt, goes in pieces), draws one token for every running row from
+its logits, retires the rows that emitted a stop token or reached max_tokens (their blocks return to the
+pool), and runs one decode forward over the rest. A row's token at position p is drawn with the uniform of
+(seed, row, p), so what it samples never depends on which rows share its forwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from retrain.inference.sampler.kv_budget import GIB
+from retrain.inference.sampler.kv_pool import KvPool
+from retrain.inference.sampler.paged_cache import PagedCache, plan_forward
+from retrain.inference.sampler.scheduler import KvSequence, PromptEntry, Row, Scheduler
+from retrain.inference.sampler.tokens import choose_tokens
+from retrain.model.lean_decoder import causal_lm_logits
+from retrain.types import SamplingParams
+
+PREFILL_TOKENS = 8192  # padded tokens per prefill forward: bounds its activations whatever the prompts
+
+
+class Decoded(NamedTuple):
+    """Per-row results of the decode loop, [N, max_tokens] on the engine's device, and the loop's statistics."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    logprobs: torch.Tensor
+    entropies: torch.Tensor | None
+    kept_mass: torch.Tensor
+    finished: torch.Tensor  # [N] stopped at a stop token
+    metrics: dict[str, float]
+
+
+@dataclass
+class Prompts:
+    """The call's left-padded [B, P] prompts and what the loop needs of them."""
+
+    ids: torch.Tensor
+    lengths: list[int]
+    group_size: int
+
+    def tokens(self, row: Row | PromptEntry) -> torch.Tensor:
+        return self.ids[row.prompt, self.ids.shape[1] - self.lengths[row.prompt] :]
+
+
+def decode(
+    model: Any,
+    pool: KvPool,
+    layer_types: list[str] | None,
+    prompts: Prompts,
+    sampling: SamplingParams,
+    uniforms: torch.Tensor | None,
+    stop_ids: torch.Tensor,
+    pad_id: int,
+    prefix_caching: bool,
+) -> Decoded:
+    """Sample every row of the call; `uniforms`: [N, max_tokens] (None at T = 0)."""
+    device = prompts.ids.device
+    rows, steps = len(prompts.lengths) * prompts.group_size, sampling.max_tokens
+    ids = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((rows, steps), dtype=torch.bool, device=device)
+    logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=device)
+    kept_mass = torch.ones((rows, steps), dtype=torch.float32, device=device)
+    entropies = torch.zeros((rows, steps), dtype=torch.float32, device=device) if sampling.return_entropies else None
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    scheduler = Scheduler(pool, prompts.lengths, prompts.group_size, steps, prefix_caching, device)
+    forward = Forward(model, PagedCache(pool, layer_types), scheduler, pad_id)
+
+    running: list[Row] = []  # rows whose next-token logits are `logits`, in order
+    logits: list[torch.Tensor] = []
+    while True:
+        admission = scheduler.admit()
+        if admission:
+            for entry, entry_logits in zip(
+                admission.entries, forward.prefill(admission.entries, [prompts.tokens(e) for e in admission.entries])
+            ):
+                entry.logits = entry_logits
+            if admission.attached:
+                running += [row for row, _ in admission.attached]
+                logits.append(torch.stack([_logits_of(entry) for _, entry in admission.attached]))
+            if admission.prefilled:
+                known = [
+                    torch.cat([prompts.tokens(row), ids[row.table_row, : row.generated]]) for row in admission.prefilled
+                ]
+                running += admission.prefilled
+                logits.append(torch.stack(forward.prefill(admission.prefilled, known)))
+        if not running:
+            if scheduler.waiting:
+                raise RuntimeError("no row runs and none can enter: the KV budget check should have refused this call")
+            break
+        row_index = torch.tensor([row.table_row for row in running], device=device)
+        position = torch.tensor([row.generated for row in running], device=device)
+        draws = None if uniforms is None else uniforms[row_index, position]
+        choice = choose_tokens(torch.cat(logits), sampling, draws, entropies is not None)
+        ids[row_index, position] = choice.tokens
+        mask[row_index, position] = True
+        logprobs[row_index, position] = choice.logprobs
+        kept_mass[row_index, position] = choice.kept_mass
+        if entropies is not None and choice.entropies is not None:
+            entropies[row_index, position] = choice.entropies
+        stopped = torch.isin(choice.tokens, stop_ids)
+        finished[row_index[stopped]] = True
+        going: list[Row] = []
+        going_at: list[int] = []
+        for at, (row, stop) in enumerate(zip(running, stopped.tolist(), strict=True)):  # the step's one host sync
+            row.generated += 1
+            if stop or row.generated == steps:
+                scheduler.finish(row)
+            else:
+                going.append(row)
+                going_at.append(at)
+        running, logits = [], []
+        if going:
+            kept = scheduler.make_room(going)
+            if len(kept) < len(going):
+                kept_rows = set(map(id, kept))
+                going_at = [at for at, row in zip(going_at, going, strict=True) if id(row) in kept_rows]
+            tokens = choice.tokens[torch.tensor(going_at, device=device)]
+            running, logits = kept, [forward.decode(kept, tokens)]
+    metrics = {
+        "engine/kv_peak_gb": pool.peak_in_use * pool.shape.block_bytes / GIB,
+        "engine/kv_reserved_gb": pool.peak_capacity * pool.shape.block_bytes / GIB,
+        "engine/rows_waiting_max": float(scheduler.rows_waiting_max),
+        "engine/preemptions": float(scheduler.preemptions),
+    }
+    return Decoded(ids, mask, logprobs, entropies, kept_mass, finished, metrics)
+
+
+def _logits_of(entry: PromptEntry) -> torch.Tensor:
+    if entry.logits is None:
+        raise RuntimeError(f"prompt {entry.prompt}'s entry was not prefilled")
+    return entry.logits
+
+
+@dataclass
+class Forward:
+    """The model's forwards over the paged cache: prefills in bounded pieces, and decode steps."""
+
+    model: Any
+    cache: PagedCache
+    scheduler: Scheduler
+    pad_id: int
+
+    def prefill(self, sequences: Sequence[KvSequence], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Store `tokens` (one 1-D tensor per sequence, after the `stored` ones it shares) in each sequence's
+        blocks; returns each sequence's [V] next-token logits. At most PREFILL_TOKENS padded tokens a forward."""
+        done = [0] * len(sequences)
+        out: list[torch.Tensor | None] = [None] * len(sequences)
+        pending = list(range(len(sequences)))
+        while pending:
+            batch: list[int] = []
+            width = 0
+            for index in pending:
+                size = min(len(tokens[index]) - done[index], PREFILL_TOKENS)
+                if batch and max(width, size) * (len(batch) + 1) > PREFILL_TOKENS:
+                    break
+                batch.append(index)
+                width = max(width, size)
+            pieces = [tokens[i][done[i] : done[i] + width] for i in batch]
+            device = pieces[0].device
+            new = torch.full((len(batch), width), self.pad_id, dtype=torch.long, device=device)
+            real = torch.zeros((len(batch), width), dtype=torch.bool, device=device)
+            for at, piece in enumerate(pieces):
+                new[at, width - len(piece) :] = piece
+                real[at, width - len(piece) :] = True
+            lengths = [sequences[i].stored + len(piece) for i, piece in zip(batch, pieces, strict=True)]
+            all_real = all(len(piece) == width for piece in pieces)
+            batch_logits = self._forward([sequences[i] for i in batch], lengths, new, None if all_real else real)
+            for at, (index, piece) in enumerate(zip(batch, pieces, strict=True)):
+                sequences[index].stored += len(piece)
+                done[index] += len(piece)
+                if done[index] == len(tokens[index]):
+                    out[index] = batch_logits[at]
+            pending = [index for index in pending if done[index] < len(tokens[index])]
+        return [logits for logits in out if logits is not None]  # every sequence ran to its end
+
+    def decode(self, rows: list[Row], tokens: torch.Tensor) -> torch.Tensor:
+        """[R, V] next-token logits after feeding each row its sampled token `tokens` ([R])."""
+        logits = self._forward(rows, [row.stored + 1 for row in rows], tokens.unsqueeze(-1), None)
+        for row in rows:
+            row.stored += 1
+        return logits
+
+    def _forward(
+        self, sequences: Sequence[KvSequence], lengths: list[int], new: torch.Tensor, real: torch.Tensor | None
+    ) -> torch.Tensor:
+        table = self.scheduler.table_rows(sequences)
+        plan = plan_forward(table, lengths, new, real)
+        self.cache.plan = plan
+        logits = causal_lm_logits(
+            self.model, plan.input_ids, plan.attention_mask, plan.position_ids, self.cache, logits_to_keep=1
+        )
+        return logits[:, -1]

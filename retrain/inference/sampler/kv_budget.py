@@ -1,0 +1,70 @@
+"""How much memory the sampler's KV cache may take: `inference.kv_cache_gb`, else the memory plan's budget,
+else what the device has free less a margin, and the check that one row at its longest fits in it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from retrain.errors import ConfigError
+from retrain.inference.sampler.kv_pool import KvShape, blocks_for
+
+KEY = "inference.kv_cache_gb"
+GIB = 2**30  # `inference.kv_cache_gb` counts GiB, as the memory plan does
+# automatic budget without a plan: the device's free memory less this share of it (at least AUTO_MARGIN_MIN),
+# left for the decode step's logits, attention's per-layer copy of the keys and values, and the allocator's slack
+AUTO_MARGIN_SHARE = 0.1
+AUTO_MARGIN_MIN = GIB
+
+
+@dataclass(frozen=True)
+class KvBudget:
+    """A KV budget in bytes, and how it was set (for the error that names the key)."""
+
+    bytes: int
+    source: str
+
+
+def kv_budget(configured_gb: float, planned_bytes: int | None, device: torch.device) -> KvBudget:
+    """The budget of one sampling call: the configured GiB, the plan's bytes, or the device's free memory less
+    the margin (read at each call: training's memory comes and goes)."""
+    if configured_gb > 0:
+        return KvBudget(int(configured_gb * GIB), f"{KEY}={configured_gb:g}")
+    if planned_bytes is not None:
+        return KvBudget(planned_bytes, f"the memory plan's budget for {KEY}=0 ({planned_bytes / GIB:.3g} GiB)")
+    free = free_bytes(device)
+    usable = max(0, free - max(AUTO_MARGIN_MIN, int(AUTO_MARGIN_SHARE * free)))
+    return KvBudget(usable, f"{KEY}=0: {device.type}'s free memory ({free / GIB:.3g} GiB) less a margin")
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory `device` can still give: CUDA's free memory and what torch's allocator holds unused; on CPU
+    the kernel's MemAvailable (or the free pages where there is no /proc/meminfo)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type == "cpu":
+        meminfo = Path("/proc/meminfo")
+        if meminfo.exists():
+            for line in meminfo.read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    raise ConfigError(f"inference=pytorch cannot read the free memory of a {device.type} device: set {KEY}")
+
+
+def budget_blocks(budget: KvBudget, shape: KvShape, longest_row: int) -> int:
+    """Blocks the budget holds; ConfigError naming the key when they cannot hold one row of `longest_row`
+    tokens (a prompt and max_tokens) and the copy of its shared prompt block."""
+    blocks = budget.bytes // shape.block_bytes
+    need = blocks_for(longest_row) + 1
+    if blocks < need:
+        raise ConfigError(
+            f"the KV cache budget ({budget.source}) holds {blocks * shape.block_bytes / GIB:.3g} GiB, but one row "
+            f"of {longest_row} tokens (the longest prompt and max_tokens) needs {need * shape.block_bytes / GIB:.3g} "
+            f"GiB ({shape.bytes_per_token} bytes per token): raise {KEY} or lower max_tokens"
+        )
+    return blocks

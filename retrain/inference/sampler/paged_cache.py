@@ -1,0 +1,133 @@
+"""The KV pool as transformers' Cache: what one forward writes into the pool and what its attention reads.
+
+Before each forward the decode loop sets a `ForwardPlan` on the cache, the same for every layer: the pool
+slots the forward's new keys and values go to, and the slots attention reads for each row. Rows are laid
+out as the engine's left-padded batches always were: each row's tokens right-aligned in a [R, W] grid (W its
+longest row), its new tokens the last ones, so transformers' (and the lean forward's) mask of the cache's
+`past` = W − T columns and the T new ones — causal, without the padding columns — is exactly right.
+
+Attention reads a dense [R, kv_heads, W, head_dim] copy of one layer at a time (sdpa takes no block tables):
+one layer's live keys and values, padded to the longest row, is the transient this costs. A padding column
+reads its row's first slot, a real key, so that no uninitialised memory reaches the kernel (masked keys
+weigh 0, but 0 · NaN is NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import Cache
+from transformers.cache_utils import CacheLayerMixin
+
+from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, KvPool
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """Where one forward's keys and values go, and what its attention reads."""
+
+    input_ids: torch.Tensor  # [R, T] new tokens, right-aligned (padding on the left)
+    attention_mask: torch.Tensor  # [R, W] long: the real columns of the grid
+    position_ids: torch.Tensor  # [R, T]
+    sources: torch.Tensor | None  # [n] the real new tokens among the forward's R·T (None: all of them)
+    targets: torch.Tensor  # [n] the pool slots they are written to
+    reads: torch.Tensor | None  # [R·W] the slots attention reads (None: the forward's own keys: nothing cached)
+
+    @property
+    def past(self) -> int:
+        return self.attention_mask.shape[1] - self.input_ids.shape[1]
+
+
+def plan_forward(
+    table: torch.Tensor, row_lengths: list[int], new_tokens: torch.Tensor, new_mask: torch.Tensor | None
+) -> ForwardPlan:
+    """The plan of a forward over rows with block tables `table` ([R, blocks]) and `row_lengths` (tokens stored
+    after it) that feeds them `new_tokens` ([R, T], right-aligned; `new_mask` marks the real ones, None: all).
+    The rows' blocks must already hold `row_lengths` slots, the written ones held by the row alone."""
+    width = new_tokens.shape[1]
+    grid = max(row_lengths)
+    device = new_tokens.device
+    lengths = torch.tensor(row_lengths, device=device)
+    columns = torch.arange(grid, device=device)
+    index = columns - (grid - lengths).unsqueeze(-1)  # [R, W] the row's token in each column; < 0: padding
+    real = index >= 0
+    index = index.clamp_min(0)
+    slots = table.gather(1, index // BLOCK_TOKENS) * BLOCK_TOKENS + index % BLOCK_TOKENS
+    new_slots = slots[:, grid - width :]
+    if new_mask is None:
+        sources, targets = None, new_slots.reshape(-1)
+        positions = (lengths - width).unsqueeze(-1) + torch.arange(width, device=device)
+    else:
+        sources, targets = new_mask.reshape(-1).nonzero().squeeze(-1), new_slots[new_mask]
+        positions = ((lengths - width).unsqueeze(-1) + torch.arange(width, device=device)).clamp_min(0)
+    reads = None if grid == width else slots.reshape(-1)
+    return ForwardPlan(new_tokens, real.long(), positions, sources, targets, reads)
+
+
+class PagedLayer(CacheLayerMixin):
+    """One layer's view of the pool for transformers: stores a forward's keys and values, returns what it reads."""
+
+    is_sliding = False  # the pool keeps every key; a sliding-window layer's mask (transformers') limits the window
+
+    def __init__(self, cache: PagedCache, index: int, sliding: bool) -> None:
+        super().__init__()
+        self.cache, self.index, self.is_sliding = cache, index, sliding
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to set up: the pool holds the storage."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.store(self.index, key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cache.plan.past + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.cache.plan.past
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class PagedCache(Cache):
+    """transformers' Cache over a KvPool; the decode loop sets `plan` before every forward."""
+
+    def __init__(self, pool: KvPool, layer_types: list[str] | None) -> None:
+        kinds = layer_types or ["full_attention"] * pool.shape.layers
+        super().__init__(layers=[PagedLayer(self, i, kind == "sliding_attention") for i, kind in enumerate(kinds)])
+        self.pool = pool
+        self._plan: ForwardPlan | None = None
+
+    @property
+    def plan(self) -> ForwardPlan:
+        if self._plan is None:
+            raise RuntimeError("a forward on the paged KV cache needs its plan first")
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: ForwardPlan) -> None:
+        self._plan = plan
+
+    def store(
+        self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write layer `layer`'s new [R, heads, T, dim] keys and values into the pool; return what attention reads."""
+        plan = self.plan
+        rows, heads, width, dim = key_states.shape
+        pool_keys, pool_values = self.pool.keys[layer], self.pool.values[layer]
+        for new, storage in ((key_states, pool_keys), (value_states, pool_values)):
+            tokens = new.transpose(1, 2).reshape(rows * width, heads, dim)
+            storage.index_copy_(
+                0, plan.targets, tokens if plan.sources is None else tokens.index_select(0, plan.sources)
+            )
+        if plan.reads is None:
+            return key_states, value_states
+        grid = plan.attention_mask.shape[1]
+        keys = pool_keys.index_select(0, plan.reads).view(rows, grid, heads, dim).transpose(1, 2)
+        values = pool_values.index_select(0, plan.reads).view(rows, grid, heads, dim).transpose(1, 2)
+        return keys, values
