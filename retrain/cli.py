@@ -35,7 +35,7 @@ from retrain.config import config_dir, register_configs
 from retrain.config_checks.compose_errors import COMPOSE_ERRORS, compose_error_line, output_dir_unwritable
 from retrain.error_lines import one_line, user_error_behind
 from retrain.errors import UserError
-from retrain.housekeeping.threads import passive_openmp_waits
+from retrain.housekeeping.threads import fitted_threads, set_openmp_waits, threads_override
 
 log = logging.getLogger("retrain")
 
@@ -117,7 +117,6 @@ def _report_user_error(user_error: UserError, raised: BaseException) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    passive_openmp_waits()  # before anything imports torch (retrain/housekeeping/threads.py)
     args = sys.argv[1:] if argv is None else argv
     if str(Path.cwd()) not in sys.path and "" not in sys.path:  # the `retrain` script: plugins in the working
         sys.path.insert(0, str(Path.cwd()))  # directory import as they do under `python -m retrain`
@@ -144,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"did you mean `retrain {close[0]}`? " if close else ""
         print(f"retrain: unknown command {args[0]!r}; {hint}commands: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
+    # before anything imports torch (Hydra's callbacks do): OpenMP reads its wait policy when torch loads
+    set_openmp_waits(fitted_threads(threads_override(args)))  # retrain/housekeeping/threads.py
     register_configs()
     sys.argv = [sys.argv[0], *flags_before_overrides(args)]
     from retrain.campaign.sweeper import multirun_file_masked

@@ -50,7 +50,7 @@ from retrain.housekeeping.determinism import reproducible_torch
 from retrain.housekeeping.launch import claimed_run_dir, record_launch
 from retrain.housekeeping.rundir import STATE_FILE, Checkpoint, RunDir
 from retrain.housekeeping.secrets import shown_config
-from retrain.housekeeping.threads import choose_threads
+from retrain.housekeeping.threads import fitted_threads
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.reachable import check_server_answers
@@ -93,23 +93,12 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
 
 
 def use_usable_cpus(configured: int) -> None:
-    """torch computes with as many threads as the CPUs this process may use (retrain/housekeeping/threads.py); logged."""
+    """torch computes with as many threads as the idle CPUs this process may use (retrain/housekeeping/threads.py); logged."""
     import torch
 
-    choice = choose_threads(configured, job_cpus=local_sweep_job_cpus())
+    choice = fitted_threads(configured)
     torch.set_num_threads(choice.threads)
     log.info(choice.line())
-
-
-def local_sweep_job_cpus() -> int | None:
-    """The CPUs each job of a local sweep gets (`hydra/launcher=local` runs them side by side); None elsewhere."""
-    if not HydraConfig.initialized():
-        return None
-    launcher = HydraConfig.get().launcher
-    if not str(launcher.get("_target_", "")).endswith("submitit_launcher.LocalLauncher"):
-        return None
-    cpus = launcher.get("cpus_per_task")
-    return int(cpus) if cpus else None
 
 
 @contextmanager

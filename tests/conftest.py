@@ -46,12 +46,14 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def cli_env(one_thread: bool = True) -> dict[str, str]:
-    """The environment of a CLI run: tests/ importable; one OpenMP thread, or torch's default (one per core)."""
+    """The environment of a CLI run: tests/ importable; one OpenMP thread, or one per usable CPU (what
+    retrain chooses on a quiet machine, fixed: its own choice follows the load, and runs compared bit for
+    bit need the same count)."""
     inherited = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     return {
         **inherited,
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        **({"OMP_NUM_THREADS": "1"} if one_thread else {}),
+        "OMP_NUM_THREADS": "1" if one_thread else str(len(os.sched_getaffinity(0))),
     }
 
 
@@ -66,8 +68,8 @@ def run_cli(
     """Run `python -m retrain ...` as a user would (tests/ importable for plugins).
 
     `one_thread` (OMP_NUM_THREADS=1) keeps a run's speed steady on a busy machine, where two OpenMP
-    threads on a shared core are many times slower; the reproducibility tests run with the default
-    thread count instead, as users do (docs/reproducibility.md).
+    threads on a shared core are many times slower; the reproducibility tests run with one thread per
+    usable CPU instead, as users on a quiet machine do (docs/reproducibility.md).
     """
     full_env = {**cli_env(one_thread), **(env or {})}
     result = subprocess.run(
@@ -123,7 +125,7 @@ def cli_here(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch)
 
 
 def sigkill_once_checkpointed(args: list[str], cwd: Path, checkpoint: Path, timeout: float = 300) -> None:
-    """Start `python -m retrain ...` with the default thread count and SIGKILL it as soon as `checkpoint`
+    """Start `python -m retrain ...` with one thread per usable CPU and SIGKILL it as soon as `checkpoint`
     exists: the run dir is left as a crash or a preempted job leaves it."""
     process = subprocess.Popen(
         [sys.executable, "-m", "retrain", *args],

@@ -1,41 +1,54 @@
-"""How many threads torch computes with: as many as the CPUs this process may really use.
+"""How many threads torch computes with, and how OpenMP's idle threads wait: fitted to the CPUs that are
+free when the run starts.
 
 torch starts one thread per core of the machine. Where the process may use fewer — a CPU affinity
 (`taskset`, a container's cpuset), a cgroup CPU quota (Docker `--cpus`, Kubernetes limits), a SLURM
 allocation (`SLURM_CPUS_PER_TASK`), or a local sweep whose jobs run side by side
-(`hydra/launcher=local`, `cpus_per_task` each) — the extra threads only wait for CPUs that are busy, and
-every parallel region waits for its slowest thread. retrain takes the smallest of those limits;
-`training.threads=N` or `OMP_NUM_THREADS=N` in the environment decides instead.
+(`hydra/launcher=local`, `cpus_per_task` each) — or where other processes keep some of those CPUs
+busy, the extra threads only wait for CPUs that are taken, and every parallel region waits for its
+slowest thread. retrain takes the smallest of those limits and of the usable CPUs it finds idle over a
+short sample of /proc/stat at the start (`IDLE_SAMPLE_S`; at least one thread); `training.threads=N`
+or `OMP_NUM_THREADS=N` in the environment decide instead.
 
-OpenMP's idle threads spin before they sleep; on a core another process keeps busy, the spinning takes
-the CPU from the thread that has work. `OMP_WAIT_POLICY=PASSIVE` makes them sleep at once. The OpenMP
-runtime reads it once, when torch loads, so the command line sets it first (`passive_openmp_waits`),
-unless the environment sets it. Measurements: benchmarks/threads.py, docs/benchmarks.md.
+OpenMP's idle threads spin a few milliseconds before they sleep. With a free CPU each, that makes
+the next parallel region start at once (sleeping instead made the quickstart's step 3× slower); on a
+CPU another process keeps busy, the spinning takes the CPU from the thread that has work (a step 200×
+slower). So the threads keep OpenMP's default when each has an idle CPU, and `OMP_WAIT_POLICY=PASSIVE`
+(sleep at once) when they do not — which only happens when the count was set by hand. The OpenMP
+runtime reads the policy once, when torch loads, so the command line sets it first
+(`set_openmp_waits`), unless the environment sets it; it knows `training.threads` there only as an
+override on the command line (the run's log says when the policy came too late). A load that starts after the run does is not
+seen. Measurements: benchmarks/threads.py, docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from collections.abc import Mapping
+import sys
+import time
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def passive_openmp_waits() -> None:
-    """Idle OpenMP threads sleep rather than spin (see the module docstring); call before torch is imported."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+PROC_STAT = Path("/proc/stat")
+IDLE_SAMPLE_S = 0.2  # /proc/stat counts in 10 ms ticks: 20 per CPU
+IDLE_BELOW = 0.5  # a CPU busy less than half the sample is free for a thread; a compute job keeps one busy ~100%
+SPIN = "spin while they wait (OpenMP's default)"
 
 
 @dataclass(frozen=True)
 class ThreadChoice:
     threads: int
     reason: str  # what decided it, for the run's log
+    waits: str = SPIN  # how OpenMP's idle threads wait
 
     def line(self) -> str:
-        return f"torch threads: {self.threads} ({self.reason})"
+        return f"torch threads: {self.threads} ({self.reason}); OpenMP threads {self.waits}"
 
 
 def cgroup_cpu_quota(root: Path = CGROUP_ROOT, own_cgroup: Path = Path("/proc/self/cgroup")) -> int | None:
@@ -90,17 +103,106 @@ def usable_cpus(
     return cpus, source
 
 
+def cpu_ticks(stat: str) -> dict[int, tuple[int, int]]:
+    """CPU number -> (busy ticks, all ticks) from the text of /proc/stat. Idle is `idle` + `iowait`;
+    busy is the rest (`steal` included: a hypervisor's other guests had the CPU)."""
+    ticks = {}
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        counts = [int(field) for field in fields[:8]]  # guest time is counted in user time already
+        idle = sum(counts[3:5])
+        ticks[int(name[3:])] = (sum(counts) - idle, sum(counts))
+    return ticks
+
+
+def idle_cpu_count(before: str, after: str, cpus: set[int], idle_below: float = IDLE_BELOW) -> int:
+    """How many of `cpus` were busy less than `idle_below` of the time between two /proc/stat texts."""
+    start, end = cpu_ticks(before), cpu_ticks(after)
+    idle = 0
+    for cpu in cpus & start.keys() & end.keys():
+        busy, total = (end[cpu][0] - start[cpu][0]), (end[cpu][1] - start[cpu][1])
+        idle += total <= 0 or busy / total < idle_below  # no tick counted: nothing ran there either
+    return idle
+
+
+@functools.cache
+def idle_cpus_now(seconds: float = IDLE_SAMPLE_S, stat: Path = PROC_STAT) -> int | None:
+    """How many CPUs of this process's affinity are idle now, sampled over `seconds` (None without
+    /proc/stat). Once per process: the load its own first run found, not the load it makes itself."""
+    try:
+        before = stat.read_text()
+        time.sleep(seconds)
+        after = stat.read_text()
+    except OSError:
+        return None
+    return idle_cpu_count(before, after, os.sched_getaffinity(0))
+
+
 def choose_threads(
     configured: int,
     environ: Mapping[str, str] = os.environ,
     cgroup_root: Path = CGROUP_ROOT,
     job_cpus: int | None = None,
+    idle: int | None = None,
+    torch_loaded: bool = False,
 ) -> ThreadChoice:
-    """`training.threads` when set (> 0), else OMP_NUM_THREADS when set, else the usable CPUs."""
-    if configured > 0:
-        return ThreadChoice(configured, f"training.threads={configured}")
+    """`training.threads` when set (> 0), else OMP_NUM_THREADS when set, else the usable CPUs, at most
+    the `idle` ones (None: not known) and at least one. More threads than idle CPUs sleep while they
+    wait, unless OMP_WAIT_POLICY says otherwise or torch was loaded before it could be set."""
     omp = environ.get("OMP_NUM_THREADS", "").strip()
-    if omp.isdigit() and int(omp) > 0:
-        return ThreadChoice(int(omp), f"OMP_NUM_THREADS={omp}")
-    cpus, source = usable_cpus(environ, cgroup_root, job_cpus)
-    return ThreadChoice(cpus, f"{cpus} usable CPU(s), limited by {source}; training.threads=N sets it")
+    if configured > 0:
+        threads, reason = configured, f"training.threads={configured}"
+    elif omp.isdigit() and int(omp) > 0:
+        threads, reason = int(omp), f"OMP_NUM_THREADS={omp}"
+    else:
+        cpus, source = usable_cpus(environ, cgroup_root, job_cpus)
+        threads = cpus if idle is None else max(1, min(cpus, idle))
+        found = "" if idle is None else f", {idle} idle at the start"
+        reason = f"{cpus} usable CPU(s), limited by {source}{found}; training.threads=N sets it"
+    sleeps = threads > 1 and idle is not None and threads > idle
+    policy = environ.get("OMP_WAIT_POLICY")
+    if sleeps and (policy == "PASSIVE" or (policy is None and not torch_loaded)):
+        return ThreadChoice(threads, reason, f"sleep while they wait ({idle} idle CPU(s) for {threads} threads)")
+    if policy:
+        return ThreadChoice(threads, reason, f"wait as OMP_WAIT_POLICY={policy} says")
+    if sleeps:
+        return ThreadChoice(threads, reason, f"{SPIN}: torch was loaded before OMP_WAIT_POLICY could be set")
+    return ThreadChoice(threads, reason)
+
+
+def fitted_threads(configured: int, environ: Mapping[str, str] = os.environ) -> ThreadChoice:
+    """This run's choice, on this machine now; the idle CPUs are sampled only where more than one
+    thread could be chosen."""
+    if configured == 1 or (configured <= 0 and environ.get("OMP_NUM_THREADS", "").strip() == "1"):
+        return choose_threads(configured, environ)
+    idle = idle_cpus_now()
+    return choose_threads(
+        configured, environ, job_cpus=local_sweep_job_cpus(), idle=idle, torch_loaded="torch" in sys.modules
+    )
+
+
+def threads_override(args: list[str]) -> int:
+    """`training.threads=N` among the command line's overrides (the last one), 0 without one: the command
+    line decides OpenMP's wait policy before Hydra composes the config."""
+    values = [arg.split("=", 1)[1] for arg in args if arg.lstrip("+").split("=", 1)[0] == "training.threads"]
+    return int(values[-1]) if values and values[-1].isdigit() else 0
+
+
+def set_openmp_waits(choice: ThreadChoice, environ: MutableMapping[str, str] = os.environ) -> None:
+    """OMP_WAIT_POLICY=PASSIVE where `choice` says its threads sleep, unless set already; the command
+    line calls it before torch loads (OpenMP reads it then)."""
+    if choice.waits.startswith("sleep"):
+        environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def local_sweep_job_cpus() -> int | None:
+    """The CPUs each job of a local sweep gets (`hydra/launcher=local` runs them side by side); None elsewhere."""
+    if not HydraConfig.initialized():
+        return None
+    launcher = HydraConfig.get().launcher
+    if not str(launcher.get("_target_", "")).endswith("submitit_launcher.LocalLauncher"):
+        return None
+    cpus = launcher.get("cpus_per_task")
+    return int(cpus) if cpus else None
