@@ -11,13 +11,14 @@ name (`...-4B-...`).
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from retrain.model.config_files import local_model_config, params_from_config
 
 # the original retrain's documented "Typical training times": seconds per step of the reference workload
 REFERENCE_STEP_S: dict[str, float] = {"h100": 15.0, "a100": 25.0, "rtx4090": 45.0}
@@ -118,48 +119,6 @@ def model_params(name_or_path: str, revision: str | None = None) -> tuple[float 
     if match is not None:
         return float(match.group(1)) * (1e9 if match.group(2).upper() == "B" else 1e6), "name"
     return None, "unknown"
-
-
-def params_from_config(config: Mapping[str, Any]) -> float | None:
-    """A dense decoder's parameter count from its Hugging Face config (embeddings, attention, gated MLP)."""
-    config = config.get("text_config", config)  # multimodal wrappers keep the language model's here
-    try:
-        hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
-        intermediate, vocab = int(config["intermediate_size"]), int(config["vocab_size"])
-        heads = int(config["num_attention_heads"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
-    per_layer = attention + 3 * hidden * intermediate + 2 * hidden  # q/o, k/v, gate/up/down, two norms
-    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", False) else 2)
-    return float(embeddings + layers * per_layer + hidden)
-
-
-def local_model_config(name_or_path: str, revision: str | None) -> dict[str, Any] | None:
-    from retrain.model.spec import ASSET_PREFIX, bundled_asset_dir
-
-    path: Path | None
-    if name_or_path.startswith(ASSET_PREFIX):
-        path = bundled_asset_dir(name_or_path[len(ASSET_PREFIX) :]) / "config.json"
-    elif Path(name_or_path).expanduser().is_dir():
-        path = Path(name_or_path).expanduser() / "config.json"
-    else:
-        from huggingface_hub import try_to_load_from_cache
-
-        try:
-            cached = try_to_load_from_cache(name_or_path, "config.json", revision=revision)
-        except ValueError:  # not a valid repo id
-            return None
-        path = Path(cached) if isinstance(cached, str) else None
-    if path is None or not path.is_file():
-        return None
-    try:
-        loaded = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return loaded if isinstance(loaded, dict) else None
 
 
 def read_pilot(run_dir: Path) -> Pilot:

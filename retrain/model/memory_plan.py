@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from retrain.model.config_files import model_config, params_from_config
 from retrain.model.logprobs import LOGITS_CHUNK_BYTES
 
 GIB = 2**30
@@ -66,8 +67,6 @@ class ModelShape:
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
         """From a Hugging Face config (a multimodal wrapper's `text_config`); ValueError naming what is missing."""
-        from retrain.commands.capacity import params_from_config
-
         text = config.get("text_config", config)
         params = params_from_config(config)
         if params is None:
@@ -519,24 +518,6 @@ def plan_memory(
         micro_batch_tokens=micro,
         notes=tuple(notes),
     )
-
-
-def model_config(name_or_path: str, revision: str | None = None) -> dict[str, Any] | None:
-    """The model's config.json without a download: a local copy (a directory, a bundled asset, the Hugging Face
-    cache), else the one retrain ships for a known Hub model (retrain/assets/model_configs/<last part of the id>)."""
-    import json
-
-    from retrain.assets import MODEL_CONFIGS_DIR
-    from retrain.commands.capacity import local_model_config
-
-    found = local_model_config(name_or_path, revision)
-    if found is not None:
-        return found
-    shipped = MODEL_CONFIGS_DIR / f"{name_or_path.rstrip('/').rsplit('/', 1)[-1]}.json"
-    if not shipped.is_file():
-        return None
-    loaded = json.loads(shipped.read_text())
-    return loaded if isinstance(loaded, dict) else None
 
 
 def plans_local_memory(config: Mapping[str, Any]) -> bool:

@@ -14,7 +14,6 @@ from retrain.commands.capacity import (
     REFERENCE_STEP_S,
     Workload,
     model_params,
-    params_from_config,
     read_pilot,
     step_time,
     wall_hours,
@@ -23,6 +22,7 @@ from retrain.commands.explain import launcher_parallelism
 from retrain.commands.explain import main as explain_main
 from retrain.config import compose
 from retrain.errors import ConfigError
+from retrain.model.config_files import params_from_config
 from tests.conftest import REPO, CliHere, run_cli
 
 # Qwen3-4B's config.json (the architecture fields the parameter count reads)
