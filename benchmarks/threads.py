@@ -7,8 +7,8 @@ Runs the quickstart (eval off) in processes confined to `--cpus` (`taskset`), fo
   before      torch's default: one thread per CPU, idle OpenMP threads spin ~3 ms before they sleep
               (libgomp's default spin count, 300000, set as GOMP_SPINCOUNT) — what retrain did first
   passive     one thread per CPU that sleeps at once (OMP_WAIT_POLICY=PASSIVE) — what retrain did next
-  after       retrain's own choice: one thread per idle usable CPU, spinning unless they outnumber the
-              idle CPUs (retrain/housekeeping/threads.py); its log line is printed
+  after       retrain's own choice: one thread per usable CPU, spinning unless they outnumber the CPUs
+              idle at the start, then sleeping (retrain/housekeeping/threads.py); its log line is printed
   one-thread  OMP_NUM_THREADS=1
 first with nothing else of the benchmark's running on those CPUs (quiet), then with a busy loop pinned
 to `--hog-core` (hog). Prints each run's median step time (the first 2 steps left out) and, per round,

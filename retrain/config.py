@@ -63,7 +63,7 @@ class TrainingConfig:
     max_skipped_steps: int = 3  # stop after this many optimizer steps in a row skipped (non-finite); 0 = never
     # mean |engine − trainer| log-prob of the sampled tokens allowed at policy lag 0; None = by dtype (the probe's)
     logprob_diff_tolerance: float | None = None
-    threads: int = 0  # torch's CPU threads; 0: the idle CPUs this process may use, or OMP_NUM_THREADS (retrain/housekeeping/threads.py)
+    threads: int = 0  # torch's CPU threads; 0: the usable CPUs, or OMP_NUM_THREADS (retrain/housekeeping/threads.py)
 
     def __post_init__(self) -> None:
         from retrain.errors import ConfigError

@@ -46,14 +46,13 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def cli_env(one_thread: bool = True) -> dict[str, str]:
-    """The environment of a CLI run: tests/ importable; one OpenMP thread, or one per usable CPU (what
-    retrain chooses on a quiet machine, fixed: its own choice follows the load, and runs compared bit for
-    bit need the same count)."""
+    """The environment of a CLI run: tests/ importable; one OpenMP thread, or retrain's default (one per usable
+    CPU, whatever the load: runs compared bit for bit get the same count)."""
     inherited = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     return {
         **inherited,
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        "OMP_NUM_THREADS": "1" if one_thread else str(len(os.sched_getaffinity(0))),
+        **({"OMP_NUM_THREADS": "1"} if one_thread else {}),
     }
 
 

@@ -102,18 +102,22 @@ def test_the_idle_cpus_between_two_samples(after: str, cpus: set[int], idle: int
     assert idle_cpu_count(stat((20, 80), (10, 90)), after, cpus) == idle
 
 
-def test_one_thread_per_idle_usable_cpu_and_they_spin(tmp_path: Path) -> None:
+def test_the_usable_cpus_decide_the_count_and_the_idle_ones_how_the_threads_wait(tmp_path: Path) -> None:
+    """The count never follows the load (it decides the numbers a seed gives); the waiting does."""
     no_quota = cgroup(tmp_path, {"cpu.max": "max 100000\n"})
     quiet = choose_threads(0, {}, no_quota, idle=AFFINITY)
     assert (quiet.threads, quiet.waits) == (AFFINITY, SPIN)
     assert f"{AFFINITY} idle at the start" in quiet.reason
-    assert choose_threads(0, {}, no_quota, idle=0) == ThreadChoice(
-        1, f"{AFFINITY} usable CPU(s), limited by CPU affinity, 0 idle at the start; training.threads=N sets it"
+    for idle in (0, AFFINITY - 1, AFFINITY + 4, None):
+        assert choose_threads(0, {}, no_quota, idle=idle).threads == AFFINITY
+    busy = choose_threads(0, {}, no_quota, idle=AFFINITY - 1)
+    assert busy.waits == (
+        SPIN if AFFINITY == 1 else f"sleep while they wait ({AFFINITY - 1} idle CPU(s) for {AFFINITY} threads)"
     )
-    assert choose_threads(0, {}, no_quota, idle=AFFINITY - 1).threads == max(1, AFFINITY - 1)
-    assert choose_threads(0, {}, no_quota, idle=AFFINITY + 4).threads == AFFINITY  # idle CPUs outside the limits
-    assert choose_threads(0, {"SLURM_CPUS_PER_TASK": "1"}, no_quota, idle=AFFINITY).threads == 1
-    assert choose_threads(0, {}, no_quota, idle=None).threads == AFFINITY  # no /proc/stat: the usable CPUs
+    assert choose_threads(0, {}, no_quota, idle=AFFINITY + 4).waits == SPIN  # idle CPUs outside the limits
+    assert choose_threads(0, {"SLURM_CPUS_PER_TASK": "1"}, no_quota, idle=0) == ThreadChoice(
+        1, "1 usable CPU(s), limited by SLURM_CPUS_PER_TASK, 0 idle at the start; training.threads=N sets it"
+    )
 
 
 def test_threads_set_by_hand_sleep_while_they_wait_when_they_outnumber_the_idle_cpus(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from tests.wandb_records import offline_history
 SMALL = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
 
 
-DEFAULT_THREADS = functools.partial(run_cli, one_thread=False)  # one per usable CPU (docs/reproducibility.md)
+DEFAULT_THREADS = functools.partial(run_cli, one_thread=False)  # as users run (docs/reproducibility.md)
 
 
 def small_run(tmp_path: Path, name: str, *extra: str, steps: int = 4, cli: CliHere = run_cli) -> Path:
@@ -68,7 +68,7 @@ def test_kl_to_the_base_model_is_logged_when_its_coefficient_is_set(tmp_path: Pa
 
 
 def test_same_seed_gives_identical_metrics(tmp_path: Path) -> None:
-    """With one thread per usable CPU, as users on a quiet machine run (docs/reproducibility.md)."""
+    """With the default thread count, as users run (docs/reproducibility.md)."""
     first = without_timing(read_metrics(small_run(tmp_path, "a", "training.seed=7", cli=DEFAULT_THREADS)))
     second = without_timing(read_metrics(small_run(tmp_path, "b", "training.seed=7", cli=DEFAULT_THREADS)))
     other = without_timing(read_metrics(small_run(tmp_path, "c", "training.seed=8", cli=DEFAULT_THREADS)))
@@ -78,7 +78,7 @@ def test_same_seed_gives_identical_metrics(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
-    """With one thread per usable CPU, as users on a quiet machine run (docs/reproducibility.md)."""
+    """With the default thread count, as users run (docs/reproducibility.md)."""
     steps = 6
     reference = without_timing(
         read_metrics(small_run(tmp_path, "full", "training.save_every=1", steps=steps, cli=DEFAULT_THREADS))

@@ -1,24 +1,24 @@
-"""How many threads torch computes with, and how OpenMP's idle threads wait: fitted to the CPUs that are
-free when the run starts.
+"""How many threads torch computes with, and how OpenMP's idle threads wait.
 
 torch starts one thread per core of the machine. Where the process may use fewer — a CPU affinity
 (`taskset`, a container's cpuset), a cgroup CPU quota (Docker `--cpus`, Kubernetes limits), a SLURM
 allocation (`SLURM_CPUS_PER_TASK`), or a local sweep whose jobs run side by side
-(`hydra/launcher=local`, `cpus_per_task` each) — or where other processes keep some of those CPUs
-busy, the extra threads only wait for CPUs that are taken, and every parallel region waits for its
-slowest thread. retrain takes the smallest of those limits and of the usable CPUs it finds idle over a
-short sample of /proc/stat at the start (`IDLE_SAMPLE_S`; at least one thread); `training.threads=N`
-or `OMP_NUM_THREADS=N` in the environment decide instead.
+(`hydra/launcher=local`, `cpus_per_task` each) — the extra threads only wait for CPUs that are taken,
+and every parallel region waits for its slowest thread. retrain takes the smallest of those limits;
+`training.threads=N` or `OMP_NUM_THREADS=N` in the environment decide instead. The count depends on
+nothing else, so a run and its resume compute with the same count, and a seed gives the same numbers
+whatever else the machine is doing (docs/reproducibility.md).
 
-OpenMP's idle threads spin a few milliseconds before they sleep. With a free CPU each, that makes
-the next parallel region start at once (sleeping instead made the quickstart's step 3× slower); on a
-CPU another process keeps busy, the spinning takes the CPU from the thread that has work (a step 200×
-slower). So the threads keep OpenMP's default when each has an idle CPU, and `OMP_WAIT_POLICY=PASSIVE`
-(sleep at once) when they do not — which only happens when the count was set by hand. The OpenMP
-runtime reads the policy once, when torch loads, so the command line sets it first
+How the threads wait follows the load. OpenMP's idle threads spin a few milliseconds before they sleep:
+with a free CPU each, the next parallel region starts at once (sleeping instead made the quickstart's
+step 3× slower); on a CPU another process keeps busy, the spinning takes the CPU from the thread that
+has work (a step up to 200× slower). So the usable CPUs that are idle over a short sample of /proc/stat at the
+start (`IDLE_SAMPLE_S`) decide: the threads keep OpenMP's default when each has an idle CPU, and
+`OMP_WAIT_POLICY=PASSIVE` (sleep at once) when they do not. The waiting never changes a number. The
+OpenMP runtime reads the policy once, when torch loads, so the command line sets it first
 (`set_openmp_waits`), unless the environment sets it; it knows `training.threads` there only as an
-override on the command line (the run's log says when the policy came too late). A load that starts after the run does is not
-seen. Measurements: benchmarks/threads.py, docs/benchmarks.md.
+override on the command line (the run's log says when the policy came too late). A load that starts
+after the run does is not seen. Measurements: benchmarks/threads.py, docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -148,9 +148,9 @@ def choose_threads(
     idle: int | None = None,
     torch_loaded: bool = False,
 ) -> ThreadChoice:
-    """`training.threads` when set (> 0), else OMP_NUM_THREADS when set, else the usable CPUs, at most
-    the `idle` ones (None: not known) and at least one. More threads than idle CPUs sleep while they
-    wait, unless OMP_WAIT_POLICY says otherwise or torch was loaded before it could be set."""
+    """`training.threads` when set (> 0), else OMP_NUM_THREADS when set, else the usable CPUs (never the
+    load: the count decides the numbers). More threads than `idle` CPUs (None: not known) sleep while
+    they wait, unless OMP_WAIT_POLICY says otherwise or torch was loaded before it could be set."""
     omp = environ.get("OMP_NUM_THREADS", "").strip()
     if configured > 0:
         threads, reason = configured, f"training.threads={configured}"
@@ -158,7 +158,7 @@ def choose_threads(
         threads, reason = int(omp), f"OMP_NUM_THREADS={omp}"
     else:
         cpus, source = usable_cpus(environ, cgroup_root, job_cpus)
-        threads = cpus if idle is None else max(1, min(cpus, idle))
+        threads = cpus
         found = "" if idle is None else f", {idle} idle at the start"
         reason = f"{cpus} usable CPU(s), limited by {source}{found}; training.threads=N sets it"
     sleeps = threads > 1 and idle is not None and threads > idle
