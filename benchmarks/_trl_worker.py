@@ -30,14 +30,16 @@ from typing import Any
 
 import torch
 from datasets import Dataset
+from omegaconf import DictConfig
 from peft import LoraConfig
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from retrain.backend.config import checkpointing_choice
 from retrain.backend.devices import resolve_device
 from retrain.config import compose
 from retrain.inference.vllm import CPU_ENV, IN_PROCESS_ENV
-from retrain.run import build_part
+from retrain.run import build_part, checked_memory_plan, with_resolved_checkpointing
 
 
 class StepTimer(TrainerCallback):
@@ -104,10 +106,12 @@ def push_weights_by_reload(trainer: GRPOTrainer) -> None:
     generation.sync_weights = sync_weights
 
 
-def computed_as_retrain(activation_checkpointing: bool) -> dict[str, Any]:
-    """TRL in the model's own dtype (TRL defaults to bf16 autocast) and checkpointing as retrain's backend is set
-    (TRL defaults to on): the same arithmetic and the same forwards per step on both sides."""
-    return {"bf16": False, "fp16": False, "gradient_checkpointing": activation_checkpointing}
+def computed_as_retrain(cfg: DictConfig) -> dict[str, Any]:
+    """TRL in the model's own dtype (TRL defaults to bf16 autocast) and checkpointing as retrain's run resolves
+    `backend.gradient_checkpointing` (`auto`: from the memory plan; TRL defaults to on): the same arithmetic and
+    the same forwards per step on both sides."""
+    setting = with_resolved_checkpointing(cfg, checked_memory_plan(cfg)).backend.gradient_checkpointing
+    return {"bf16": False, "fp16": False, "gradient_checkpointing": checkpointing_choice(setting) == "true"}
 
 
 def main() -> None:
@@ -178,7 +182,7 @@ def main() -> None:
             beta=0.0,
             num_iterations=1,
             scale_rewards="none",
-            **({} if args.trl_defaults else computed_as_retrain(cfg.backend.gradient_checkpointing)),
+            **({} if args.trl_defaults else computed_as_retrain(cfg)),
             model_init_kwargs={"dtype": spec.torch_dtype(device)},
             logging_steps=1,
             report_to="none",
