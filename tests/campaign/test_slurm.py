@@ -7,8 +7,10 @@ python -m pytest -m slurm tests/campaign/test_slurm.py
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -130,18 +132,39 @@ def _steps_logged(run_dir: Path) -> int:
     return len(read_metrics(run_dir)) if (run_dir / "metrics.jsonl").is_file() else 0
 
 
-# Step counts leave the signal time to land: a quickstart step takes 40-90 ms here (one thread per job), and the
-# signals go out once three steps are logged (polled each second), or, for the time limit, after 30-90 s.
+# Step counts leave the signal time to land: the signals go out once three steps are logged (polled each
+# second), or, for the time limit, 30-90 s into the job. A quickstart step takes 40-250 ms (one thread per job;
+# the machine's speed and load decide), so the time limit's run is sized by a measured step instead: about
+# TIME_LIMIT_WORK_S of steps, more than one 2-minute job can do, few enough that its requeued jobs finish
+# well inside the test's timeout (a fixed 2,500 steps took over 10 minutes on a slow CI machine).
 INTERRUPTIONS = {
     # what a pre-empting scheduler sends (and submitit's own tests): SIGTERM, then the warning signal
     "preempted": {"steps": 120, "launcher": ["hydra.launcher.timeout_min=15"]},
     # an admin's requeue: SIGTERM, then SIGKILL after KillWait; the run checkpoints after its step in
     # flight (or, had that not fitted in KillWait, would resume from its last periodic checkpoint)
     "requeued": {"steps": 120, "launcher": ["hydra.launcher.timeout_min=15"], "save_every": 5},
-    # a real time limit: SLURM warns 60 s before the 2-minute limit (its timer is coarse: ±30 s), and the run
-    # is longer than that (2,500 steps: over 100 s even at 40 ms a step), so one job cannot finish it
-    "time_limit": {"steps": 2500, "launcher": ["hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"]},
+    # a real time limit: SLURM warns 60 s before the 2-minute limit (its timer is coarse: ±30 s)
+    "time_limit": {"steps": 0, "launcher": ["hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"]},
 }
+TIME_LIMIT_WORK_S = 150  # a job steps for at most ~80 s before the warning (90 s, less its start)
+CALIBRATION_STEPS = 30
+
+
+def _steps_taking(seconds: float, tmp_path: Path) -> int:
+    """How many quickstart steps take about `seconds` here now: the median of a short run's later steps."""
+    run_dir = tmp_path / "calibration"
+    run_cli(
+        [
+            *QUICK,
+            f"training.max_steps={CALIBRATION_STEPS}",
+            "training.save_every=0",
+            "algorithm=maxrl_gtpo_sepa",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+    )
+    step_s = statistics.median(r["step_time_s"] for r in read_metrics(run_dir)[CALIBRATION_STEPS // 3 :])
+    return max(300, math.ceil(seconds / step_s))
 
 
 def _interrupt(kind: str, job_id: str, run_dir: Path) -> None:
@@ -160,7 +183,8 @@ def test_interrupted_job_is_requeued_and_resumes_the_same_trajectory(
     slurm_cluster: None, tmp_path: Path, kind: str
 ) -> None:
     spec = INTERRUPTIONS[kind]
-    steps, save_every = spec["steps"], spec.get("save_every", 0)
+    steps = spec["steps"] or _steps_taking(TIME_LIMIT_WORK_S, tmp_path)
+    save_every = spec.get("save_every", 0)
     common = [
         *QUICK,
         f"training.max_steps={steps}",
