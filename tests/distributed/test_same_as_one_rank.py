@@ -1,0 +1,42 @@
+"""A two-rank run (torchrun, gloo on CPU) samples, scores and trains the quickstart's first step as one process does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import QUICK, checked, cli_env, read_metrics, run_cli
+
+STEPS = [*QUICK, "training.max_steps=2", "logging.generations_per_step=64"]
+
+
+def generations(run_dir: Path, step: int) -> list[tuple[str, float]]:
+    lines = (run_dir / "emergence" / "generations.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [(r["completion"], r["reward"]) for r in records if r["step"] == step]
+
+
+@pytest.mark.slow
+def test_two_ranks_sample_and_train_the_first_step_as_one(tmp_path: Path) -> None:
+    one = tmp_path / "one"
+    run_cli([*STEPS, f"hydra.run.dir={one}"], cwd=tmp_path)
+    torchrun = shutil.which("torchrun")
+    assert torchrun is not None
+    # no hydra.run.dir: each rank's Hydra names a time-stamped dir, and the ranks must settle on rank 0's
+    command = [torchrun, "--nproc-per-node=2", "-m", "retrain", *STEPS]
+    checked(subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600))
+    (two,) = (tmp_path / "outputs" / "runs").glob("*/*")  # one run dir, written by rank 0
+
+    assert generations(two, 0) == generations(one, 0)  # the same completions, rewarded the same
+    first_one, first_two = read_metrics(one)[0], read_metrics(two)[0]
+    for key in ("mean_reward", "num_datums", "num_tokens", "mean_completion_tokens"):
+        assert first_two[key] == first_one[key], key
+    for key in ("loss", "grad_norm"):
+        assert first_two[key] == pytest.approx(first_one[key], abs=1e-6), key
+    assert first_two["dist/world_size"] == 2
+    assert first_two["dist/sample_time_max_s"] >= first_two["dist/sample_time_min_s"] > 0
+    assert json.loads((two / "status.json").read_text())["state"] == "done"
