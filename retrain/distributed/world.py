@@ -55,13 +55,24 @@ class World:
 
 
 def launched_world() -> World:
-    """The world this process was launched into (torchrun's or SLURM's variables), without joining it."""
-    if "RANK" not in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SUBMITIT_FOLDER" in os.environ:
+    """The world this process was launched into, without joining it: torchrun's variables, or those submitit
+    exports for a job of several tasks (`hydra.launcher.tasks_per_node` × `nodes`, one task per GPU)."""
+    if "RANK" not in os.environ and submitit_tasks() > 1:
         from submitit.helpers import TorchDistributedEnvironment
 
+        # every GPU of the node stays visible: the rank picks gpu:<local rank> (rank_devices)
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
     size = int(os.environ.get("WORLD_SIZE", "1"))
     return World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def submitit_tasks() -> int:
+    """How many tasks the submitit job this process runs in has (1: none, or not under submitit)."""
+    if "SUBMITIT_EXECUTOR" not in os.environ and "SUBMITIT_LOCAL_JOB_ID" not in os.environ:
+        return 1
+    from submitit import JobEnvironment
+
+    return JobEnvironment().num_tasks
 
 
 def join_world() -> World:
