@@ -42,6 +42,7 @@ from retrain.config import (
 )
 from retrain.config_checks.validation import check_prompt_lengths, check_run_config, warn_if_untrainable
 from retrain.data.prompts import template_line
+from retrain.distributed.failures import clear_earlier_notes, rank_failures_recorded
 from retrain.distributed.world import World, check_agreed, from_main, join_world, leave_world, rank_devices
 from retrain.environments.base import RolloutEnvironment
 from retrain.error_lines import failure_line
@@ -74,7 +75,8 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     run_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
     world = join_world()  # one process, or this rank of a torchrun / SLURM multi-task run (docs/distributed.md)
     try:
-        return run_as(world, cfg, on_main_run_dir(world, run_dir))
+        attempt = from_main(secrets.token_hex(6))  # this launch's id, for its ranks' failure notes
+        return run_as(world, cfg, on_main_run_dir(world, run_dir), attempt)
     finally:
         leave_world()
 
@@ -96,8 +98,9 @@ def on_main_run_dir(world: World, own: Path) -> Path:
     return run_dir
 
 
-def run_as(world: World, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """`run` on this rank: rank 0 claims the run dir and writes it; every rank builds its parts and trains."""
+def run_as(world: World, cfg: DictConfig, run_dir: Path, attempt: str = "") -> dict[str, Any]:
+    """`run` on this rank: rank 0 claims the run dir and writes it; every rank builds its parts and trains. A rank
+    that fails leaves its error for rank 0 to record (retrain.distributed.failures)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     check_run_config(cfg)
     identity = config_identity(cfg)
@@ -106,7 +109,9 @@ def run_as(world: World, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     # nothing is written into the run dir before it is this run's (its run.log included): a refused launch
     # leaves it as it was
     claim: AbstractContextManager[None] = claimed_run_dir(run_dir, identity) if world.is_main else nullcontext()
-    with claim, ExitStack() as parts:
+    with claim, ExitStack() as parts, rank_failures_recorded(run_dir, world, attempt):
+        if world.is_main:
+            clear_earlier_notes(run_dir, attempt)
         log.info(run_dir_line(run_dir))
         use_usable_cpus(int(cfg.training.threads))
         with failure_recorded(run_dir) if world.is_main else nullcontext():  # a run that cannot start says why

@@ -35,7 +35,7 @@ from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
 from retrain.distributed.gradients import weights_checksum
 from retrain.distributed.rows import gather_rollouts, gather_rows
-from retrain.distributed.world import World, all_sum, check_agreed, from_main, gather_objects
+from retrain.distributed.world import World, all_max, all_sum, check_agreed, from_main, gather_objects
 from retrain.environments.base import RolloutEnvironment, ScoredRollouts
 from retrain.errors import UserError
 from retrain.housekeeping.rundir import Checkpoint, RunDir
@@ -232,11 +232,18 @@ class Trainer:
                 bar.update(1)
                 if training.save_every > 0 and self.next_step % training.save_every == 0:
                     self.save()
-                if self._stop.is_set():
+                if self._stop_agreed():
                     if self._last_saved_step != step:
                         self.save()
                     self._drop_prefetched()
                     return
+
+    def _stop_agreed(self) -> bool:
+        """Whether to stop after this step: asked for here, or, data-parallel, on any rank (a signal reaches ranks at
+        different moments; a rank that stopped alone would leave the others waiting in the next step's gather)."""
+        if self.world.distributed and bool(all_max(torch.tensor(int(self._stop.is_set())))):
+            self._stop.set()
+        return self._stop.is_set()
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One RLVR step; returns its metrics record."""
