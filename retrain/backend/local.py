@@ -159,7 +159,7 @@ class LocalBackend:
         set_training(self.model, True)  # the engine leaves the shared model in eval mode
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
-        ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0, 0.0
+        ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0.0, 0.0
         # the base model's log-probs first, through PEFT's own forward (which honours the disabled adapter)
         base = (
             [self._base_logprobs(rollouts, rows) for rows in micro_batches] if self.loss_settings.kl_coef > 0 else None
@@ -175,7 +175,7 @@ class LocalBackend:
                 loss_total += float(micro_loss.detach())
                 ratio_sum += float(token_loss.ratio[mask].sum())
                 ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
-                clipped += int(token_loss.clipped[mask].sum())
+                clipped += float(token_loss.clipped[mask].sum())
                 logprob_gap += float(token_loss.ratio[mask].log().abs().sum())
                 if token_loss.kl is not None:
                     kl_sum += float(token_loss.kl[mask].sum())
