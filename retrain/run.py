@@ -86,6 +86,8 @@ def on_main_run_dir(world: World, own: Path) -> Path:
     rank stops logging into its own dir (rank 0 alone writes run.log) and removes it if nothing else is there."""
     run_dir = Path(from_main(str(own)))
     if world.is_main:
+        if world.distributed:
+            log.info(world.line())
         return run_dir
     for handler in list(logging.root.handlers):
         if isinstance(handler, logging.FileHandler):

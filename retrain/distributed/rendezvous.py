@@ -12,9 +12,9 @@ RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MAST
 
 
 def planned_world_size(launcher: Mapping[str, Any]) -> int:
-    """Ranks a launch runs on: the SLURM launcher's `tasks_per_node × nodes`, else torchrun's WORLD_SIZE (in the
-    environment of a command run under it), else 1."""
-    if str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
+    """Ranks a launch runs on: a submitit launcher's (slurm, local) `tasks_per_node × nodes`, else torchrun's
+    WORLD_SIZE (in the environment of a command run under it), else 1."""
+    if "tasks_per_node" in launcher:
         return int(launcher.get("tasks_per_node") or 1) * int(launcher.get("nodes") or 1)
     return int(os.environ.get("WORLD_SIZE", "1"))
 

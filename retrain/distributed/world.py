@@ -9,7 +9,6 @@ default group (gloo on CPU, NCCL on GPU) with a timeout, so a rank never waits f
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,8 +18,6 @@ import torch
 import torch.distributed as dist
 
 from retrain.errors import ConfigError
-
-log = logging.getLogger("retrain")
 
 # the longest a rank waits in one collective: a step's sampling imbalance between ranks must fit in it
 TIMEOUT = timedelta(minutes=30)
@@ -51,6 +48,7 @@ class World:
         return first, first + base + (1 if self.rank < extra else 0)
 
     def line(self) -> str:
+        """What run.log says of the world (rank 0's line)."""
         return f"data-parallel: rank {self.rank} of {self.size} (local rank {self.local_rank}, {dist.get_backend()})"
 
 
@@ -83,7 +81,6 @@ def join_world() -> World:
         if gpu:
             torch.cuda.set_device(world.local_rank % torch.cuda.device_count())
         dist.init_process_group("nccl" if gpu else "gloo", timeout=TIMEOUT)
-        log.info(world.line())
     return world
 
 

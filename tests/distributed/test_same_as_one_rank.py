@@ -1,4 +1,5 @@
-"""A two-rank run (torchrun, gloo on CPU) samples, scores and trains the quickstart's first step as one process does."""
+"""A two-rank run (gloo on CPU) samples, scores and trains the quickstart's first step as one process does, started
+by torchrun or as a submitit job of two tasks (the route of hydra/launcher=slurm, here on this machine)."""
 
 from __future__ import annotations
 
@@ -20,17 +21,14 @@ def generations(run_dir: Path, step: int) -> list[tuple[str, float]]:
     return [(r["completion"], r["reward"]) for r in records if r["step"] == step]
 
 
-@pytest.mark.slow
-def test_two_ranks_sample_and_train_the_first_step_as_one(tmp_path: Path) -> None:
-    one = tmp_path / "one"
-    run_cli([*STEPS, f"hydra.run.dir={one}"], cwd=tmp_path)
-    torchrun = shutil.which("torchrun")
-    assert torchrun is not None
-    # no hydra.run.dir: each rank's Hydra names a time-stamped dir, and the ranks must settle on rank 0's
-    command = [torchrun, "--nproc-per-node=2", "-m", "retrain", *STEPS]
-    checked(subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600))
-    (two,) = (tmp_path / "outputs" / "runs").glob("*/*")  # one run dir, written by rank 0
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("one") / "run"
+    run_cli([*STEPS, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    return run_dir
 
+
+def assert_first_step_as_one(two: Path, one: Path) -> None:
     assert generations(two, 0) == generations(one, 0)  # the same completions, rewarded the same
     first_one, first_two = read_metrics(one)[0], read_metrics(two)[0]
     for key in ("mean_reward", "num_datums", "num_tokens", "mean_completion_tokens"):
@@ -40,3 +38,24 @@ def test_two_ranks_sample_and_train_the_first_step_as_one(tmp_path: Path) -> Non
     assert first_two["dist/world_size"] == 2
     assert first_two["dist/sample_time_max_s"] >= first_two["dist/sample_time_min_s"] > 0
     assert json.loads((two / "status.json").read_text())["state"] == "done"
+    assert "rank 1" not in (two / "run.log").read_text()  # rank 0 alone writes run.log
+
+
+@pytest.mark.slow
+def test_two_ranks_sample_and_train_the_first_step_as_one(one_rank: Path, tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun")
+    assert torchrun is not None
+    # no hydra.run.dir: each rank's Hydra names a time-stamped dir, and the ranks must settle on rank 0's
+    command = [torchrun, "--nproc-per-node=2", "-m", "retrain", *STEPS]
+    checked(subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600))
+    (two,) = (tmp_path / "outputs" / "runs").glob("*/*")  # one run dir, written by rank 0
+    assert_first_step_as_one(two, one_rank)
+
+
+@pytest.mark.slow
+def test_a_submitit_job_of_two_tasks_is_one_run_on_two_ranks(one_rank: Path, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    launch = ["--multirun", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
+    run_cli([*launch, *STEPS], cwd=tmp_path)
+    (two,) = (path for path in sweep.iterdir() if (path / "metrics.jsonl").is_file())
+    assert_first_step_as_one(two, one_rank)
