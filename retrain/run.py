@@ -73,7 +73,8 @@ log = logging.getLogger("retrain")
 def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """Build every part from `cfg` and train; returns the final status."""
     run_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
-    world = join_world()  # one process, or this rank of a torchrun / SLURM multi-task run (docs/distributed.md)
+    # one process, or this rank of a torchrun / submitit multi-task run (docs/distributed.md)
+    world = join_world(str(OmegaConf.select(cfg, "backend.devices", default="cpu")))
     try:
         attempt = from_main(secrets.token_hex(6))  # this launch's id, for its ranks' failure notes
         return run_as(world, cfg, on_main_run_dir(world, run_dir), attempt)

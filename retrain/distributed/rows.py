@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from retrain.distributed.world import _device, active, gather_objects
+from retrain.distributed.world import active, collective_device, gather_objects
 from retrain.types import Rollouts
 
 
@@ -31,7 +31,7 @@ def gather_rows(tensor: torch.Tensor, pad_value: float = 0, left: bool = False) 
         spec = [0, 0] * (tensor.dim() - 2) + ([gap, 0] if left else [0, gap])
         padded = F.pad(tensor, spec, value=pad_value)
     # all_gather needs equal shapes: rows padded to the largest share, cut off again below
-    padded = F.pad(padded, [0, 0] * (padded.dim() - 1) + [0, most - padded.shape[0]]).to(_device())
+    padded = F.pad(padded, [0, 0] * (padded.dim() - 1) + [0, most - padded.shape[0]]).to(collective_device())
     pieces = [torch.empty_like(padded) for _ in shapes]
     dist.all_gather(pieces, padded.contiguous())
     return torch.cat([piece[: shape[0]] for piece, shape in zip(pieces, shapes)]).to(tensor.device)

@@ -73,11 +73,16 @@ def submitit_tasks() -> int:
     return JobEnvironment().num_tasks
 
 
-def join_world() -> World:
-    """Join the run's process group (NCCL when CUDA is visible, else gloo), once per process."""
+def on_gpu(devices: str) -> bool:
+    """Whether ranks configured with `backend.devices` train on GPUs: CUDA is visible and the run is not set to cpu."""
+    return torch.cuda.is_available() and devices.strip() != "cpu"
+
+
+def join_world(devices: str) -> World:
+    """Join the run's process group, once per process: NCCL when the ranks train on GPUs (`on_gpu`), else gloo."""
     world = launched_world()
     if world.distributed and not dist.is_initialized():
-        gpu = torch.cuda.is_available()
+        gpu = on_gpu(devices)
         if gpu:
             torch.cuda.set_device(world.local_rank % torch.cuda.device_count())
         dist.init_process_group("nccl" if gpu else "gloo", timeout=TIMEOUT)
@@ -91,8 +96,9 @@ def leave_world() -> None:
 
 
 def rank_devices(devices: str, world: World) -> str:
-    """`backend.devices` of this rank: `gpu:<local rank>` where CUDA is visible, else `cpu`; one rank's setting
-    as it was. Split mode (two devices) samples beside training on one process and has no data-parallel form."""
+    """`backend.devices` of this rank: `gpu:<local rank>` where the ranks train on GPUs (`on_gpu`), else `cpu`; one
+    process's setting as it was. Split mode (two devices) samples beside training on one process: no data-parallel
+    form."""
     if not world.distributed:
         return devices
     if "," in devices:
@@ -100,10 +106,10 @@ def rank_devices(devices: str, world: World) -> str:
             f"backend.devices={devices!r}: split mode runs on one process; a run on {world.size} ranks gives "
             "each rank one device (backend.devices=gpu:0 or cpu)"
         )
-    return f"gpu:{world.local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+    return f"gpu:{world.local_rank % torch.cuda.device_count()}" if on_gpu(devices) else "cpu"
 
 
-def _device() -> torch.device:
+def collective_device() -> torch.device:
     """Where collective tensors live: the rank's GPU under NCCL, the CPU under gloo."""
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -119,7 +125,7 @@ def all_sum(tensor: torch.Tensor) -> torch.Tensor:
     """The element-wise sum over ranks (a copy on the input's device)."""
     if not active():
         return tensor
-    out = tensor.to(_device(), copy=True)
+    out = tensor.to(collective_device(), copy=True)
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out.to(tensor.device)
 
@@ -128,7 +134,7 @@ def all_max(tensor: torch.Tensor) -> torch.Tensor:
     """The element-wise maximum over ranks."""
     if not active():
         return tensor
-    out = tensor.to(_device(), copy=True)
+    out = tensor.to(collective_device(), copy=True)
     dist.all_reduce(out, op=dist.ReduceOp.MAX)
     return out.to(tensor.device)
 

@@ -25,7 +25,7 @@ def refusal(name: str, value: object) -> str | None:
 
 
 def main(out: Path) -> None:
-    world = join_world()
+    world = join_world("cpu")
     rank = world.rank
     # rank r holds r + 1 rows of width 2 + r: the gathered batch is 3 rows, padded to width 3
     rows = torch.arange(10 * rank, 10 * rank + (rank + 1) * (2 + rank)).view(rank + 1, 2 + rank)

@@ -12,7 +12,13 @@ import pytest
 
 from tests.conftest import QUICK, checked, cli_env, read_metrics, run_cli
 
-STEPS = [*QUICK, "training.max_steps=2", "logging.generations_per_step=64"]
+# with a held-out evaluation before and after training (split across ranks too)
+STEPS = [
+    *(o for o in QUICK if not o.startswith("eval.")),
+    "eval.num_examples=16",
+    "training.max_steps=2",
+    "logging.generations_per_step=64",
+]
 
 
 def generations(run_dir: Path, step: int) -> list[tuple[str, float]]:
@@ -37,7 +43,10 @@ def assert_first_step_as_one(two: Path, one: Path) -> None:
         assert first_two[key] == pytest.approx(first_one[key], abs=1e-6), key
     assert first_two["dist/world_size"] == 2
     assert first_two["dist/sample_time_max_s"] >= first_two["dist/sample_time_min_s"] > 0
-    assert json.loads((two / "status.json").read_text())["state"] == "done"
+    status, expected = (json.loads((run / "status.json").read_text()) for run in (two, one))
+    assert status["state"] == "done"
+    before = {key: value for key, value in status["eval"].items() if key.startswith("eval/before_")}
+    assert before == {key: expected["eval"][key] for key in before} and len(before) == 2
     assert "rank 1" not in (two / "run.log").read_text()  # rank 0 alone writes run.log
 
 
