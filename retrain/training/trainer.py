@@ -33,9 +33,8 @@ from retrain.backend.base import Backend
 from retrain.backend.capabilities import capabilities_of
 from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
-from retrain.distributed.gradients import weights_checksum
-from retrain.distributed.rows import gather_rollouts, gather_rows
-from retrain.distributed.world import World, all_max, all_sum, check_agreed, from_main, gather_objects
+from retrain.distributed.step import StepShare
+from retrain.distributed.world import World, from_main
 from retrain.environments.base import RolloutEnvironment, ScoredRollouts
 from retrain.errors import UserError
 from retrain.housekeeping.rundir import Checkpoint, RunDir
@@ -53,7 +52,6 @@ from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainRe
 log = logging.getLogger("retrain")
 
 CORRECT_THRESHOLD = 0.5  # a completion is correct when its reward is > 0.5 (docs/advantages.md)
-WEIGHTS_CHECK_EVERY = 10  # data-parallel: steps between the ranks' comparisons of their adapter checksums
 
 PromptEncoder = Callable[[list[str]], list[list[int]]]  # user messages -> chat-templated prompt ids
 PlanningDetection = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, mask) [N, T] -> planning mask
@@ -129,7 +127,7 @@ class Trainer:
         self.run_config = run_config or {}
         self.config_identity = config_identity or {}
         self.world = world or World()
-        self.pad_id = pad_id
+        self.share = StepShare(self.world, pad_id)
         self.wandb: WandbSink | None = None
         self.tensorboard: TensorBoardSink | None = None
         self.wandb_run_id: str | None = None
@@ -147,7 +145,6 @@ class Trainer:
         self._prefetched: StepSample | None = None
         self._last_saved_step = -1
         self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite loss or grad norm (this process)
-        self._gather_time = 0.0  # data-parallel: seconds the last step's rollouts took to gather
 
     # ---- control -------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -239,9 +236,8 @@ class Trainer:
                     return
 
     def _stop_agreed(self) -> bool:
-        """Whether to stop after this step: asked for here, or, data-parallel, on any rank (a signal reaches ranks at
-        different moments; a rank that stopped alone would leave the others waiting in the next step's gather)."""
-        if self.world.distributed and bool(all_max(torch.tensor(int(self._stop.is_set())))):
+        """Whether to stop after this step: asked for here, or, data-parallel, on any rank."""
+        if self.share.any_rank(self._stop.is_set()):
             self._stop.set()
         return self._stop.is_set()
 
@@ -281,7 +277,7 @@ class Trainer:
 
         t_train = time.perf_counter()
         policy_lag = self.weights_version - served_version  # optimizer steps between sampling and training weights
-        result = self.backend.train(self._own_rows(batch)) if batch.num_datums else _no_update()
+        result = self.backend.train(self.share.own_rows(batch)) if batch.num_datums else _no_update()
         self._check_sampling_route(result.metrics.get("engine/logprob_abs_diff"), policy_lag, served_version)
         self._count_skipped(result)
         t_wait = time.perf_counter()
@@ -289,8 +285,8 @@ class Trainer:
             wait([self._prefetched.rollouts])
         t_sync = time.perf_counter()
         freshness = {} if result.update is None else self._sync_engine(result.update).metrics()
-        if result.update is not None and result.update.tensors is not None and (step + 1) % WEIGHTS_CHECK_EVERY == 0:
-            self._check_same_weights(result.update.tensors, step)
+        if result.update is not None and result.update.tensors is not None:
+            self.share.check_same_weights(result.update.tensors, step)
         t_end = time.perf_counter()
 
         correct = (rewards > CORRECT_THRESHOLD) & ~excluded
@@ -339,40 +335,12 @@ class Trainer:
             **timings,
             "other_time_s": (t_end - started) - sum(timings.values()),
             "step_time_s": t_end - started,
-            **self._world_metrics(timings["sample_time_s"]),
+            **self.share.metrics(timings["sample_time_s"]),
         }
         self._log_samples(step, examples, rollouts, rewards, correct, planning)
         # e.g. train/backpressure/... when the size adapts; ranks observe rank 0's record, so they adapt alike
         record.update(self.batching.observe(from_main(record)))
         return record
-
-    def _own_rows(self, batch: TrainBatch) -> TrainBatch:
-        """The batch with only this rank's share of rows to train (the whole batch on one process)."""
-        if not self.world.distributed:
-            return batch
-        G = batch.rollouts.group_size
-        first, stop = self.world.share(batch.rollouts.batch_size)
-        own = torch.zeros_like(batch.row_mask)
-        own[first * G : stop * G] = True
-        return TrainBatch(rollouts=batch.rollouts, advantages=batch.advantages, row_mask=batch.row_mask & own)
-
-    def _world_metrics(self, sample_time: float) -> dict[str, Any]:
-        """dist/*: the world size, the slowest and fastest rank's sampling, the rollouts' gather (none on one process)."""
-        if not self.world.distributed:
-            return {}
-        times = gather_objects(sample_time)
-        return {
-            "dist/world_size": self.world.size,
-            "dist/sample_time_max_s": max(times),
-            "dist/sample_time_min_s": min(times),
-            "dist/gather_time_s": self._gather_time,
-        }
-
-    def _check_same_weights(self, tensors: Any, step: int) -> None:
-        """Data-parallel ranks must hold bit-identical adapters; one that drifted stops the run, naming the step."""
-        check_agreed(
-            f"adapter checksum after step {step} (the ranks' weights diverged)", weights_checksum(dict(tensors))
-        )
 
     def _start_sampling(self, step: int, sampler: ThreadPoolExecutor | None = None) -> StepSample:
         """Draw step `step`'s prompts and sample them: now, or on `sampler` beside training (split mode)."""
@@ -402,15 +370,14 @@ class Trainer:
         if not self.world.distributed:
             prompt_ids = self.prompts([example.prompt for example in examples])
             return functools.partial(self.engine.generate, prompt_ids, group_size, sampling, seed)
-        first, stop = self.world.share(len(examples))  # this rank's groups; rows keep their global ids
-        prompt_ids = self.prompts([example.prompt for example in examples[first:stop]])
+        own, row_offset = self.share.examples(examples, group_size)  # this rank's groups, with their global row ids
         return functools.partial(
             self.engine.generate,  # type: ignore[call-arg]  # run.py checks the engine takes row_offset
-            prompt_ids,
+            self.prompts([example.prompt for example in own]),
             group_size,
             sampling,
             seed,
-            row_offset=first * group_size,
+            row_offset=row_offset,
         )
 
     def _rewards(
@@ -419,9 +386,7 @@ class Trainer:
         """(rollouts, rewards [B, G] with excluded rows filled, excluded [B, G], reward/* counts): the
         environment's rubric when it scored its own episodes, else the reward scorer's. Data-parallel: `sampled` is
         this rank's share of `examples`, scored here; what is returned is the whole batch, gathered from every rank."""
-        if self.world.distributed:
-            first, stop = self.world.share(len(examples))
-            examples = examples[first:stop]
+        examples = self.share.examples(examples, group_size)[0]
         if isinstance(sampled, ScoredRollouts):
             rollouts, raw, excluded = sampled.rollouts, sampled.rewards, sampled.excluded
             errors, timeouts = sampled.errors, sampled.timeouts
@@ -434,15 +399,7 @@ class Trainer:
             )
             errors, timeouts = scored.errors, scored.timeouts
         counts = {"reward/errors": errors, "reward/timeouts": timeouts, "reward/excluded": int(excluded.sum())}
-        rewards = fill_excluded(raw, excluded)
-        if self.world.distributed:
-            started = time.perf_counter()
-            rollouts = gather_rollouts(rollouts, self.pad_id)
-            rewards, excluded = gather_rows(rewards), gather_rows(excluded.to(torch.uint8)).bool()
-            totals = all_sum(torch.tensor(list(counts.values()), dtype=torch.long))
-            counts = dict(zip(counts, (int(total) for total in totals), strict=True))
-            self._gather_time = time.perf_counter() - started
-        return rollouts, rewards, excluded, counts
+        return self.share.gathered(rollouts, fill_excluded(raw, excluded), excluded, counts)
 
     def _may_prefetch(self, step: int) -> bool:
         """Split mode samples step `step` early unless a checkpoint comes first: a run resumed from
