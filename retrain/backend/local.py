@@ -192,7 +192,7 @@ class LocalBackend:
             **({"policy/kl": kl_sum / num_tokens} if base is not None else {}),
         }
 
-        all_reduce_gradients(self.trainable)  # every rank now holds the whole step's gradient
+        metrics.update(all_reduce_gradients(self.trainable))  # every rank now holds the whole step's gradient
         grad_norm = self._clip_gradients()
         skipped = not (math.isfinite(loss_total) and math.isfinite(grad_norm))
         if skipped:

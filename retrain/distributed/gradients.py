@@ -10,15 +10,19 @@ would stand between.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from retrain.distributed.world import active, all_sum
 
 
-def all_reduce_gradients(parameters: list[torch.Tensor]) -> None:
-    """Replace each parameter's gradient by its sum over ranks (a rank that trained no row contributes zeros)."""
+def all_reduce_gradients(parameters: list[torch.Tensor]) -> dict[str, float]:
+    """Replace each parameter's gradient by its sum over ranks (a rank that trained no row contributes zeros);
+    returns `dist/allreduce_time_s`, the collective's wall time (nothing on one process)."""
     if not active():
-        return
+        return {}
+    started = time.perf_counter()
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
     flat = all_sum(torch.cat([g.reshape(-1) for g in grads]))
     offset = 0
@@ -26,6 +30,7 @@ def all_reduce_gradients(parameters: list[torch.Tensor]) -> None:
         n = p.numel()
         p.grad = flat[offset : offset + n].view_as(p).to(p.dtype).clone()
         offset += n
+    return {"dist/allreduce_time_s": time.perf_counter() - started}
 
 
 def weights_checksum(tensors: dict[str, torch.Tensor]) -> tuple[float, float]:

@@ -43,6 +43,7 @@ def assert_first_step_as_one(two: Path, one: Path) -> None:
         assert first_two[key] == pytest.approx(first_one[key], abs=1e-6), key
     assert first_two["dist/world_size"] == 2
     assert first_two["dist/sample_time_max_s"] >= first_two["dist/sample_time_min_s"] > 0
+    assert first_two["dist/gather_time_s"] > 0 and first_two["dist/allreduce_time_s"] > 0
     status, expected = (json.loads((run / "status.json").read_text()) for run in (two, one))
     assert status["state"] == "done"
     before = {key: value for key, value in status["eval"].items() if key.startswith("eval/before_")}
