@@ -8,11 +8,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import QUICK, cli_env
 
 PLUGINS = "tests.plugins.training_plugins"
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_run_naming_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     torchrun = shutil.which("torchrun")

@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import QUICK, cli_env
 
 
@@ -23,6 +25,7 @@ def rank_pid(launcher: int, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_rank_stops_all_after_the_same_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     torchrun = shutil.which("torchrun")
