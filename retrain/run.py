@@ -12,10 +12,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import inspect
 import logging
 import secrets
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from retrain.config import (
 )
 from retrain.config_checks.validation import check_prompt_lengths, check_run_config, warn_if_untrainable
 from retrain.data.prompts import template_line
+from retrain.distributed.failures import clear_earlier_notes, rank_failures_recorded
+from retrain.distributed.world import World, check_agreed, from_main, join_world, leave_world, rank_devices
 from retrain.environments.base import RolloutEnvironment
 from retrain.error_lines import failure_line
 from retrain.errors import CheckpointError, ConfigError
@@ -70,17 +73,54 @@ log = logging.getLogger("retrain")
 def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """Build every part from `cfg` and train; returns the final status."""
     run_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
+    # one process, or this rank of a torchrun / submitit multi-task run (docs/distributed.md)
+    world = join_world(str(OmegaConf.select(cfg, "backend.devices", default="cpu")))
+    try:
+        attempt = from_main(secrets.token_hex(6))  # this launch's id, for its ranks' failure notes
+        return run_as(world, cfg, on_main_run_dir(world, run_dir), attempt)
+    finally:
+        leave_world()
+
+
+def on_main_run_dir(world: World, own: Path) -> Path:
+    """Rank 0's run dir on every rank: Hydra's time-stamped dir may differ by a second between ranks. Another
+    rank stops logging into its own dir (rank 0 alone writes run.log) and removes it if nothing else is there."""
+    run_dir = Path(from_main(str(own)))
+    if world.is_main:
+        if world.distributed:
+            log.info(world.line())
+        return run_dir
+    for handler in list(logging.root.handlers):
+        if isinstance(handler, logging.FileHandler):
+            logging.root.removeHandler(handler)
+            handler.close()
+    logging.getLogger("retrain").setLevel(logging.WARNING)  # one console: rank 0's
+    if own != run_dir and own.is_dir() and {p.name for p in own.iterdir()} <= {"run.log"}:
+        (own / "run.log").unlink(missing_ok=True)
+        own.rmdir()
+    return run_dir
+
+
+def run_as(world: World, cfg: DictConfig, run_dir: Path, attempt: str = "") -> dict[str, Any]:
+    """`run` on this rank: rank 0 claims the run dir and writes it; every rank builds its parts and trains. A rank
+    that fails leaves its error for rank 0 to record (retrain.distributed.failures)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     check_run_config(cfg)
+    identity = config_identity(cfg)
+    check_agreed("config", identity)
     keep_freed_memory()  # each step reuses the host memory of the step before instead of faulting it in anew
     # nothing is written into the run dir before it is this run's (its run.log included): a refused launch
     # leaves it as it was
-    with claimed_run_dir(run_dir, config_identity(cfg)), ExitStack() as parts:
+    claim: AbstractContextManager[None] = claimed_run_dir(run_dir, identity) if world.is_main else nullcontext()
+    with claim, ExitStack() as parts, rank_failures_recorded(run_dir, world, attempt):
+        if world.is_main:
+            clear_earlier_notes(run_dir, attempt)
         log.info(run_dir_line(run_dir))
         use_usable_cpus(int(cfg.training.threads))
-        with failure_recorded(run_dir):  # from here on, a run that cannot start says why in status.json
-            record_launch(run_dir, cfg)
-            trainer = build_trainer(cfg, run_dir, parts)
+        with failure_recorded(run_dir) if world.is_main else nullcontext():  # a run that cannot start says why
+            if world.is_main:
+                record_launch(run_dir, cfg)
+            trainer = build_trainer(cfg, run_dir, parts, world)
             # SIGTERM, Ctrl-C, a cluster's pre-emption signal: finish the step, checkpoint, then exit (or requeue)
             parts.enter_context(requeue_on_preemption(trainer))
             parts.enter_context(
@@ -112,10 +152,12 @@ def failure_recorded(run_dir: Path) -> Iterator[None]:
         raise
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
+def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World | None = None) -> Trainer:
     """Every part, built from `cfg` and wired into a Trainer; `parts` closes them when it exits."""
+    world = world or World()
     training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]
     plan = plan_parts(cfg)
+    check_data_parallel(cfg, plan, world)
     algorithm, backend_cls, capabilities = plan.algorithm, plan.backend_cls, plan.backend.capabilities
     flags = ", ".join(f"{key}={value}" for key, value in capabilities.as_dict().items())
     log.info("backend %s: %s (source=%s)", plan.backend.name, flags, plan.backend.source)
@@ -129,11 +171,12 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
         check_server_answers(container_dict(cfg.inference, "inference"))
     memory = checked_memory_plan(cfg)
 
-    resume = find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls))
+    # rank 0 looks (and sets a damaged checkpoint aside); every rank resumes from what it found
+    resume = from_main(find_resume_checkpoint(cfg, run_dir, checkpoint_files(backend_cls)) if world.is_main else None)
     identity = config_identity(
         cfg
     )  # checked against the run dir's when it was claimed (retrain/housekeeping/launch.py)
-    seed = resolve_seed(training.seed, resume)
+    seed = from_main(resolve_seed(training.seed, resume))  # seed -1: rank 0's draw
     training = replace(training, seed=seed)
     backpressure: BackpressureConfig = OmegaConf.to_object(cfg.backpressure)  # type: ignore[assignment]  # checked now
     # the reward first: its mistakes (arguments, a worker that cannot load it) before a data set's download
@@ -158,7 +201,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
     check_prompt_lengths([*getattr(data, "train_examples", []), *eval_examples], tokenizer, model, training.max_tokens)
     backend: Backend = checked(
         build_part(
-            with_resolved_checkpointing(cfg, memory),
+            with_rank_devices(with_resolved_checkpointing(cfg, memory), world),
             "backend",
             model=model,
             optim=OptimSettings.from_config(training),
@@ -197,7 +240,46 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack) -> Trainer:
         resume_checkpoint=resume,
         run_config=run_config,
         config_identity=identity,
+        world=world,
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0,
     )
+
+
+def check_data_parallel(cfg: DictConfig, plan: PartsPlan, world: World) -> None:
+    """A run on several ranks needs parts that can split a step: a backend that all-reduces its gradients
+    (`data_parallel`), an engine that samples a share of a batch by global row ids (`row_offset`), a data source
+    whose prompts the trainer samples, and at least one group per rank."""
+    if not world.distributed:
+        return
+    where = f"a run on {world.size} ranks (docs/distributed.md)"
+    if not getattr(plan.backend_cls, "data_parallel", False):
+        raise ConfigError(
+            f"backend {plugin_name(plan.backend_cls)} cannot train data-parallel: {where} needs backend=local"
+        )
+    generate = getattr(plan.engine_cls, "generate", None)
+    if generate is None or "row_offset" not in inspect.signature(generate).parameters:
+        raise ConfigError(
+            f"inference engine {plan.engine_cls.__name__} cannot sample a share of a batch: {where} needs inference=pytorch"
+        )
+    data = target_object(cfg, "data")
+    if isinstance(data, type) and issubclass(data, RolloutEnvironment):
+        raise ConfigError(f"data={cfg.data._target_} runs its own episodes, which cannot yet be split: {where}")
+    batch_size, samples = int(cfg.training.batch_size), int(cfg.eval.num_examples)
+    if batch_size < world.size or 0 < samples % batch_size < world.size:
+        raise ConfigError(
+            f"training.batch_size={batch_size}, eval.num_examples={samples}: {where} gives each rank at least one "
+            f"prompt of every batch (held-out ones go in batches of training.batch_size)"
+        )
+
+
+def with_rank_devices(cfg: DictConfig, world: World) -> DictConfig:
+    """`cfg` with this rank's `backend.devices` (retrain.distributed.world.rank_devices); one process: as it was."""
+    if not world.distributed:
+        return cfg
+    ranked = copy.deepcopy(cfg)
+    if "devices" in ranked.backend:
+        ranked.backend.devices = rank_devices(str(cfg.backend.devices), world)
+    return ranked
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,8 @@ def skip_reason(command: Command) -> str | None:
         return "installs packages"
     if command.argv[:3] == ["python", "-m", "pytest"]:
         return "runs the whole test suite (it includes this test)"
+    if command.argv[0] == "torchrun":
+        return "starts several ranks on the model of the overrides (tests/distributed/ runs torchrun on the quickstart)"
     if command.argv[0] == "printf" and "init" in command.argv:
         return "writes a preset into the working tree (tests/commands/test_init.py pipes answers the same way)"
     args = command.retrain_args

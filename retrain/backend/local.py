@@ -26,6 +26,8 @@ from retrain.backend.config import LocalBackendConfig, checkpointing_choice
 from retrain.backend.devices import resolve_devices
 from retrain.backend.micro_batches import row_micro_batches
 from retrain.backend.settings import LossSettings, OptimSettings
+from retrain.distributed.gradients import all_reduce_gradients
+from retrain.distributed.world import all_max, all_sum
 from retrain.errors import ConfigError
 from retrain.model.logprobs import completion_logprobs
 from retrain.model.merged_lora import lean_lora, plain_lora_layers
@@ -94,6 +96,7 @@ class LocalBackend:
     )
     checkpoint_files = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_FILE)
     kl_to_base = True  # training.kl_coef: the base model is this model with its adapter disabled
+    data_parallel = True  # trains its share of a step's rows on each rank of a torch.distributed run
 
     def __init__(
         self, config: LocalBackendConfig, model: ModelSpec, optim: OptimSettings, loss: LossSettings, seed: int
@@ -146,7 +149,8 @@ class LocalBackend:
         # Tokens with advantage exactly 0 carry no gradient: they leave the loss and its normaliser.
         # Only the policy's own tokens train: a multi-turn environment's turns are context (Rollouts.trained_mask).
         contributing = rollouts.trained_mask & (advantages != 0) & row_mask.unsqueeze(1)
-        num_tokens = int(contributing.sum())
+        # data-parallel: each rank trains the rows its row_mask keeps; the loss's normaliser is the whole step's
+        num_tokens = int(all_sum(contributing.sum()))
         if num_tokens == 0:
             return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0)
 
@@ -155,7 +159,7 @@ class LocalBackend:
         set_training(self.model, True)  # the engine leaves the shared model in eval mode
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
-        ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0, 0.0
+        ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0.0, 0.0
         # the base model's log-probs first, through PEFT's own forward (which honours the disabled adapter)
         base = (
             [self._base_logprobs(rollouts, rows) for rows in micro_batches] if self.loss_settings.kl_coef > 0 else None
@@ -171,10 +175,13 @@ class LocalBackend:
                 loss_total += float(micro_loss.detach())
                 ratio_sum += float(token_loss.ratio[mask].sum())
                 ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
-                clipped += int(token_loss.clipped[mask].sum())
+                clipped += float(token_loss.clipped[mask].sum())
                 logprob_gap += float(token_loss.ratio[mask].log().abs().sum())
                 if token_loss.kl is not None:
                     kl_sum += float(token_loss.kl[mask].sum())
+        sums = all_sum(torch.tensor([loss_total, ratio_sum, clipped, logprob_gap, kl_sum], dtype=torch.float64))
+        loss_total, ratio_sum, clipped, logprob_gap, kl_sum = (float(value) for value in sums)
+        ratio_max = float(all_max(torch.tensor(ratio_max, dtype=torch.float64)))
         metrics = {
             "policy/ratio_mean": ratio_sum / num_tokens,
             "policy/ratio_max": ratio_max,
@@ -185,6 +192,7 @@ class LocalBackend:
             **({"policy/kl": kl_sum / num_tokens} if base is not None else {}),
         }
 
+        metrics.update(all_reduce_gradients(self.trainable))  # every rank now holds the whole step's gradient
         grad_norm = self._clip_gradients()
         skipped = not (math.isfinite(loss_total) and math.isfinite(grad_norm))
         if skipped:

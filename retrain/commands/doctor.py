@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, OmegaConf
 
 from retrain.config_checks.compose_errors import config_mistake
+from retrain.distributed.rendezvous import rendezvous_report
 from retrain.errors import ConfigError, UserError
 from retrain.housekeeping.secrets import check_env_names, masked_values
 
@@ -90,6 +91,7 @@ def diagnose(overrides: list[str], config_dir: Path | None = None) -> dict[str, 
             "wandb": wandb_report(distributions),
             "hub": hub.result(),
             "slurm": slurm.result(),
+            "rendezvous": rendezvous_report(),
             "env_file": env_file_report(Path.cwd() / ".env"),
         }
     findings = config_findings(overrides, config_dir, report)
@@ -311,7 +313,16 @@ def run_findings(cfg: DictConfig, report: dict[str, Any]) -> list[Finding]:
         *model_findings(cfg, report["hub"]),
         *wandb_findings(cfg, report["wandb"]),
         *slurm_findings(cfg, report["slurm"]),
+        *rendezvous_findings(report["rendezvous"]),
     ]
+
+
+def rendezvous_findings(rendezvous: dict[str, Any]) -> list[Finding]:
+    """Rank variables that cannot make a process group (docs/distributed.md): the run would wait, then time out."""
+    problem = rendezvous["problem"]
+    if problem is None:
+        return []
+    return [Finding("distributed", "blocking", f"torch.distributed rendezvous: {problem}", "see docs/distributed.md")]
 
 
 def device_findings(cfg: DictConfig, torch_info: dict[str, Any]) -> list[Finding]:
@@ -510,6 +521,11 @@ def render(report: dict[str, Any]) -> str:
         else (f"no cluster ({cluster['error']})")
     )
     lines.append(f"{_mark(cluster['answering'])}SLURM: {', '.join(present) or 'no commands'}; {answer}")
+    variables = {name: value for name, value in report["rendezvous"]["variables"].items() if value is not None}
+    lines.append(
+        f"{_mark(None if not variables else report['rendezvous']['problem'] is None)}torch.distributed rendezvous: "
+        + (" ".join(f"{name}={value}" for name, value in variables.items()) if variables else "none (one process)")
+    )
     env = report["env_file"]
     lines.append(
         f"{_mark(env['path'] is not None)}.env: "

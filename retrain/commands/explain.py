@@ -36,6 +36,7 @@ from retrain.commands.capacity import (
 )
 from retrain.commands.capacity import wall_hours as campaign_wall_hours
 from retrain.config_checks.compose_errors import config_mistake
+from retrain.distributed.rendezvous import planned_world_size
 from retrain.errors import ConfigError
 from retrain.model.memory_plan import GIB, memory_report
 
@@ -349,6 +350,7 @@ def explain(
                 "run_dir": run_dir(job, launch, multirun),
                 "wandb": wandb_of(job.config),
                 "max_steps": container["training"]["max_steps"],
+                "world_size": planned_world_size(launch.hydra.launcher if multirun else {}),
                 "workload": asdict(workload),
                 "estimate": {
                     **run_estimate(
@@ -445,7 +447,7 @@ def render(report: dict[str, Any]) -> str:
         timing = "step ? s" if step is None else f"step {step:.2f} s"
         seed = "drawn at start" if run["seed"] == -1 else run["seed"]
         lines.append(
-            f"  #{run['num']} {run['condition']} seed={seed} {run['max_steps']} steps, {timing}, "
+            f"  #{run['num']} {run['condition']} seed={seed} {run['max_steps']} steps, world size {run['world_size']}, {timing}, "
             f"{_hours(run['estimate']['hours'])}{_overhead(run['estimate'])}  {run['run_dir']}  {where}"
         )
     lines += render_memory(report["runs"])

@@ -66,7 +66,9 @@ class InferenceEngine(Protocol):
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
     ) -> Rollouts:
         """Sample `group_size` completions per prompt; rows are group-major (n = b·G + g).
-        The same `generator_seed` gives the same rollouts on the same device and weights."""
+        The same `generator_seed` gives the same rollouts on the same device and weights. An engine that also takes
+        `row_offset` (the global index of the call's first row) can sample a data-parallel rank's share of a batch
+        (docs/distributed.md); a run on several ranks refuses one that does not."""
 
     def sync(self, update: WeightUpdate) -> None:
         """Serve the weights of `update` from now on (StaleWeightsError for a version older than

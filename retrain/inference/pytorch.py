@@ -96,9 +96,16 @@ class PytorchEngine:
             log.info("inference=pytorch samples through merged LoRA weights (%d fp32 layers)", len(self._merged.layers))
 
     def generate(
-        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        sampling: SamplingParams,
+        generator_seed: int | None,
+        row_offset: int = 0,
     ) -> Rollouts:
-        """Sample `group_size` completions of each prompt; `generator_seed` None draws a seed from torch's RNG."""
+        """Sample `group_size` completions of each prompt; `generator_seed` None draws a seed from torch's RNG.
+        `row_offset`: the global index of this call's first row, when a data-parallel rank samples its share of a
+        batch (its rows then draw what one process sampling the whole batch draws for them)."""
         _check_sampling(group_size, sampling)
         prompts, prompt_mask = left_pad(prompt_ids, self.pad_id, self.device)
         lengths = prompt_mask.sum(dim=1).tolist()
@@ -110,7 +117,9 @@ class PytorchEngine:
         uniforms = None
         if sampling.temperature > 0:
             seed = generator_seed if generator_seed is not None else int(torch.randint(2**63 - 1, ()))
-            uniforms = CounterUniforms(seed).table(len(prompt_ids) * group_size, sampling.max_tokens, self.device)
+            uniforms = CounterUniforms(seed, row_offset).table(
+                len(prompt_ids) * group_size, sampling.max_tokens, self.device
+            )
         set_training(self.model, False)  # no dropout; it stays so until the backend trains
         with torch.inference_mode(), self._serving():
             decoded = decode(

@@ -33,6 +33,8 @@ from retrain.backend.base import Backend
 from retrain.backend.capabilities import capabilities_of
 from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
+from retrain.distributed.step import StepShare
+from retrain.distributed.world import World, from_main
 from retrain.environments.base import RolloutEnvironment, ScoredRollouts
 from retrain.errors import UserError
 from retrain.housekeeping.rundir import Checkpoint, RunDir
@@ -76,7 +78,9 @@ class Trainer:
     `training.seed` is the resolved seed (never -1). `planning` is set only when the algorithm needs
     planning tokens; `eval_examples` are the held-out problems (none: no evaluation). `run_config`
     is the config as it may be shown (retrain.housekeeping.secrets: no environment value, no secret), recorded by
-    wandb; `config_identity` is saved in every checkpoint.
+    wandb; `config_identity` is saved in every checkpoint. `world`: this process's rank in a data-parallel run
+    (docs/distributed.md): it samples, scores and trains its share of each step's groups, and only rank 0 writes
+    the run dir; `pad_id` pads the ranks' gathered token ids as the engine pads them.
     """
 
     def __init__(
@@ -99,6 +103,8 @@ class Trainer:
         resume_checkpoint: Path | None = None,
         run_config: dict[str, Any] | None = None,
         config_identity: dict[str, Any] | None = None,
+        world: World | None = None,
+        pad_id: int = 0,
     ) -> None:
         self.backend = backend
         self.engine = engine
@@ -120,6 +126,8 @@ class Trainer:
         self.resume_checkpoint = resume_checkpoint
         self.run_config = run_config or {}
         self.config_identity = config_identity or {}
+        self.world = world or World()
+        self.share = StepShare(self.world, pad_id)
         self.wandb: WandbSink | None = None
         self.tensorboard: TensorBoardSink | None = None
         self.wandb_run_id: str | None = None
@@ -158,7 +166,7 @@ class Trainer:
             elif self._restore(self.resume_checkpoint):
                 return self._write_status("done")
             self._start_wandb()
-            if self.output.tensorboard:
+            if self.output.tensorboard and self.world.is_main:
                 self.tensorboard = TensorBoardSink(self.run_dir, self.next_step)
             if self.next_step == 0 and self.eval_examples:
                 self._evaluate("before")
@@ -221,11 +229,17 @@ class Trainer:
                 bar.update(1)
                 if training.save_every > 0 and self.next_step % training.save_every == 0:
                     self.save()
-                if self._stop.is_set():
+                if self._stop_agreed():
                     if self._last_saved_step != step:
                         self.save()
                     self._drop_prefetched()
                     return
+
+    def _stop_agreed(self) -> bool:
+        """Whether to stop after this step: asked for here, or, data-parallel, on any rank."""
+        if self.share.any_rank(self._stop.is_set()):
+            self._stop.set()
+        return self._stop.is_set()
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One RLVR step; returns its metrics record."""
@@ -263,7 +277,7 @@ class Trainer:
 
         t_train = time.perf_counter()
         policy_lag = self.weights_version - served_version  # optimizer steps between sampling and training weights
-        result = self.backend.train(batch) if batch.num_datums else _no_update()
+        result = self.backend.train(self.share.own_rows(batch)) if batch.num_datums else _no_update()
         self._check_sampling_route(result.metrics.get("engine/logprob_abs_diff"), policy_lag, served_version)
         self._count_skipped(result)
         t_wait = time.perf_counter()
@@ -271,6 +285,8 @@ class Trainer:
             wait([self._prefetched.rollouts])
         t_sync = time.perf_counter()
         freshness = {} if result.update is None else self._sync_engine(result.update).metrics()
+        if result.update is not None and result.update.tensors is not None:
+            self.share.check_same_weights(result.update.tensors, step)
         t_end = time.perf_counter()
 
         correct = (rewards > CORRECT_THRESHOLD) & ~excluded
@@ -319,9 +335,11 @@ class Trainer:
             **timings,
             "other_time_s": (t_end - started) - sum(timings.values()),
             "step_time_s": t_end - started,
+            **self.share.metrics(timings["sample_time_s"]),
         }
         self._log_samples(step, examples, rollouts, rewards, correct, planning)
-        record.update(self.batching.observe(record))  # e.g. train/backpressure/... when the size adapts
+        # e.g. train/backpressure/... when the size adapts; ranks observe rank 0's record, so they adapt alike
+        record.update(self.batching.observe(from_main(record)))
         return record
 
     def _start_sampling(self, step: int, sampler: ThreadPoolExecutor | None = None) -> StepSample:
@@ -349,14 +367,26 @@ class Trainer:
         scored episodes when the data source runs its own (retrain.environments), else the engine's completions."""
         if isinstance(self.data, RolloutEnvironment):
             return functools.partial(self.data.sample, examples, group_size, sampling, seed)
-        prompt_ids = self.prompts([example.prompt for example in examples])
-        return functools.partial(self.engine.generate, prompt_ids, group_size, sampling, seed)
+        if not self.world.distributed:
+            prompt_ids = self.prompts([example.prompt for example in examples])
+            return functools.partial(self.engine.generate, prompt_ids, group_size, sampling, seed)
+        own, row_offset = self.share.examples(examples, group_size)  # this rank's groups, with their global row ids
+        return functools.partial(
+            self.engine.generate,  # type: ignore[call-arg]  # run.py checks the engine takes row_offset
+            self.prompts([example.prompt for example in own]),
+            group_size,
+            sampling,
+            seed,
+            row_offset=row_offset,
+        )
 
     def _rewards(
         self, sampled: Rollouts | ScoredRollouts, examples: list[Example], group_size: int
     ) -> tuple[Rollouts, torch.Tensor, torch.Tensor, dict[str, int]]:
         """(rollouts, rewards [B, G] with excluded rows filled, excluded [B, G], reward/* counts): the
-        environment's rubric when it scored its own episodes, else the reward scorer's."""
+        environment's rubric when it scored its own episodes, else the reward scorer's. Data-parallel: `sampled` is
+        this rank's share of `examples`, scored here; what is returned is the whole batch, gathered from every rank."""
+        examples = self.share.examples(examples, group_size)[0]
         if isinstance(sampled, ScoredRollouts):
             rollouts, raw, excluded = sampled.rollouts, sampled.rewards, sampled.excluded
             errors, timeouts = sampled.errors, sampled.timeouts
@@ -369,7 +399,7 @@ class Trainer:
             )
             errors, timeouts = scored.errors, scored.timeouts
         counts = {"reward/errors": errors, "reward/timeouts": timeouts, "reward/excluded": int(excluded.sum())}
-        return rollouts, fill_excluded(raw, excluded), excluded, counts
+        return self.share.gathered(rollouts, fill_excluded(raw, excluded), excluded, counts)
 
     def _may_prefetch(self, step: int) -> bool:
         """Split mode samples step `step` early unless a checkpoint comes first: a run resumed from
@@ -432,6 +462,8 @@ class Trainer:
 
     # ---- logging -------------------------------------------------------------------------
     def _log_step(self, record: dict[str, Any]) -> None:
+        if not self.world.is_main:
+            return
         self.metrics.append(record)
         if self.wandb is not None:
             self.wandb.log(record, step=record["step"])
@@ -449,6 +481,8 @@ class Trainer:
         correct: torch.Tensor,
         planning: torch.Tensor | None,
     ) -> None:
+        if not self.world.is_main:
+            return
         G = self.training.group_size
         for b in range(min(self.output.console_groups, len(examples))):
             log.info("  group: %d/%d correct | answer=%s", int(correct[b].sum()), G, examples[b].reference)
@@ -491,12 +525,13 @@ class Trainer:
             "error": error,
             "eval": self.eval_results,
         }
-        self.files.write_status(status)
+        if self.world.is_main:
+            self.files.write_status(status)
         return status
 
     def _start_wandb(self) -> None:
         output = self.output
-        if not output.wandb_project:
+        if not output.wandb_project or not self.world.is_main:
             return
         self.wandb = WandbSink(
             project=output.wandb_project,
@@ -555,8 +590,12 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save(self, final: bool = False) -> Path:
-        """Checkpoint everything a resumed run needs to continue the same trajectory."""
+        """Checkpoint everything a resumed run needs to continue the same trajectory (rank 0 alone writes it: the
+        ranks' adapters and optimizer states are identical)."""
         completed = self.next_step
+        if not self.world.is_main:
+            self._last_saved_step = completed - 1
+            return self.files.final_dir if final else self.files.checkpoint_dir(completed)
         state = TrainerState(
             step=completed - 1,
             completed_steps=completed,
@@ -618,6 +657,8 @@ class Trainer:
     def _start_over(self) -> None:
         """No checkpoint to resume from: drop what an attempt killed before its first checkpoint logged, so a
         restart never writes a step twice (a run dir holding another config's run is refused: retrain/housekeeping/launch.py)."""
+        if not self.world.is_main:
+            return
         dropped = [log_file.clear() for log_file in (self.metrics, self.steps_log, self.generations_log)]
         if any(dropped):
             log.info("No checkpoint in %s: starting at step 0, dropping what an earlier attempt logged", self.run_dir)
@@ -657,7 +698,7 @@ class Trainer:
         self.next_step = state.completed_steps
         self._last_saved_step = state.step
         source_run = RunDir.of_checkpoint(checkpoint)
-        for log_file in (self.metrics, self.steps_log, self.generations_log):
+        for log_file in (self.metrics, self.steps_log, self.generations_log) if self.world.is_main else ():
             source = source_run.path / log_file.path.relative_to(self.run_dir)
             log_file.restore_from(source, last_step=state.step)
         log.info("Resumed from %s at step %d", checkpoint, self.next_step)

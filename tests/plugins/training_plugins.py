@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 from retrain.reward.checks import NoVerdict
@@ -53,3 +54,11 @@ def checksum_judged_reward(response: str, reference: str, **extra: object) -> fl
 def never_judged_reward(response: str, reference: str, **extra: object) -> float:
     """A judge that is always down: no completion ever gets a verdict."""
     raise NoVerdict("the judge is down")
+
+
+def failing_on_rank_one_reward(response: str, reference: str, **extra: object) -> float:
+    """Exact match, except on rank 1 of a data-parallel run, where it breaks its contract (a text score): that rank
+    fails at its first step, and the run must end naming it (tests/distributed/test_failures.py)."""
+    if os.environ.get("RANK") == "1":
+        return "broken"  # type: ignore[return-value]  # the bug this reward stands for
+    return 1.0 if reference in response else 0.0

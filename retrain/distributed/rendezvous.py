@@ -1,0 +1,47 @@
+"""How a launch meets its ranks, read without torch: the world size a launch plans and the rendezvous variables
+torchrun or submitit set (what `retrain explain` and `retrain doctor` show)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+# env:// rendezvous (torch.distributed): what each rank must find in its environment
+RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def planned_world_size(launcher: Mapping[str, Any]) -> int:
+    """Ranks a launch runs on: a submitit launcher's (slurm, local) `tasks_per_node × nodes`, else torchrun's
+    WORLD_SIZE (in the environment of a command run under it), else 1."""
+    if "tasks_per_node" in launcher:
+        return int(launcher.get("tasks_per_node") or 1) * int(launcher.get("nodes") or 1)
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rendezvous_report(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The rendezvous variables as set here, and what keeps the ranks from meeting (None: nothing, or one process)."""
+    variables = {name: environ.get(name) for name in RENDEZVOUS_VARIABLES}
+    return {"variables": variables, "problem": rendezvous_problem(variables)}
+
+
+def rendezvous_problem(variables: Mapping[str, str | None]) -> str | None:
+    """Why ranks with these variables cannot meet; None when they can, or when none is set (one process)."""
+    if variables.get("WORLD_SIZE") is None and variables.get("RANK") is None:
+        return None
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not variables.get(name)]
+    if missing:
+        return f"{', '.join(missing)} not set (start the ranks with torchrun, or hydra/launcher=slurm)"
+    try:
+        rank, size, port = (
+            int(str(variables["RANK"])),
+            int(str(variables["WORLD_SIZE"])),
+            int(str(variables["MASTER_PORT"])),
+        )
+    except ValueError:
+        return "RANK, WORLD_SIZE and MASTER_PORT must be integers"
+    if not 0 <= rank < size:
+        return f"RANK={rank} is not below WORLD_SIZE={size}"
+    if not 0 < port < 65536:
+        return f"MASTER_PORT={port} is not a port"
+    return None

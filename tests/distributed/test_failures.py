@@ -1,0 +1,32 @@
+"""A rank that fails ends the whole data-parallel run promptly, and the run's status names that rank and its error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import QUICK, cli_env
+
+PLUGINS = "tests.plugins.training_plugins"
+
+
+@pytest.mark.slow
+def test_a_failing_rank_ends_the_run_naming_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    torchrun = shutil.which("torchrun")
+    assert torchrun is not None
+    overrides = [*QUICK, "training.max_steps=3", f"reward._target_={PLUGINS}.failing_on_rank_one_reward"]
+    command = [torchrun, "--nproc-per-node=2", "-m", "retrain", *overrides, f"hydra.run.dir={run_dir}"]
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert time.monotonic() - started < 120  # rank 0 learns of it at the step's gather, not at the 30-minute timeout
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "failed"
+    assert status["error"].startswith("rank 1: reward tests.plugins.training_plugins.failing_on_rank_one_reward")
+    assert "rank 1: reward" in (run_dir / "run.log").read_text()
