@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
@@ -11,14 +10,13 @@ import pytest
 from retrain.distributed.world import World, rank_devices
 from retrain.errors import ConfigError
 from tests.conftest import REPO, checked, cli_env
+from tests.distributed import TORCHRUN
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("ranks")
-    torchrun = shutil.which("torchrun")
-    assert torchrun is not None, "torchrun is installed with torch"
-    command = [torchrun, "--nproc-per-node=2", str(REPO / "tests" / "distributed" / "ranks.py"), str(out)]
+    command = [*TORCHRUN, "--nproc-per-node=2", str(REPO / "tests" / "distributed" / "ranks.py"), str(out)]
     checked(subprocess.run(command, env=cli_env(), capture_output=True, text=True, timeout=300))
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 

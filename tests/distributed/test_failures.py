@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import QUICK, cli_env
+from tests.distributed import TORCHRUN
 
 PLUGINS = "tests.plugins.training_plugins"
 
@@ -18,10 +18,8 @@ PLUGINS = "tests.plugins.training_plugins"
 @pytest.mark.slow
 def test_a_failing_rank_ends_the_run_naming_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    torchrun = shutil.which("torchrun")
-    assert torchrun is not None
     overrides = [*QUICK, "training.max_steps=3", f"reward._target_={PLUGINS}.failing_on_rank_one_reward"]
-    command = [torchrun, "--nproc-per-node=2", "-m", "retrain", *overrides, f"hydra.run.dir={run_dir}"]
+    command = [*TORCHRUN, "--nproc-per-node=2", "-m", "retrain", *overrides, f"hydra.run.dir={run_dir}"]
     started = time.monotonic()
     result = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0

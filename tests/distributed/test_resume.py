@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import QUICK, checked, cli_env, read_metrics, run_cli, without_timing
+from tests.distributed import TORCHRUN
 
 STEPS = [*QUICK, "training.save_every=2"]
 
 
 def on_ranks(ranks: int, args: list[str], cwd: Path) -> None:
-    torchrun = shutil.which("torchrun")
-    assert torchrun is not None
-    command = [torchrun, f"--nproc-per-node={ranks}", "-m", "retrain", *args]
+    command = [*TORCHRUN, f"--nproc-per-node={ranks}", "-m", "retrain", *args]
     checked(subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=600))
 
 

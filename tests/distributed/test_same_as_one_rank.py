@@ -4,13 +4,13 @@ by torchrun or as a submitit job of two tasks (the route of hydra/launcher=slurm
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import QUICK, checked, cli_env, read_metrics, run_cli
+from tests.distributed import TORCHRUN
 
 # with a held-out evaluation before and after training (split across ranks too)
 STEPS = [
@@ -53,10 +53,8 @@ def assert_first_step_as_one(two: Path, one: Path) -> None:
 
 @pytest.mark.slow
 def test_two_ranks_sample_and_train_the_first_step_as_one(one_rank: Path, tmp_path: Path) -> None:
-    torchrun = shutil.which("torchrun")
-    assert torchrun is not None
     # no hydra.run.dir: each rank's Hydra names a time-stamped dir, and the ranks must settle on rank 0's
-    command = [torchrun, "--nproc-per-node=2", "-m", "retrain", *STEPS]
+    command = [*TORCHRUN, "--nproc-per-node=2", "-m", "retrain", *STEPS]
     checked(subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600))
     (two,) = (tmp_path / "outputs" / "runs").glob("*/*")  # one run dir, written by rank 0
     assert_first_step_as_one(two, one_rank)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import QUICK, cli_env
+from tests.distributed import TORCHRUN
 
 
 def rank_pid(launcher: int, rank: int) -> int | None:
@@ -28,9 +28,7 @@ def rank_pid(launcher: int, rank: int) -> int | None:
 @pytest.mark.slow
 def test_a_signal_to_one_rank_stops_all_after_the_same_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    torchrun = shutil.which("torchrun")
-    assert torchrun is not None
-    command = [torchrun, "--nproc-per-node=2", "-m", "retrain", *QUICK, "training.max_steps=500"]
+    command = [*TORCHRUN, "--nproc-per-node=2", "-m", "retrain", *QUICK, "training.max_steps=500"]
     launcher = subprocess.Popen(
         [*command, "training.save_every=0", f"hydra.run.dir={run_dir}"],
         env=cli_env(),
