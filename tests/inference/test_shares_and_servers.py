@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retrain.errors import ConfigError
+from retrain.errors import ConfigError, UserError
 from retrain.inference.config import OpenAIEngineConfig, SglangEngineConfig, server_urls
+from retrain.inference.http import HttpError
 from retrain.inference.openai_server import OpenAIEngine
+from retrain.inference.reachable import check_server_answers
 from retrain.inference.sglang import SglangEngine
 from retrain.model.probe import Probe
 from retrain.types import Rollouts, SamplingParams
@@ -156,3 +158,42 @@ def test_server_urls_takes_a_list_or_commas_and_names_the_key_for_a_wrong_one():
             server_urls(wrong)
     with pytest.raises(ConfigError, match="inference.url='ftp://x' is not an http"):
         SglangEngineConfig(url=["http://a:1", "ftp://x"])
+
+
+def test_a_failing_server_fails_the_step_naming_its_url(fresh_models, backend):
+    refusing = {**sglang_routes(fresh_models[1]), "POST /generate": lambda body: (400, {"error": "no"}, {})}
+    with serve(sglang_routes(fresh_models[0])) as a, serve(refusing) as b:
+        engine = engine_on("sglang", f"{a.url},{b.url}", backend)  # the comma-separated form
+        try:
+            with pytest.raises(HttpError, match=f"POST {b.url}/generate"):
+                engine.generate(encode(backend, PROMPTS), GROUP, SAMPLED, 3)
+        finally:
+            engine.close()
+
+
+def test_the_reachability_ping_asks_every_server(fresh_models):
+    with serve(sglang_routes(fresh_models[0])) as a:
+        check_server_answers({"url": [a.url], "max_retries": 0})
+        with pytest.raises(UserError, match="inference.url: no server answers"):
+            check_server_answers({"url": f"{a.url},http://127.0.0.1:9", "max_retries": 0})
+
+
+def test_ranks_sharing_servers_load_their_own_adapter_names(fresh_models, backend, monkeypatch, tmp_path):
+    """On rank 1 of 2, versions are served (and written under adapter_root) as policy-v{N}-r1."""
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
+    tokenizer, resources = tokenizer_of(backend.spec.name_or_path), backend.engine_resources()
+    with serve(sglang_routes(fresh_models[0])) as server:
+        config = SglangEngineConfig(url=server.url, adapter_root=str(tmp_path))
+        engine = SglangEngine(config, tokenizer=tokenizer, resources=resources)
+        try:
+            assert set(fresh_models[0].adapters) == {"policy-v0-r1"} and (tmp_path / "policy-v0-r1").is_dir()
+            engine.generate(encode(backend, PROMPTS[:1]), GROUP, SAMPLED, 3, row_offset=GROUP)
+            assert all(body["lora_path"] == ["policy-v0-r1"] * GROUP for body in sampled_bodies(server))
+        finally:
+            engine.close()
+
+
+def sampled_bodies(server) -> list[dict]:
+    return [r.body for r in server.asked("/generate") if isinstance(r.body.get("sampling_params"), list)]
