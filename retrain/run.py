@@ -259,7 +259,8 @@ def check_data_parallel(cfg: DictConfig, plan: PartsPlan, world: World) -> None:
     generate = getattr(plan.engine_cls, "generate", None)
     if generate is None or "row_offset" not in inspect.signature(generate).parameters:
         raise ConfigError(
-            f"inference engine {plan.engine_cls.__name__} cannot sample a share of a batch: {where} needs inference=pytorch"
+            f"inference engine {plan.engine_cls.__name__} cannot sample a share of a batch: {where} needs an engine "
+            "whose generate takes row_offset (pytorch, vllm, vllm_server, sglang, openai)"
         )
     data = target_object(cfg, "data")
     if isinstance(data, type) and issubclass(data, RolloutEnvironment):

@@ -133,6 +133,15 @@ VLLM_SERVER = [
         ([DEMO, "model.lora_dropout=1.5"], r"model.lora_dropout must be in \[0, 1\), got 1.5"),
         ([DEMO, "inference=vllm_server"], "inference.url is empty: give the server's base url"),
         ([DEMO, "inference=sglang", "inference.url=127.0.0.1:30000"], "inference.url='127.0.0.1:30000' is not an"),
+        (  # several servers: a list, or urls separated by commas; each checked as one url is
+            [DEMO, "inference=sglang", "inference.url=[http://127.0.0.1:30000,127.0.0.1:30001]"],
+            "inference.url='127.0.0.1:30001' is not an",
+        ),
+        (
+            [DEMO, "inference=openai", "inference.url='http://127.0.0.1:8000,http://127.0.0.1:8000/'"],
+            "inference.url names http://127.0.0.1:8000 more than once",
+        ),
+        ([DEMO, "inference=sglang", "inference.url=[]"], r"inference.url=\[\] is neither a url"),
         ([*VLLM_SERVER, "inference.timeout_s=0"], "inference.timeout_s must be > 0, got 0.0"),
         ([*VLLM_SERVER, "inference.max_concurrency=0"], "inference.max_concurrency must be >= 1, got 0"),
         ([DEMO, "inference=vllm", "inference.dtype=int3"], "inference.dtype='int3' is not one of"),

@@ -28,9 +28,19 @@ from retrain.types import WeightUpdate
 PEFT_ADAPTER_NAME = "default"  # the name PEFT gives a model's only adapter; absent from saved keys
 
 
-def adapter_name(version: int) -> str:
-    """The name an engine serves weights version `version` under."""
-    return f"policy-v{version}"
+def adapter_name(version: int, tag: str = "") -> str:
+    """The name an engine serves weights version `version` under (`tag`: a rank's, see rank_tag)."""
+    return f"policy-v{version}{tag}"
+
+
+def rank_tag() -> str:
+    """`-r<rank>` on a rank of a data-parallel run, else '': ranks that share inference servers (and
+    inference.adapter_root) each load their own copy of a version, so none unloads or overwrites another's."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return f"-r{dist.get_rank()}"
+    return ""
 
 
 def peft_adapter_config(spec: ModelSpec, base_model: str) -> dict[str, object]:
@@ -67,8 +77,9 @@ def initial_update(resources: EngineResources) -> WeightUpdate | None:
 class AdapterPublisher:
     """Writes each WeightUpdate to its own `policy-v{N}` directory under `root` (a temp dir by default)."""
 
-    def __init__(self, spec: ModelSpec, root: Path | None = None, keep: int = 2) -> None:
+    def __init__(self, spec: ModelSpec, root: Path | None = None, keep: int = 2, tag: str = "") -> None:
         self.spec = spec
+        self.tag = tag  # appended to each directory's name (adapter_name)
         self.base_model = spec.source()[0]
         self._owned_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="retrain-adapters-")) if root is None else Path(root)
@@ -83,7 +94,7 @@ class AdapterPublisher:
 
     def publish(self, update: WeightUpdate) -> Path:
         """The directory holding `update`'s adapter in PEFT format, written once and never changed."""
-        target = self.root / adapter_name(update.version)
+        target = self.root / adapter_name(update.version, self.tag)
         if target.exists():
             shutil.rmtree(target)  # a resumed run re-publishes a version; never serve a stale copy of it
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=self.root))

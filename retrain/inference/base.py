@@ -67,8 +67,10 @@ class InferenceEngine(Protocol):
     ) -> Rollouts:
         """Sample `group_size` completions per prompt; rows are group-major (n = b·G + g).
         The same `generator_seed` gives the same rollouts on the same device and weights. An engine that also takes
-        `row_offset` (the global index of the call's first row) can sample a data-parallel rank's share of a batch
-        (docs/distributed.md); a run on several ranks refuses one that does not."""
+        `row_offset` (the global index of the call's first row, a multiple of G) can sample a data-parallel rank's
+        share of a batch (docs/distributed.md): every built-in engine does, sampling each row as the whole batch
+        would (pytorch by global row id, the others by seeding prompt row_offset // G + i as the batch's prompt);
+        a run on several ranks refuses an engine that does not."""
 
     def sync(self, update: WeightUpdate) -> None:
         """Serve the weights of `update` from now on (StaleWeightsError for a version older than

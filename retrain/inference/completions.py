@@ -46,6 +46,14 @@ def request_seed(generator_seed: int | None, prompt_index: int) -> int | None:
     return int.from_bytes(digest, "little") % (2**SEED_BITS - 2**16)  # room for seed + g
 
 
+def first_prompt(row_offset: int, group_size: int) -> int:
+    """The global index of a call's first prompt from its first row's (`row_offset`, see
+    InferenceEngine.generate): a data-parallel rank's share then seeds each prompt as the whole batch would."""
+    if row_offset < 0 or row_offset % group_size:
+        raise ValueError(f"row_offset={row_offset} is not the first row of a group of {group_size}")
+    return row_offset // group_size
+
+
 def stop_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
     """Every id that ends a completion: the tokenizer's EOS plus the model's generation-config EOS list
     (chat models such as Qwen end turns with <|im_end|>, which may differ from the tokenizer's EOS)."""

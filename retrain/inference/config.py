@@ -9,7 +9,9 @@ what depends on the device (an attention kernel on CPU) is checked when the engi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from retrain.errors import ConfigError
 
@@ -29,6 +31,27 @@ def check_url(url: str, key: str = "inference.url") -> str:
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"{key}={url!r} is not an http(s) url, e.g. http://127.0.0.1:8000")
     return url.rstrip("/")
+
+
+def server_urls(url: Any, key: str = "inference.url") -> list[str]:
+    """The servers `url` names, each checked (check_url): one url, several separated by commas, or a list of
+    urls (`inference.url=[http://a:8000,http://b:8000]`); a ConfigError naming `key` for an empty or
+    repeated one."""
+    if isinstance(url, str):
+        entries = [part.strip() for part in url.split(",")] if url else [""]
+    elif isinstance(url, Sequence) and url:
+        entries = list(url)
+    else:
+        raise ConfigError(f"{key}={url!r} is neither a url, comma-separated urls nor a non-empty list of urls")
+    urls = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise ConfigError(f"{key}: {entry!r} is not a url (a string such as http://127.0.0.1:8000)")
+        urls.append(check_url(entry, key))
+    repeated = sorted({u for u in urls if urls.count(u) > 1})
+    if repeated:
+        raise ConfigError(f"{key} names {', '.join(repeated)} more than once: list each server once")
+    return urls
 
 
 def check_pytorch_attention_kernel(kernel: str) -> None:
@@ -128,7 +151,9 @@ class VllmEngineConfig(EngineConfig):
 class HttpEngineConfig(EngineConfig):
     """Keys every engine that samples on a server takes (retrain.inference.http)."""
 
-    url: str = ""  # the server's base url, e.g. http://127.0.0.1:8000 (required)
+    # the server's base url, e.g. http://127.0.0.1:8000 (required); several servers: a list of urls, or urls
+    # separated by commas; groups go round-robin over them by their index in the step's batch
+    url: Any = ""
     api_key_env: str = ""  # environment variable holding the server's API key ('' = none)
     timeout_s: float = 600.0  # per request, sending to last byte: a step's longest generation must fit
     max_retries: int = 5  # on 429/5xx and failed connections, with exponential backoff and jitter
@@ -136,7 +161,7 @@ class HttpEngineConfig(EngineConfig):
     max_reply_mb: float = 64.0  # largest reply read (decompressed); a larger one fails the request
 
     def __post_init__(self) -> None:
-        check_url(self.url)
+        server_urls(self.url)
         check_request_limits(self.timeout_s, self.max_retries, self.max_concurrency)
         if not self.max_reply_mb > 0:
             raise ConfigError(f"inference.max_reply_mb must be > 0, got {self.max_reply_mb}")

@@ -28,13 +28,13 @@ import torch
 
 from retrain.errors import ConfigError
 from retrain.inference.base import NucleusLogprobsWarning
-from retrain.inference.completions import Completion, request_seed, rollouts_from_completions
+from retrain.inference.completions import Completion, first_prompt, request_seed, rollouts_from_completions
 from retrain.inference.config import OpenAIEngineConfig
 from retrain.inference.finish_reason import hit_max_tokens
-from retrain.inference.http import HttpError
+from retrain.inference.http import HttpClient, HttpError
 from retrain.inference.replies import ReplyLimits, ServerRoute
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
-from retrain.inference.server_engine import ServerEngine
+from retrain.inference.server_engine import Server, ServerEngine
 from retrain.model.probe import Probe, StaleWeightsError
 from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
@@ -74,11 +74,17 @@ class OpenAIEngine(ServerEngine):
         self.fault_skip_weight_sync = config.fault_skip_weight_sync
         with self.closed_on_failure():
             self.model = config.model or self._first_model()
-            self.features = self._detect(Probe.from_tokenizer(tokenizer).prompt_ids)
+            prompt = Probe.from_tokenizer(tokenizer).prompt_ids
+            features = {server.url: self._detect(server, prompt) for server in self.servers}
+            if len(set(features.values())) > 1:
+                raise ConfigError(
+                    f"inference.url: the servers support different things ({features}); list servers of one kind"
+                )
+            self.features = next(iter(features.values()))
             log.info("OpenAI-compatible server at %s (model %s): %s", self.url, self.model, self.features)
             self.adapters = (
                 ServedAdapters(
-                    self.client, OPENAI_LORA_ROUTES, resources, config.adapter_root, config.fault_skip_weight_sync
+                    self.clients, OPENAI_LORA_ROUTES, resources, config.adapter_root, config.fault_skip_weight_sync
                 )
                 if self.features.lora_routes
                 else None
@@ -89,28 +95,34 @@ class OpenAIEngine(ServerEngine):
         return 0 if self.adapters is None else self.adapters.version
 
     def generate(
-        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        sampling: SamplingParams,
+        generator_seed: int | None,
+        row_offset: int = 0,
     ) -> Rollouts:
+        first = first_prompt(row_offset, group_size)  # prompt i is the batch's first + i (a rank's share)
         self.nucleus_warning.check(sampling)
         together = self.features.n and sampling.temperature > 0  # greedy requests take n = 1 on most servers
-        bodies = []
+        groups = []
         for index, prompt in enumerate(prompt_ids):
-            seed = request_seed(generator_seed, index)
+            seed = request_seed(generator_seed, first + index)
             if together:
-                bodies.append(self._body(prompt, sampling, group_size, seed))
+                groups.append([self._body(prompt, sampling, group_size, seed)])
             else:
-                bodies.extend(
-                    self._body(prompt, sampling, 1, None if seed is None else seed + g) for g in range(group_size)
+                groups.append(
+                    [self._body(prompt, sampling, 1, None if seed is None else seed + g) for g in range(group_size)]
                 )
-        answers = self.client.post_all(COMPLETIONS, bodies)
         per_answer = group_size if together else 1
         limits = ReplyLimits(sampling.max_tokens, self.vocab_size)
-        completions = [c for answer in answers for c in self._completions(answer, per_answer, limits)]
+        completions = [
+            c
+            for route, answers in self.post_groups(COMPLETIONS, groups, first)
+            for answer in answers
+            for c in self._completions(answer, per_answer, limits, route)
+        ]
         return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
-
-    def interrupt(self) -> None:
-        """Cancel a `generate` in flight (a stop request): it raises SamplingInterrupted."""
-        self.client.interrupt()
 
     def sync(self, update: WeightUpdate) -> None:
         if self.adapters is not None:
@@ -140,8 +152,9 @@ class OpenAIEngine(ServerEngine):
             "temperature": 1.0,
             "top_p": 1.0,
         }
-        answer = self.client.post(COMPLETIONS, body)
-        route = self.route
+        server = self.next_probed()
+        answer = server.client.post(COMPLETIONS, body)
+        route = server.route
         with route.reading("freshness-probe reply"):
             choices = route.array(route.member(answer, "choices", ""), "choices")
             if not choices:
@@ -161,7 +174,7 @@ class OpenAIEngine(ServerEngine):
             if self.adapters is not None:
                 self.adapters.close()
         finally:
-            self.client.close()
+            self.close_clients()
 
     # ---- requests ----------------------------------------------------------------------------
     def _served_model(self) -> str:
@@ -184,9 +197,8 @@ class OpenAIEngine(ServerEngine):
             body.update(return_token_ids=True, stop_token_ids=self.stop_ids)
         return body
 
-    def _completions(self, answer: Any, n: int, limits: ReplyLimits) -> list[Completion]:
+    def _completions(self, answer: Any, n: int, limits: ReplyLimits, route: ServerRoute) -> list[Completion]:
         """The completions of one answer, in order (checked: replies.py)."""
-        route = self.route
         with route.reading("completion"):
             choices = route.array(route.member(answer, "choices", ""), "choices")
             if len(choices) != n:
@@ -212,7 +224,7 @@ class OpenAIEngine(ServerEngine):
                         )
                     if len(tokens) != len(values):
                         route.fail(field, f"{len(values)} log-probs for {len(tokens)} tokens (one per token is needed)")
-                    token_ids, token_logprobs = self._retokenized(tokens, values, f"{field}.logprobs.tokens")
+                    token_ids, token_logprobs = self._retokenized(tokens, values, f"{field}.logprobs.tokens", route)
                     limits = ReplyLimits(max(limits.max_tokens, len(token_ids)), limits.vocab_size)  # re-encoded text
                 completions.append(
                     route.completion(
@@ -225,7 +237,9 @@ class OpenAIEngine(ServerEngine):
                 )
             return completions
 
-    def _retokenized(self, tokens: list[Any], values: list[float], field: str) -> tuple[list[int], list[float]]:
+    def _retokenized(
+        self, tokens: list[Any], values: list[float], field: str, route: ServerRoute
+    ) -> tuple[list[int], list[float]]:
         """Token ids of the returned token strings, each log-prob on its token's first id (module docstring)."""
         ids: list[int] = []
         logprobs: list[float] = []
@@ -235,7 +249,7 @@ class OpenAIEngine(ServerEngine):
             elif isinstance(token, str) and token.startswith(TOKEN_ID_PREFIX):
                 pieces = [int(token[len(TOKEN_ID_PREFIX) :])]
             else:
-                pieces = list(self.tokenizer.encode(self.route.text(token, f"{field}[{i}]"), add_special_tokens=False))
+                pieces = list(self.tokenizer.encode(route.text(token, f"{field}[{i}]"), add_special_tokens=False))
             ids.extend(pieces)
             logprobs.extend([value] + [0.0] * (len(pieces) - 1) if pieces else [])
         return ids, logprobs
@@ -248,48 +262,48 @@ class OpenAIEngine(ServerEngine):
             raise ConfigError(f"inference.model is empty and {self.url}/v1/models lists no model: name one")
         return str(route.member(models[0], "id", "data[0]"))
 
-    def _detect(self, prompt: list[int]) -> ServerFeatures:
-        """Ask the server, with tiny requests, what it supports (see the module docstring)."""
+    def _detect(self, server: Server, prompt: list[int]) -> ServerFeatures:
+        """Ask a server, with tiny requests, what it supports (see the module docstring)."""
         base = {"model": self.model, "max_tokens": 1, "temperature": 1.0, "top_p": 1.0, "logprobs": 1}
         extensions = {"return_token_ids": True, "stop_token_ids": self.stop_ids}  # vLLM's
         attempts = [(prompt, extensions), (prompt, {}), (self.tokenizer.decode(prompt), {})]
         for text_or_ids, extra in attempts:
             try:
-                answer = self.client.post(COMPLETIONS, {**base, "prompt": text_or_ids, **extra})
+                answer = server.client.post(COMPLETIONS, {**base, "prompt": text_or_ids, **extra})
             except HttpError as error:
                 if error.status not in (400, 422):
                     raise
                 continue
             token_prompts = isinstance(text_or_ids, list)
-            choices = self.route.array(self.route.member(answer, "choices", ""), "choices")
-            first = self.route.mapping(choices[0] if choices else None, "choices[0]")
+            choices = server.route.array(server.route.member(answer, "choices", ""), "choices")
+            first = server.route.mapping(choices[0] if choices else None, "choices[0]")
             token_ids = bool(extra) and first.get("token_ids") is not None
             break
         else:
-            raise HttpError("POST", self.url + COMPLETIONS, "refused token-id and text prompts alike")
+            raise HttpError("POST", server.url + COMPLETIONS, "refused token-id and text prompts alike")
         if (first.get("logprobs") or {}).get("token_logprobs") is None:
             raise ConfigError(
-                f"inference=openai: the server at {self.url} answers no log-probs (`logprobs`), which training needs"
+                f"inference=openai: the server at {server.url} answers no log-probs (`logprobs`), which training needs"
             )
         return ServerFeatures(
             token_prompts=token_prompts,
             token_ids=token_ids,
-            n=self._answers_n({**base, "prompt": text_or_ids}),
-            lora_routes=self._has_lora_route(),
+            n=self._answers_n(server.client, {**base, "prompt": text_or_ids}),
+            lora_routes=self._has_lora_route(server.client),
         )
 
-    def _answers_n(self, body: dict[str, Any]) -> bool:
+    def _answers_n(self, client: HttpClient, body: dict[str, Any]) -> bool:
         try:
-            answer = self.client.post(COMPLETIONS, {**body, "n": 2})
+            answer = client.post(COMPLETIONS, {**body, "n": 2})
         except HttpError as error:
             if error.status not in (400, 422):
                 raise
             return False
         return isinstance(answer, dict) and isinstance(answer.get("choices"), list) and len(answer["choices"]) == 2
 
-    def _has_lora_route(self) -> bool:
+    def _has_lora_route(self, client: HttpClient) -> bool:
         try:
-            self.client.post(OPENAI_LORA_ROUTES.load, {}, max_retries=0)
+            client.post(OPENAI_LORA_ROUTES.load, {}, max_retries=0)
         except HttpError as error:
             if error.status is None:
                 raise

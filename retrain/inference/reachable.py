@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from retrain.errors import UserError
-from retrain.inference.config import check_url
+from retrain.inference.config import server_urls
 from retrain.inference.http import HttpClient, HttpError
 
 PING_TIMEOUT_S = 30.0  # the root of a live server answers at once, busy or not
@@ -23,13 +23,14 @@ def check_server_answers(settings: Mapping[str, Any]) -> None:
     if not url:
         return
     timeout_s = min(float(settings.get("timeout_s", PING_TIMEOUT_S)), PING_TIMEOUT_S)
-    client = HttpClient(
-        check_url(str(url)), timeout_s=timeout_s, max_retries=int(settings.get("max_retries", 0)), max_concurrency=1
-    )
-    try:
-        client.get("/")
-    except HttpError as error:
-        if error.status is None:
-            raise UserError(f"inference.url: no server answers ({error}); start it, or fix the url") from None
-    finally:
-        client.close()
+    for base_url in server_urls(url):
+        client = HttpClient(
+            base_url, timeout_s=timeout_s, max_retries=int(settings.get("max_retries", 0)), max_concurrency=1
+        )
+        try:
+            client.get("/")
+        except HttpError as error:
+            if error.status is None:
+                raise UserError(f"inference.url: no server answers ({error}); start it, or fix the url") from None
+        finally:
+            client.close()

@@ -6,6 +6,9 @@ route; the previous name is then unloaded. Requests name the newest adapter, so 
 answers with a cached older one, and its prefix cache (keyed by adapter) never mixes versions.
 A name the server already holds (left by an earlier run on a long-lived server) is unloaded and
 loaded again from the new directory: re-using it in place would serve the old weights.
+Where `inference.url` names several servers, each version is loaded on every one before any request
+names it. The ranks of a data-parallel run share the servers: each serves its own `policy-v{N}-r{rank}`
+(retrain.inference.adapters.rank_tag), so no rank unloads a name another still samples with.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.errors import ConfigError
-from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_update
+from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_update, rank_tag
 from retrain.inference.http import HttpClient, HttpError, excerpt
 from retrain.model.probe import StaleWeightsError
 from retrain.model.resources import EngineResources
@@ -40,16 +43,17 @@ class ServedAdapters:
 
     def __init__(
         self,
-        client: HttpClient,
+        clients: HttpClient | list[HttpClient],
         routes: LoraRoutes,
         resources: EngineResources,
         adapter_root: str,
         fault_skip_weight_sync: bool,
     ) -> None:
-        self.client = client
+        self.clients = clients if isinstance(clients, list) else [clients]  # every server of inference.url
         self.routes = routes
         self.lora_rank = resources.spec.lora_rank
-        self.publisher = AdapterPublisher(resources.spec, Path(adapter_root) if adapter_root else None)
+        self.tag = rank_tag()  # ranks sharing the servers serve their own names
+        self.publisher = AdapterPublisher(resources.spec, Path(adapter_root) if adapter_root else None, tag=self.tag)
         self.fault_skip_weight_sync = fault_skip_weight_sync
         self.version = 0  # the weights version the served adapter holds
         self.served: str | None = None  # the adapter requests name; None = the base model (no adapter yet)
@@ -65,14 +69,14 @@ class ServedAdapters:
         """Serve `update` from now on (StaleWeightsError for a version older than the one served)."""
         if update.version < self.version:
             raise StaleWeightsError(
-                f"asked to sync to weights version {update.version}, but {self.client.base_url} already "
+                f"asked to sync to weights version {update.version}, but {self._where()} already "
                 f"serves version {self.version}"
             )
         if self.fault_skip_weight_sync:
             log.warning(
                 "inference.fault_skip_weight_sync=true (a test hook): weights version %d is NOT pushed to %s",
                 update.version,
-                self.client.base_url,
+                self._where(),
             )
             return
         self._serve(update)
@@ -81,47 +85,54 @@ class ServedAdapters:
         """Unload the served adapter (best effort: the server may be gone) and remove the published directories."""
         try:
             if self.served is not None:
-                self._unload(self.served, max_retries=0)
-        except HttpError as error:
-            log.warning("could not unload %s from %s: %s", self.served, self.client.base_url, error)
+                for client in self.clients:
+                    try:
+                        self._unload(client, self.served, max_retries=0)
+                    except HttpError as error:
+                        log.warning("could not unload %s from %s: %s", self.served, client.base_url, error)
         finally:
             self.served = None
             self.publisher.close()
 
     def _serve(self, update: WeightUpdate) -> None:
         path = self.publisher.publish(update)
-        name = adapter_name(update.version)
-        self._load(name, path)
+        name = adapter_name(update.version, self.tag)
+        for client in self.clients:
+            self._load(client, name, path)
         previous, self.served, self.version = self.served, name, update.version
         if previous is not None and previous != name:
-            try:
-                self._unload(previous)
-            except HttpError as error:  # harmless: no request names it any more
-                log.warning("could not unload %s from %s: %s", previous, self.client.base_url, error)
+            for client in self.clients:
+                try:
+                    self._unload(client, previous)
+                except HttpError as error:  # harmless: no request names it any more
+                    log.warning("could not unload %s from %s: %s", previous, client.base_url, error)
 
-    def _load(self, name: str, path: Path) -> None:
+    def _where(self) -> str:
+        return ", ".join(client.base_url for client in self.clients)
+
+    def _load(self, client: HttpClient, name: str, path: Path) -> None:
         body: dict[str, Any] = {"lora_name": name, "lora_path": str(path)}
         try:
-            self.client.post(self.routes.load, body, max_retries=0)
+            client.post(self.routes.load, body, max_retries=0)
             return
         except HttpError as error:
             if error.status is None:  # no answer: the server is unreachable, not misconfigured
                 raise
             if not (error.status == 400 and "already" in error.body):
-                raise self._load_error(name, path, error) from None
+                raise self._load_error(client, name, path, error) from None
         # the server holds this name from before (a resumed run, an earlier run): never re-use it in place
-        log.info("%s at %s already holds %s: unloading it first", self.routes.server, self.client.base_url, name)
-        self._unload(name)
+        log.info("%s at %s already holds %s: unloading it first", self.routes.server, client.base_url, name)
+        self._unload(client, name)
         try:
-            self.client.post(self.routes.load, body, max_retries=0)
+            client.post(self.routes.load, body, max_retries=0)
         except HttpError as error:
-            raise error if error.status is None else self._load_error(name, path, error) from None
+            raise error if error.status is None else self._load_error(client, name, path, error) from None
 
-    def _unload(self, name: str, max_retries: int | None = None) -> None:
-        self.client.post(self.routes.unload, {"lora_name": name}, max_retries=max_retries)
+    def _unload(self, client: HttpClient, name: str, max_retries: int | None = None) -> None:
+        client.post(self.routes.unload, {"lora_name": name}, max_retries=max_retries)
 
-    def _load_error(self, name: str, path: Path, error: HttpError) -> ConfigError:
-        routes, url = self.routes, self.client.base_url
+    def _load_error(self, client: HttpClient, name: str, path: Path, error: HttpError) -> ConfigError:
+        routes, url = self.routes, client.base_url
         if error.status in (404, 405) and str(path) not in error.body:
             return ConfigError(
                 f"{routes.server} at {url} has no runtime-LoRA route {routes.load} ({error.status}): "

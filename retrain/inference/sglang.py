@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from retrain.inference.base import NucleusLogprobsWarning
-from retrain.inference.completions import Completion, request_seed, rollouts_from_completions
+from retrain.inference.completions import Completion, first_prompt, request_seed, rollouts_from_completions
 from retrain.inference.config import SglangEngineConfig
-from retrain.inference.replies import ReplyLimits, shown
+from retrain.inference.replies import ReplyLimits, ServerRoute, shown
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
 from retrain.inference.server_engine import ServerEngine
 from retrain.model.probe import Probe
@@ -63,9 +63,10 @@ class SglangEngine(ServerEngine):
         super().__init__(config, tokenizer, resources, "sglang", GENERATE)
         self.nucleus_warning = NucleusLogprobsWarning("SGLang")
         with self.closed_on_failure():
-            self.client.get("/health")
+            for client in self.clients:
+                client.get("/health")
             self.adapters = ServedAdapters(
-                self.client, SGLANG_LORA_ROUTES, resources, config.adapter_root, config.fault_skip_weight_sync
+                self.clients, SGLANG_LORA_ROUTES, resources, config.adapter_root, config.fault_skip_weight_sync
             )
 
     @property
@@ -73,24 +74,29 @@ class SglangEngine(ServerEngine):
         return self.adapters.version
 
     def generate(
-        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        sampling: SamplingParams,
+        generator_seed: int | None,
+        row_offset: int = 0,
     ) -> Rollouts:
+        first = first_prompt(row_offset, group_size)  # prompt i is the batch's first + i (a rank's share)
         self.nucleus_warning.check(sampling)
-        bodies = [
-            self._body(prompt, group_size, sampling, request_seed(generator_seed, index))
+        groups = [
+            [self._body(prompt, group_size, sampling, request_seed(generator_seed, first + index))]
             for index, prompt in enumerate(prompt_ids)
         ]
-        answers = self.client.post_all(GENERATE, bodies)
         limits = ReplyLimits(sampling.max_tokens, self.vocab_size)
-        completions = [c for answer in answers for c in self._completions(answer, group_size, limits)]
+        completions = [
+            c
+            for route, answers in self.post_groups(GENERATE, groups, first)
+            for c in self._completions(answers[0], group_size, limits, route)
+        ]
         return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
 
     def sync(self, update: WeightUpdate) -> None:
         self.adapters.sync(update)
-
-    def interrupt(self) -> None:
-        """Cancel a `generate` in flight (a stop request): it raises SamplingInterrupted."""
-        self.client.interrupt()
 
     def probe_logprobs(self, probe: Probe) -> torch.Tensor:
         body: dict[str, Any] = {
@@ -100,8 +106,9 @@ class SglangEngine(ServerEngine):
             "logprob_start_len": 0,
             "lora_path": self.adapters.served,
         }
-        answer = self.client.post(GENERATE, body)
-        route, field = self.route, "meta_info.input_token_logprobs"
+        server = self.next_probed()
+        answer = server.client.post(GENERATE, body)
+        route, field = server.route, "meta_info.input_token_logprobs"
         with route.reading("freshness-probe reply"):
             meta = route.member(answer, "meta_info", "")
             scored = route.array(route.member(meta, "input_token_logprobs", "meta_info"), field)
@@ -114,7 +121,7 @@ class SglangEngine(ServerEngine):
         try:
             self.adapters.close()
         finally:
-            self.client.close()
+            self.close_clients()
 
     def _body(self, prompt: list[int], group_size: int, sampling: SamplingParams, seed: int | None) -> dict[str, Any]:
         params = {
@@ -134,9 +141,8 @@ class SglangEngine(ServerEngine):
             "lora_path": [self.adapters.served] * group_size,
         }
 
-    def _completions(self, answer: Any, group_size: int, limits: ReplyLimits) -> list[Completion]:
+    def _completions(self, answer: Any, group_size: int, limits: ReplyLimits, route: ServerRoute) -> list[Completion]:
         """One prompt's G completions, in order, from a batched `/generate` answer (checked: replies.py)."""
-        route = self.route
         with route.reading("completion"):
             items = route.array(answer, "(the reply)")
             if len(items) != group_size:

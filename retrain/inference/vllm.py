@@ -34,7 +34,13 @@ import torch
 from retrain.errors import ConfigError
 from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_update
 from retrain.inference.base import NucleusLogprobsWarning
-from retrain.inference.completions import Completion, request_seed, rollouts_from_completions, stop_token_ids
+from retrain.inference.completions import (
+    Completion,
+    first_prompt,
+    request_seed,
+    rollouts_from_completions,
+    stop_token_ids,
+)
 from retrain.inference.config import (
     VLLM_ATTENTION_BACKENDS,
     VLLM_KV_CACHE_DTYPES,
@@ -156,8 +162,14 @@ class VllmEngine:
             self._push(initial)
 
     def generate(
-        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        sampling: SamplingParams,
+        generator_seed: int | None,
+        row_offset: int = 0,
     ) -> Rollouts:
+        first = first_prompt(row_offset, group_size)  # prompt i is the batch's first + i (a rank's share)
         from vllm import SamplingParams as VllmSampling
 
         self.nucleus_warning.check(sampling)
@@ -172,7 +184,7 @@ class VllmEngine:
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_tokens,
                 logprobs=0,
-                seed=request_seed(generator_seed, index),
+                seed=request_seed(generator_seed, first + index),
                 stop_token_ids=self.stop_ids,
                 detokenize=False,
             )

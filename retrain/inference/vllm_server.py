@@ -31,6 +31,7 @@ from retrain.errors import ConfigError
 from retrain.inference.base import NucleusLogprobsWarning
 from retrain.inference.completions import (
     Completion,
+    first_prompt,
     request_seed,
     rollouts_from_completions,
 )
@@ -39,7 +40,7 @@ from retrain.inference.finish_reason import hit_max_tokens
 from retrain.inference.http import HttpError
 from retrain.inference.replies import ReplyLimits, ServerRoute, shown
 from retrain.inference.served_adapters import LoraRoutes, ServedAdapters
-from retrain.inference.server_engine import ServerEngine
+from retrain.inference.server_engine import Server, ServerEngine
 from retrain.model.probe import Probe
 from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
@@ -75,9 +76,16 @@ class VllmServerEngine(ServerEngine):
         super().__init__(config, tokenizer, resources, "vllm_server", COMPLETIONS)
         with self.closed_on_failure():
             self.base_model = self._base_model()
-            self.tempered_logprobs = self._reports_tempered_logprobs(Probe.from_tokenizer(tokenizer).prompt_ids)
+            prompt = Probe.from_tokenizer(tokenizer).prompt_ids
+            tempered = {server.url: self._reports_tempered_logprobs(server, prompt) for server in self.servers}
+            if len(set(tempered.values())) > 1:
+                raise ConfigError(
+                    f"inference.url: the vLLM servers differ in --logprobs-mode ({tempered}: True = temperature-"
+                    "scaled); start every one alike (launchers/vllm/serve.sh)"
+                )
+            self.tempered_logprobs = next(iter(tempered.values()))
             self.adapters = ServedAdapters(
-                self.client, VLLM_LORA_ROUTES, resources, config.adapter_root, config.fault_skip_weight_sync
+                self.clients, VLLM_LORA_ROUTES, resources, config.adapter_root, config.fault_skip_weight_sync
             )
         self.nucleus_warning = NucleusLogprobsWarning("the vLLM server")
 
@@ -86,24 +94,29 @@ class VllmServerEngine(ServerEngine):
         return self.adapters.version
 
     def generate(
-        self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        sampling: SamplingParams,
+        generator_seed: int | None,
+        row_offset: int = 0,
     ) -> Rollouts:
+        first = first_prompt(row_offset, group_size)  # prompt i is the batch's first + i (a rank's share)
         self._check_semantics(sampling)
-        bodies = [
-            self._body(prompt, group_size, sampling, request_seed(generator_seed, index))
+        groups = [
+            [self._body(prompt, group_size, sampling, request_seed(generator_seed, first + index))]
             for index, prompt in enumerate(prompt_ids)
         ]
-        responses = self.client.post_all(COMPLETIONS, bodies)
         limits = ReplyLimits(sampling.max_tokens, self.vocab_size)
-        completions = [c for response in responses for c in self._completions(response, group_size, limits)]
+        completions = [
+            c
+            for route, answers in self.post_groups(COMPLETIONS, groups, first)
+            for c in self._completions(answers[0], group_size, limits, route)
+        ]
         return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
 
     def sync(self, update: WeightUpdate) -> None:
         self.adapters.sync(update)
-
-    def interrupt(self) -> None:
-        """Cancel a `generate` in flight (a stop request): it raises SamplingInterrupted."""
-        self.client.interrupt()
 
     def probe_logprobs(self, probe: Probe) -> torch.Tensor:
         body = {
@@ -114,8 +127,9 @@ class VllmServerEngine(ServerEngine):
             "prompt_logprobs": 0,
             **NEUTRAL_SAMPLING,
         }
-        route = self.route
-        response = self.client.post(COMPLETIONS, body)
+        server = self.next_probed()
+        route = server.route
+        response = server.client.post(COMPLETIONS, body)
         with route.reading("freshness-probe reply"):
             choices = route.array(route.member(response, "choices", ""), "choices")
             if not choices:
@@ -137,7 +151,7 @@ class VllmServerEngine(ServerEngine):
         try:
             self.adapters.close()
         finally:
-            self.client.close()
+            self.close_clients()
 
     # ---- requests ----------------------------------------------------------------------------
     def _served_model(self) -> str:
@@ -160,9 +174,8 @@ class VllmServerEngine(ServerEngine):
             "return_token_ids": True,
         }
 
-    def _completions(self, response: Any, group_size: int, limits: ReplyLimits) -> list[Completion]:
+    def _completions(self, response: Any, group_size: int, limits: ReplyLimits, route: ServerRoute) -> list[Completion]:
         """One prompt's G completions, in order, from a `/v1/completions` answer (checked: replies.py)."""
-        route = self.route
         with route.reading("completion"):
             choices = route.array(route.member(response, "choices", ""), "choices")
             if len(choices) != group_size:
@@ -195,19 +208,25 @@ class VllmServerEngine(ServerEngine):
 
     # ---- what the server is ------------------------------------------------------------------
     def _base_model(self) -> str:
-        """The base model's served name: the first model `/v1/models` lists that is no adapter."""
-        route = ServerRoute("vllm_server", self.url + "/v1/models")
-        models = route.array(route.member(self.client.get("/v1/models"), "data", ""), "data")
-        bases = [
-            route.text(route.member(model, "id", f"data[{i}]"), f"data[{i}].id")
-            for i, model in enumerate(models)
-            if not route.mapping(model, f"data[{i}]").get("parent")
-        ]
-        if not bases:
-            raise HttpError("GET", self.url + "/v1/models", f"lists no base model: {models}")
-        return bases[0]
+        """The base model's served name: the first model `/v1/models` lists that is no adapter (the same on
+        every server of inference.url)."""
+        names = {}
+        for server in self.servers:
+            route = ServerRoute("vllm_server", server.url + "/v1/models")
+            models = route.array(route.member(server.client.get("/v1/models"), "data", ""), "data")
+            bases = [
+                route.text(route.member(model, "id", f"data[{i}]"), f"data[{i}].id")
+                for i, model in enumerate(models)
+                if not route.mapping(model, f"data[{i}]").get("parent")
+            ]
+            if not bases:
+                raise HttpError("GET", server.url + "/v1/models", f"lists no base model: {models}")
+            names[server.url] = bases[0]
+        if len(set(names.values())) > 1:
+            raise ConfigError(f"inference.url: the vLLM servers serve different base models ({names}): serve one")
+        return next(iter(names.values()))
 
-    def _reports_tempered_logprobs(self, prompt: list[int]) -> bool:
+    def _reports_tempered_logprobs(self, server: Server, prompt: list[int]) -> bool:
         """Whether the server's log-probs follow the temperature (`--logprobs-mode processed_logprobs`):
         then the gap between the two likeliest tokens at T = 0.5 is twice the gap at T = 1."""
         gaps = []
@@ -223,17 +242,17 @@ class VllmServerEngine(ServerEngine):
                 "logprobs": 2,
                 "return_tokens_as_token_ids": True,
             }
-            answer = self.client.post(COMPLETIONS, body)
-            with self.route.reading("log-prob mode check (choices[0].logprobs.top_logprobs)"):
+            answer = server.client.post(COMPLETIONS, body)
+            with server.route.reading("log-prob mode check (choices[0].logprobs.top_logprobs)"):
                 top = answer["choices"][0]["logprobs"]["top_logprobs"][0]
                 best = sorted((float(value) for value in top.values()), reverse=True)
                 gaps.append(best[0] - best[1])
         if gaps[0] < 1e-3:
-            log.warning("could not tell which --logprobs-mode %s runs (a near tie on the check prompt)", self.url)
+            log.warning("could not tell which --logprobs-mode %s runs (a near tie on the check prompt)", server.url)
             return True
         ratio = gaps[1] / gaps[0]
         tempered = ratio > (1 + 1 / MODE_CHECK_TEMPERATURE) / 2
-        log.info("vLLM at %s reports %s log-probs", self.url, "temperature-scaled" if tempered else "raw")
+        log.info("vLLM at %s reports %s log-probs", server.url, "temperature-scaled" if tempered else "raw")
         return tempered
 
     def _check_semantics(self, sampling: SamplingParams) -> None:

