@@ -13,7 +13,8 @@ within the 1-rank seeds' min-max range (their seed-to-seed spread)?
 
 The runs of one seed on 1 and on N ranks sample and train the same first step (tests/distributed/
 test_same_as_one_rank.py) but part after it: the ranks sum the gradients in another order, so they are only
-expected to be alike statistically. The same seed on the same world size reproduces itself exactly: the
+expected to be alike statistically; the script prints, per seed, the first step at which their metrics
+differ, on how many steps their `correct_rate` is the same, and their largest |Δloss| and |Δgrad_norm|. The same seed on the same world size reproduces itself exactly: the
 script runs `--repeat-seed` (default: the first seed) on N ranks a second time and compares the metrics of the
 two runs (every field but the wall times, keys ending in `_s`, as tests/conftest.py's `without_timing`) and
 their held-out results. docs/benchmarks.md and docs/distributed.md report what it measured.
@@ -123,6 +124,22 @@ def agreement(first: dict, second: dict) -> dict:
     }
 
 
+def same_seed(one: dict, many: dict) -> dict:
+    """How far a seed's N-rank run is from its 1-rank run: the first step whose metrics differ (every field but
+    the wall times and the dist/ ones), the steps with the same `correct_rate`, the largest |difference| of
+    `loss` and `grad_norm`, and whether the held-out results are the same."""
+    strip = [[{k: v for k, v in r.items() if not k.startswith("dist/")} for r in run["metrics"]] for run in (one, many)]
+    differing = next((a["step"] for a, b in zip(*strip) if a != b), None)
+    pairs = list(zip(one["metrics"], many["metrics"]))
+    return {
+        "first_differing_step": differing,
+        "same_correct_rate_steps": sum(a["correct_rate"] == b["correct_rate"] for a, b in pairs),
+        "steps": len(pairs),
+        "max_abs_diff": {key: max(abs(a[key] - b[key]) for a, b in pairs) for key in ("loss", "grad_norm")},
+        "held_out_identical": one["held_out"] == many["held_out"],
+    }
+
+
 def summarize(runs: list[dict], ranks: int) -> dict:
     """Per quantity: each world size's spread over the seeds and the verdict."""
     by_world = {n: [quantities(r) for r in runs if r["ranks"] == n] for n in (1, ranks)}
@@ -203,6 +220,12 @@ def main(argv: list[str]) -> int:
         seed: [r["metrics"][0]["correct_rate"] for r in runs if r["seed"] == seed and not r["repeat"]]
         for seed in args.seeds
     }
+    one_vs_many = {}
+    for seed in args.seeds:
+        one, many = (
+            next(r for r in runs if r["seed"] == seed and r["ranks"] == n and not r["repeat"]) for n in (1, args.ranks)
+        )
+        one_vs_many[seed] = same_seed(one, many)
     summary = summarize([r for r in runs if not r["repeat"]], args.ranks)
     print()
     print("\n".join(table(runs, summary, args.ranks, args.seeds)))
@@ -211,6 +234,13 @@ def main(argv: list[str]) -> int:
         f"seed {repeat_seed} on {args.ranks} ranks, run twice: "
         + ("identical metrics and held-out results" if reproduced["identical"] else f"DIFFERENT {reproduced}")
     )
+    for seed, compared in one_vs_many.items():
+        print(
+            f"seed {seed}, 1 vs {args.ranks} ranks: metrics differ from step {compared['first_differing_step']}; "
+            f"correct_rate equal on {compared['same_correct_rate_steps']} of {compared['steps']} steps; "
+            f"max |Δloss| {compared['max_abs_diff']['loss']:.1e}, |Δgrad_norm| {compared['max_abs_diff']['grad_norm']:.1e}; "
+            f"held-out results {'the same' if compared['held_out_identical'] else 'differ'}"
+        )
     verdict = all(s["within_seed_spread"] for s in summary.values())
     print(f"{args.ranks} ranks within the 1-rank seed-to-seed spread on every quantity: {'yes' if verdict else 'NO'}")
     total_s = time.perf_counter() - started
@@ -228,6 +258,7 @@ def main(argv: list[str]) -> int:
             "within_seed_spread": verdict,
             "reproduced": reproduced,
             "first_step_correct_rate": same_first_step,
+            "one_vs_many": one_vs_many,
             "total_s": round(total_s, 1),
             "load_average": {"before": load_before, "after": os.getloadavg()},
         }

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.distributed_curve import agreement, summarize, windows
+from benchmarks.distributed_curve import agreement, same_seed, summarize, windows
 from tests.conftest import REPO, cli_env
 
 
@@ -45,6 +45,21 @@ def test_agreement_names_the_first_step_that_differs() -> None:
     }
 
 
+def test_same_seed_compares_a_seeds_runs_on_one_and_on_n_ranks_step_by_step() -> None:
+    records = [{"step": n, "correct_rate": 0.5, "loss": 0.1, "grad_norm": 1.0} for n in range(3)]
+    one = {"metrics": records, "held_out": {"eval/after_greedy_accuracy": 0.5}}
+    many_records = [{**r, "dist/world_size": 2} for r in records]
+    many_records[2] = {**many_records[2], "loss": 0.125, "correct_rate": 0.75}
+    many = {"metrics": many_records, "held_out": one["held_out"]}
+    assert same_seed(one, many) == {
+        "first_differing_step": 2,  # dist/ fields are left out
+        "same_correct_rate_steps": 2,
+        "steps": 3,
+        "max_abs_diff": {"loss": pytest.approx(0.025), "grad_norm": 0.0},
+        "held_out_identical": True,
+    }
+
+
 @pytest.mark.slow  # three retrain runs of 2 steps, two of them on 2 ranks: ~1-2 min on 2 cores
 def test_the_script_runs_both_world_sizes_and_repeats_a_seed(tmp_path: Path) -> None:
     out = tmp_path / "curve.json"
@@ -76,6 +91,9 @@ def test_the_script_runs_both_world_sizes_and_repeats_a_seed(tmp_path: Path) -> 
         "first_differing_step": None,
         "held_out_identical": True,
     }
+    compared = report["one_vs_many"]["3"]
+    assert compared["steps"] == 2 and compared["same_correct_rate_steps"] >= 1
+    assert compared["max_abs_diff"]["loss"] < 1e-4  # the first step trains alike on 1 and 2 ranks
     first_one, first_two = report["first_step_correct_rate"]["3"]
     assert first_one == first_two  # the first step is sampled alike on 1 and 2 ranks
     assert "seed 3 on 2 ranks, run twice: identical metrics and held-out results" in result.stdout
