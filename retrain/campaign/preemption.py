@@ -30,6 +30,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch.distributed as dist
+
+from retrain.distributed.world import active, gather_objects
 from retrain.housekeeping.console import resume_command
 from retrain.housekeeping.rundir import RunDir
 
@@ -91,7 +94,7 @@ def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    state = RunDir(trainer.run_dir).read_status().get("state")
+    state, received = _agreed(trainer.run_dir, received)
     if state == "done" or not received:
         return
     if requeue is not None and warning in received:
@@ -110,6 +113,21 @@ def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
             resume_command(trainer.run_dir),
         )
     raise SystemExit(128 + first if first in (signal.SIGTERM, signal.SIGINT) else TERMINATED_EXIT_CODE)
+
+
+def _agreed(run_dir: Path, received: list[int]) -> tuple[str | None, list[int]]:
+    """The run's state as rank 0 recorded it and the signals any rank received, the same on every rank.
+
+    One process: its own. Data-parallel, another rank's trainer returns before rank 0 has written the stop's
+    checkpoint and status: reading status.json itself, it would say "checkpointed (state running)" and exit
+    while rank 0 still writes (a rank's early exit ends the others under torchrun, or SLURM's KillOnBadExit).
+    Waiting here for rank 0, every rank also acts on the same signals (a SIGUSR2 that reached one rank only
+    still requeues the job)."""
+    main = not active() or dist.get_rank() == 0
+    state = RunDir(run_dir).read_status().get("state") if main else None
+    noted = gather_objects((state, received))
+    signals = [number for _, numbers in noted for number in numbers]
+    return noted[0][0], sorted(set(signals), key=signals.index)
 
 
 @contextmanager
