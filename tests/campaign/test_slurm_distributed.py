@@ -138,6 +138,10 @@ def test_a_preempted_two_task_job_is_requeued_whole_and_both_ranks_resume(
     assert "Received SIGUSR2: stopping after this step to checkpoint and requeue." in log
     assert "Resumed from" in log
     assert log.count("data-parallel: rank 0 of 2") >= 2  # both attempts ran on two ranks
+    # rank 1 hands over once rank 0 has checkpointed (it acts on rank 0's recorded state, not its own reading)
+    rank1 = (sweep_dir / ".submitit" / job_id / f"{job_id}_1_log.out").read_text()
+    assert "Checkpointed (state stopped); handing over to submitit to requeue this job." in rank1
+    assert "state running" not in rank1
     # save_every=0: the one checkpoint is the one rank 0 wrote on the signal, for both ranks
     (checkpoint,) = (run_dir / "checkpoints").glob("step_*")
     assert 0 < int(checkpoint.name.split("_")[1]) < PREEMPTED_STEPS
