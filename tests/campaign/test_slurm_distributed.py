@@ -33,10 +33,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # the node's two CPUs: one task (rank) on each, one thread per rank; memory for the job's two processes
 TWO_TASKS = [
-    *(o for o in SLURM if not o.startswith("hydra.launcher.mem_gb=")),
+    *(o for o in SLURM if not o.startswith(("hydra.launcher.mem_gb=", "hydra.launcher.setup="))),
     "hydra.launcher.tasks_per_node=2",
     "hydra.launcher.mem_gb=6",
 ]
+
+
+def setup(*lines: str) -> str:
+    """The job script's setup lines: one thread per rank, then `lines`."""
+    return f"hydra.launcher.setup={['export OMP_NUM_THREADS=1', *lines]}"
 
 
 def test_a_slurm_job_of_two_tasks_is_one_run_on_two_ranks(
@@ -47,7 +52,7 @@ def test_a_slurm_job_of_two_tasks_is_one_run_on_two_ranks(
     sweep = tmp_path / "sweep"
     started = time.monotonic()
     run_cli(
-        ["--multirun", *TWO_TASKS, "hydra.launcher.timeout_min=15", f"hydra.sweep.dir={sweep}", *STEPS],
+        ["--multirun", *TWO_TASKS, setup(), "hydra.launcher.timeout_min=15", f"hydra.sweep.dir={sweep}", *STEPS],
         cwd=tmp_path,
     )
     print(f"2-task SLURM job took {time.monotonic() - started:.0f} s")
@@ -57,6 +62,8 @@ def test_a_slurm_job_of_two_tasks_is_one_run_on_two_ranks(
     job = json.loads((two / "job.json").read_text())
     assert job["slurm"].get("job_id"), f"the run did not run as a SLURM job: {job}"
     assert "data-parallel: rank 0 of 2" in (two / "run.log").read_text()  # rank 0 wrote the run dir
+    ended = json.loads((two / "exit.json").read_text())
+    assert ended["status"] == "completed" and ended["pid"] == job["pid"]  # rank 0 recorded the job's start and end
 
 
 PREEMPTED_STEPS = 60  # a 2-rank quickstart step takes 0.2-0.5 s here: the signals land well before the end
@@ -97,7 +104,7 @@ def test_a_preempted_two_task_job_is_requeued_whole_and_both_ranks_resume(
             "--multirun",
             *common,
             *TWO_TASKS,
-            f"hydra.launcher.setup={['export OMP_NUM_THREADS=1', *SRUN[srun]]}",
+            setup(*SRUN[srun]),
             "hydra.launcher.timeout_min=15",
             "hydra.launcher.max_num_timeout=10",
             f"hydra.sweep.dir={sweep_dir}",
@@ -139,6 +146,8 @@ def test_a_preempted_two_task_job_is_requeued_whole_and_both_ranks_resume(
     assert "Resumed from" in log
     assert log.count("data-parallel: rank 0 of 2") >= 2  # both attempts ran on two ranks
     # rank 1 hands over once rank 0 has checkpointed (it acts on rank 0's recorded state, not its own reading)
+    submitted = (sweep_dir / ".submitit" / job_id / f"{job_id}_submission.sh").read_text()
+    assert all(line in submitted for line in SRUN[srun])  # srun ran as configured
     rank1 = (sweep_dir / ".submitit" / job_id / f"{job_id}_1_log.out").read_text()
     assert "Checkpointed (state stopped); handing over to submitit to requeue this job." in rank1
     assert "state running" not in rank1
