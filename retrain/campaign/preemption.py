@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
-from retrain.distributed.world import active, gather_objects
+from retrain.distributed.world import active, from_main, gather_objects
 from retrain.housekeeping.console import resume_command
 from retrain.housekeeping.rundir import RunDir
 
@@ -99,8 +99,11 @@ def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
         return
     if requeue is not None and warning in received:
         log.warning("Checkpointed (state %s); handing over to submitit to requeue this job.", state)
-        with _sigterm_ignored():
-            requeue(warning, None)  # submitit: checkpoint the launcher, `scontrol requeue`, exit
+        try:
+            with _sigterm_ignored():
+                requeue(warning, None)  # submitit: checkpoint the launcher, `scontrol requeue`, exit (rank 0 only)
+        finally:  # the other ranks exit once the job is requeued: one that exits with an error may end the job's
+            from_main(None)  # other tasks before (srun --kill-on-bad-exit, SLURM's KillOnBadExit)
     first = received[0]
     name = signal.Signals(first).name
     if requeue is not None:
