@@ -13,7 +13,9 @@ guard the signal only asks the trainer to stop; it finishes the step, checkpoint
 then is submitit's handler called to requeue and exit. The requeued job re-enters the same run dir and
 resumes from that checkpoint. SIGTERM there (`scancel`, `scontrol requeue`, the time limit itself, a
 node going down) stops the same way, and the job exits without a result, so SLURM's own requeue or
-cancellation stands — if the step ends within SLURM's KillWait.
+cancellation stands — if the step ends within SLURM's KillWait. A data-parallel run (torchrun, a job of several
+tasks) stops every rank after the same step; rank 0 writes the checkpoint and requeues, and the other ranks exit
+on rank 0's state once it has (tests/campaign/test_slurm_distributed.py).
 
     with requeue_on_preemption(trainer):
         status = trainer.run()
