@@ -144,6 +144,8 @@ class CampaignCallback(Callback):
             refresh(sweep_dir_of(config), with_summary=False)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if int(os.environ.get("RANK", "0")) != 0:
+            return  # another rank of a data-parallel run (torchrun, submitit tasks): rank 0 records the run's end
         run_dir = RunDir(Path(str(config.hydra.runtime.output_dir)))
         failed = job_return.status == JobStatus.FAILED
         value = getattr(job_return, "_return_value", None)  # .return_value re-raises a job's exception

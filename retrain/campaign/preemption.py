@@ -13,7 +13,9 @@ guard the signal only asks the trainer to stop; it finishes the step, checkpoint
 then is submitit's handler called to requeue and exit. The requeued job re-enters the same run dir and
 resumes from that checkpoint. SIGTERM there (`scancel`, `scontrol requeue`, the time limit itself, a
 node going down) stops the same way, and the job exits without a result, so SLURM's own requeue or
-cancellation stands — if the step ends within SLURM's KillWait.
+cancellation stands — if the step ends within SLURM's KillWait. A data-parallel run (torchrun, a job of several
+tasks) stops every rank after the same step; rank 0 writes the checkpoint and requeues, and the other ranks exit
+on rank 0's state once it has (tests/campaign/test_slurm_distributed.py).
 
     with requeue_on_preemption(trainer):
         status = trainer.run()
@@ -30,6 +32,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch.distributed as dist
+
+from retrain.distributed.world import active, from_main, gather_objects
 from retrain.housekeeping.console import resume_command
 from retrain.housekeeping.rundir import RunDir
 
@@ -91,13 +96,16 @@ def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    state = RunDir(trainer.run_dir).read_status().get("state")
+    state, received = _agreed(trainer.run_dir, received)
     if state == "done" or not received:
         return
     if requeue is not None and warning in received:
         log.warning("Checkpointed (state %s); handing over to submitit to requeue this job.", state)
-        with _sigterm_ignored():
-            requeue(warning, None)  # submitit: checkpoint the launcher, `scontrol requeue`, exit
+        try:
+            with _sigterm_ignored():
+                requeue(warning, None)  # submitit: checkpoint the launcher, `scontrol requeue`, exit (rank 0 only)
+        finally:  # the other ranks exit once the job is requeued: one that exits with an error may end the job's
+            from_main(None)  # other tasks before (srun --kill-on-bad-exit, SLURM's KillOnBadExit)
     first = received[0]
     name = signal.Signals(first).name
     if requeue is not None:
@@ -110,6 +118,21 @@ def requeue_on_preemption(trainer: Stoppable) -> Iterator[None]:
             resume_command(trainer.run_dir),
         )
     raise SystemExit(128 + first if first in (signal.SIGTERM, signal.SIGINT) else TERMINATED_EXIT_CODE)
+
+
+def _agreed(run_dir: Path, received: list[int]) -> tuple[str | None, list[int]]:
+    """The run's state as rank 0 recorded it and the signals any rank received, the same on every rank.
+
+    One process: its own. Data-parallel, another rank's trainer returns before rank 0 has written the stop's
+    checkpoint and status: reading status.json itself, it would say "checkpointed (state running)" and exit
+    while rank 0 still writes (a rank's early exit ends the others under torchrun, or SLURM's KillOnBadExit).
+    Waiting here for rank 0, every rank also acts on the same signals (a SIGUSR2 that reached one rank only
+    still requeues the job)."""
+    main = not active() or dist.get_rank() == 0
+    state = RunDir(run_dir).read_status().get("state") if main else None
+    noted = gather_objects((state, received))
+    signals = [number for _, numbers in noted for number in numbers]
+    return noted[0][0], sorted(set(signals), key=signals.index)
 
 
 @contextmanager

@@ -29,11 +29,12 @@ def rank_pid(launcher: int, rank: int) -> int | None:
 def test_a_signal_to_one_rank_stops_all_after_the_same_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     command = [*TORCHRUN, "--nproc-per-node=2", "-m", "retrain", *QUICK, "training.max_steps=500"]
+    output = tmp_path / "output.log"
     launcher = subprocess.Popen(
         [*command, "training.save_every=0", f"hydra.run.dir={run_dir}"],
         env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=output.open("w"),
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 120
@@ -52,3 +53,5 @@ def test_a_signal_to_one_rank_stops_all_after_the_same_step(tmp_path: Path) -> N
     assert status["state"] == "stopped"
     (checkpoint,) = (run_dir / "checkpoints").iterdir()
     assert checkpoint.name == f"step_{status['step'] + 1}"  # rank 0 checkpointed the step the ranks agreed on
+    # every rank exits on the state rank 0 recorded once its checkpoint was written, not on its own reading before
+    assert output.read_text().count("Checkpointed after SIGTERM (state stopped); exiting.") == 2
