@@ -124,19 +124,19 @@ def active() -> bool:
 
 def all_sum(tensor: torch.Tensor) -> torch.Tensor:
     """The element-wise sum over ranks (a copy on the input's device)."""
-    if not active():
-        return tensor
-    out = tensor.to(collective_device(), copy=True)
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out.to(tensor.device)
+    return _all_reduced(tensor, dist.ReduceOp.SUM)
 
 
 def all_max(tensor: torch.Tensor) -> torch.Tensor:
     """The element-wise maximum over ranks."""
+    return _all_reduced(tensor, dist.ReduceOp.MAX)
+
+
+def _all_reduced(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:
     if not active():
         return tensor
     out = tensor.to(collective_device(), copy=True)
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    dist.all_reduce(out, op=op)
     return out.to(tensor.device)
 
 
