@@ -178,6 +178,45 @@ def _interrupt(kind: str, job_id: str, run_dir: Path) -> None:
         subprocess.run(["scontrol", "requeue", job_id], check=True)
 
 
+def run_interrupted(
+    reference_command: list[str], sweep_args: list[str], run_dir: Path, kind: str, wait_s: float
+) -> tuple[str, subprocess.Popen[str], str, subprocess.Popen[str], str]:
+    """A sweep of one SLURM job (`python -m retrain` with `sweep_args`), interrupted as `kind` once it holds
+    `run_dir` and let run to its end (requeued attempts released at once), beside an uninterrupted reference
+    started the same moment: (job id, the driver, its output, the reference, its stderr)."""
+    cwd = run_dir.parent.parent
+    reference = subprocess.Popen(
+        reference_command, cwd=cwd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "retrain", *sweep_args],
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        job = _wait_for(
+            lambda: json.loads((run_dir / "job.json").read_text()) if (run_dir / "job.json").is_file() else None,
+            300,
+            "the job to start",
+        )
+        job_id = slurm_job_id(job)  # a sweep of one run is a plain job, not an array
+        _interrupt(kind, job_id, run_dir)  # every task of the job gets the signals
+        deadline = time.monotonic() + wait_s
+        while driver.poll() is None and time.monotonic() < deadline:
+            _release_requeued(job_id)
+            time.sleep(2)
+        output = driver.communicate(timeout=60)[0]
+        reference_error = reference.communicate(timeout=wait_s)[1]
+    finally:
+        for process in (driver, reference):
+            if process.poll() is None:
+                process.kill()
+    return job_id, driver, output, reference, reference_error
+
+
 @pytest.mark.parametrize("kind", list(INTERRUPTIONS))
 def test_interrupted_job_is_requeued_and_resumes_the_same_trajectory(
     slurm_cluster: None, tmp_path: Path, kind: str
@@ -194,20 +233,11 @@ def test_interrupted_job_is_requeued_and_resumes_the_same_trajectory(
     ]
     # the uninterrupted reference trains at the same time, on the other core
     reference_dir = tmp_path / "reference"
-    reference = subprocess.Popen(
-        [sys.executable, "-m", "retrain", *common, f"hydra.run.dir={reference_dir}"],
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     sweep_dir = tmp_path / "sweep"
-    driver = subprocess.Popen(
+    run_dir = sweep_dir / "maxrl_gtpo_sepa_s5"
+    _, driver, output, reference, reference_error = run_interrupted(
+        [sys.executable, "-m", "retrain", *common, f"hydra.run.dir={reference_dir}"],
         [
-            sys.executable,
-            "-m",
-            "retrain",
             "--multirun",
             "+campaign=ablation",
             *common,
@@ -216,31 +246,10 @@ def test_interrupted_job_is_requeued_and_resumes_the_same_trajectory(
             "hydra.launcher.max_num_timeout=10",
             f"hydra.sweep.dir={sweep_dir}",
         ],
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        run_dir,
+        kind,
+        wait_s=600,
     )
-    run_dir = sweep_dir / "maxrl_gtpo_sepa_s5"
-    try:
-        job = _wait_for(
-            lambda: json.loads((run_dir / "job.json").read_text()) if (run_dir / "job.json").is_file() else None,
-            300,
-            "the job to start",
-        )
-        job_id = slurm_job_id(job)  # a sweep of one run is a plain job, not an array
-        _interrupt(kind, job_id, run_dir)
-        deadline = time.monotonic() + 600
-        while driver.poll() is None and time.monotonic() < deadline:
-            _release_requeued(job_id)
-            time.sleep(2)
-        output = driver.communicate(timeout=60)[0]
-        reference_error = reference.communicate(timeout=600)[1]
-    finally:
-        for process in (driver, reference):
-            if process.poll() is None:
-                process.kill()
     assert reference.returncode == 0, reference_error[-4000:]
     assert driver.returncode == 0, output[-4000:]
 

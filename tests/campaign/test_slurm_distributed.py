@@ -9,20 +9,14 @@ python -m pytest -m slurm tests/campaign/test_slurm_distributed.py
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from retrain.campaign.runs import slurm_job_id
 from tests.campaign.test_slurm import (  # noqa: F401  (slurm_cluster: a fixture)
     SLURM,
-    _env,
-    _interrupt,
-    _release_requeued,
-    _wait_for,
+    run_interrupted,
     slurm_cluster,
 )
 from tests.conftest import QUICK, read_metrics, run_cli, without_timing
@@ -83,20 +77,12 @@ def _interrupted_run(tmp_path: Path, kind: str, srun: list[str], save_every: int
         "algorithm=maxrl_gtpo_sepa",
     ]
     reference_dir = tmp_path / "reference"  # trained at the same time
-    reference = subprocess.Popen(
-        [*TORCHRUN, "--standalone", "--nproc-per-node=2", "-m", "retrain", *common, f"hydra.run.dir={reference_dir}"],
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     sweep_dir = tmp_path / "sweep"
-    driver = subprocess.Popen(
+    run_dir = sweep_dir / "maxrl_gtpo_sepa_s5"
+    started = time.monotonic()
+    job_id, driver, output, reference, reference_error = run_interrupted(
+        [*TORCHRUN, "--standalone", "--nproc-per-node=2", "-m", "retrain", *common, f"hydra.run.dir={reference_dir}"],
         [
-            sys.executable,
-            "-m",
-            "retrain",
             "--multirun",
             *common,
             *TWO_TASKS,
@@ -105,32 +91,10 @@ def _interrupted_run(tmp_path: Path, kind: str, srun: list[str], save_every: int
             "hydra.launcher.max_num_timeout=10",
             f"hydra.sweep.dir={sweep_dir}",
         ],
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        run_dir,
+        kind,
+        wait_s=400,
     )
-    run_dir = sweep_dir / "maxrl_gtpo_sepa_s5"
-    started = time.monotonic()
-    try:
-        job = _wait_for(
-            lambda: json.loads((run_dir / "job.json").read_text()) if (run_dir / "job.json").is_file() else None,
-            300,
-            "the job to start",
-        )
-        job_id = slurm_job_id(job)
-        _interrupt(kind, job_id, run_dir)  # every task of the job gets the signals
-        deadline = time.monotonic() + 400
-        while driver.poll() is None and time.monotonic() < deadline:
-            _release_requeued(job_id)
-            time.sleep(2)
-        output = driver.communicate(timeout=60)[0]
-        reference_error = reference.communicate(timeout=300)[1]
-    finally:
-        for process in (driver, reference):
-            if process.poll() is None:
-                process.kill()
     print(f"{kind} 2-task SLURM job took {time.monotonic() - started:.0f} s")
     assert reference.returncode == 0, reference_error[-4000:]
     assert driver.returncode == 0, output[-4000:]
