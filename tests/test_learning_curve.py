@@ -8,7 +8,13 @@ from pathlib import Path
 
 from matplotlib.image import imread
 
-from retrain.training.learning_curve import LEARNING_CURVE_PNG, held_out_points, trailing_mean, write_learning_curve
+from retrain.training.learning_curve import (
+    LEARNING_CURVE_PNG,
+    draw_learning_curve,
+    held_out_points,
+    trailing_mean,
+    write_learning_curve,
+)
 from tests.conftest import CliHere, read_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -56,3 +62,27 @@ def test_the_curve_is_drawn_from_training_records_alone(tmp_path: Path) -> None:
     assert write_learning_curve(tmp_path / "none.png", [], {}, 10, "title") is None
     assert not (tmp_path / "none.png").exists()
     assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+
+
+def legend_lines(records: list[dict]) -> list[tuple[str, str]]:
+    """(label, line style) of each curve the training panel's legend names."""
+    figure = draw_learning_curve(records, {}, len(records), "title")
+    assert figure is not None
+    axis = figure.axes[0]
+    legend = [text.get_text() for text in axis.get_legend().get_texts()]
+    lines = [
+        (line.get_label(), line.get_linestyle()) for line in axis.get_lines() if not line.get_label().startswith("_")
+    ]
+    assert [label for label, _ in lines] == legend
+    return lines
+
+
+def test_a_0_1_reward_and_its_correct_rate_are_one_curve_named_for_both() -> None:
+    # a 0/1 reward: the reward and the correct rate are the same numbers, so one line would hide the other
+    same = [{"step": n, "mean_reward": (n % 3) / 2, "correct_rate": (n % 3) / 2} for n in range(10)]
+    assert legend_lines(same) == [("reward = correct rate (they coincide)", "-")]
+    # a shaped reward: two curves, the correct rate dashed so that a stretch where they meet shows both
+    shaped = [
+        {**record, "mean_reward": record["correct_rate"] + (0.1 if n > 5 else 0.0)} for n, record in enumerate(same)
+    ]
+    assert legend_lines(shaped) == [("reward", "-"), ("correct rate", "--")]

@@ -51,6 +51,24 @@ def test_sweep_status_prints_the_summary_and_can_rewrite_it(tmp_path: Path, caps
     assert {row["condition"]: row["done"] for row in summary["conditions"]} == {"grpo_none": 2, "maxrl_gtpo_sepa": 1}
 
 
+def test_sweep_status_shows_held_out_accuracy_per_condition(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = expand(["algorithm=grpo_none,maxrl_gtpo_sepa", "training.seed=1,2"])
+    start_manifest(tmp_path, plan, CampaignSettings(last_k=3), "BasicLauncher", None)
+    runs = [
+        simulate_run(tmp_path, job.condition or "", job.seed or 0, 0.4, num=job.num, held_out=(0.2, 0.5), eval_every=5)
+        for job in plan
+    ]
+    assert main([str(tmp_path), "--json"]) == 0
+    rows = {row["condition"]: row for row in json.loads(capsys.readouterr().out)["conditions"]}
+    after = [run.eval["eval/after_greedy_accuracy"] for run in runs if run.condition == "grpo_none"]
+    assert rows["grpo_none"]["held_out"]["greedy"]["after"]["mean"] == pytest.approx(sum(after) / 2)
+    assert [p["step"] for p in rows["grpo_none"]["held_out"]["sampled"]["points"]] == sorted(runs[0].eval_points)
+    assert main([str(tmp_path), "--write"]) == 0
+    text = capsys.readouterr().out
+    assert "## Held-out accuracy" in text and "| `maxrl_gtpo_sepa` | sampled |" in text
+    assert "![held-out accuracy](held_out_accuracy.png)" in text
+
+
 def test_folder_overview_and_bad_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sweep_dir = tmp_path / "sweeps" / "a"
     start_manifest(

@@ -1,4 +1,4 @@
-"""Learning curves of a sweep: per condition, the mean over seeds with a ±1 std band."""
+"""Learning curves of a sweep and its held-out accuracy: per condition, the mean over seeds with a ±1 std band."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import matplotlib
 matplotlib.use("Agg")  # files only: jobs run headless
 import matplotlib.pyplot as plt
 
+from retrain.campaign.held_out import KINDS, held_out
 from retrain.campaign.runs import RunInfo
 from retrain.campaign.stats import CORRECT_RATE, ENTROPY_VAR
 
 CURVES_PNG = "learning_curves.png"
+HELD_OUT_PNG = "held_out_accuracy.png"
 PANELS = [
     (CORRECT_RATE, "correct rate (smoothed)"),
     ("running_correct_rate", "running correct rate"),
@@ -89,6 +91,62 @@ def plot_learning_curves(runs: list[RunInfo], conditions: list[str], path: Path,
         axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     figure.suptitle(f"{title}: mean ± std over seeds", fontsize=11)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def held_out_curve(run: RunInfo, kind: str) -> dict[int, float]:
+    """Steps trained -> held-out accuracy: before training at 0, each eval point at the step its metrics record
+    names, after training at the run's last step count (its max_steps)."""
+    found = held_out(run)
+    curve = {0: found.before[kind]} if kind in found.before else {}
+    curve.update(found.points.get(kind, {}))
+    if kind in found.after and run.max_steps is not None:
+        curve[run.max_steps] = found.after[kind]
+    return curve
+
+
+def plot_held_out(runs: list[RunInfo], conditions: list[str], path: Path, title: str) -> Path | None:
+    """Write the PNG (a panel per kind, greedy and sampled) from the finished runs; None when none measured
+    held-out accuracy at two points or more (a lone point is no curve: the summary's table has it)."""
+    done = [r for r in runs if r.state == "done" and r.condition]
+    curves = {
+        (condition, kind): [c for c in (held_out_curve(r, kind) for r in done if r.condition == condition) if c]
+        for condition in conditions
+        for kind in KINDS
+    }
+    kinds = [kind for kind in KINDS if any(len(c) > 1 for (_, k), found in curves.items() if k == kind for c in found)]
+    if not kinds:
+        return None
+    figure, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.2), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for axis, kind in zip(axes[0], kinds):
+        for index, condition in enumerate(conditions):
+            if not curves[(condition, kind)]:
+                continue
+            steps, means, stds = band(curves[(condition, kind)])
+            color = colors(index % 10)
+            label = f"{condition} (n={len(curves[(condition, kind)])})"
+            axis.plot(steps, means, color=color, marker="o", label=label)
+            axis.fill_between(
+                steps,
+                [m - s for m, s in zip(means, stds)],
+                [m + s for m, s in zip(means, stds)],
+                color=color,
+                alpha=0.12,
+                linewidth=0,
+            )
+        axis.set(
+            xlabel="step (0: before training)",
+            ylabel="held-out accuracy",
+            title=f"{kind} held-out accuracy",
+            ylim=(0, 1),
+        )
+        axis.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    figure.suptitle(f"{title}: held-out accuracy, mean ± std over finished seeds", fontsize=11)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from retrain.campaign.held_out import KINDS, HeldOut, condition_held_out, held_out
 from retrain.campaign.manifest import Campaign, state_counts
 from retrain.campaign.runs import RunInfo, describe_age
 from retrain.campaign.stats import (
@@ -33,8 +34,11 @@ def _scores(campaign: Campaign) -> dict[str, RunScores]:
     return {run.name: run_scores(run.metrics, k) for run in campaign.runs}
 
 
-def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[str | None, list[dict[str, Any]]]:
-    """Per condition: estimates over its done seeds, pooled counts, and tests against its baseline."""
+def condition_rows(
+    campaign: Campaign, scores: dict[str, RunScores], held: dict[str, HeldOut]
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """Per condition: estimates over its done seeds, pooled counts, and tests against its baseline; the same
+    for its held-out accuracy (retrain.campaign.held_out)."""
     settings = campaign.settings
     conditions = campaign.conditions
     done = {c: [r for r in campaign.runs if r.condition == c and r.state == "done"] for c in conditions}
@@ -59,6 +63,12 @@ def condition_rows(campaign: Campaign, scores: dict[str, RunScores]) -> tuple[st
             "fisher_vs_baseline": None,
             "welch_vs_baseline": None,
         }
+        base_runs = done[reference] if reference is not None and reference != condition else None
+        row["held_out"] = condition_held_out(
+            [held[r.name] for r in done[condition]],
+            None if base_runs is None else [held[r.name] for r in base_runs],
+            settings.confidence,
+        )
         if reference is not None and reference != condition:
             base_scores = [scores[r.name] for r in done[reference]]
             row["fisher_vs_baseline"] = fisher_exact(
@@ -144,9 +154,11 @@ def entropy_comparison(campaign: Campaign, scores: dict[str, RunScores]) -> dict
     }
 
 
-def build_summary(campaign: Campaign, plot: str | None) -> dict[str, Any]:
+def build_summary(campaign: Campaign, plot: str | None, held_out_plot: str | None = None) -> dict[str, Any]:
+    """`plot`, `held_out_plot`: the file names of the learning curves and the held-out accuracy plot, if drawn."""
     scores = _scores(campaign)
-    baseline, rows = condition_rows(campaign, scores)
+    held = {run.name: held_out(run) for run in campaign.runs}
+    baseline, rows = condition_rows(campaign, scores, held)
     return {
         "sweep_dir": str(campaign.sweep_dir),
         "state": campaign.state,
@@ -157,7 +169,7 @@ def build_summary(campaign: Campaign, plot: str | None) -> dict[str, Any]:
         "counts": state_counts(campaign.runs),
         "conditions": rows,
         "entropy_comparison": entropy_comparison(campaign, scores),
-        "runs": [_run_row(run, scores[run.name]) for run in campaign.runs],
+        "runs": [_run_row(run, scores[run.name], held[run.name]) for run in campaign.runs],
         "failed": [
             {"name": r.name, "state": r.state, "error": r.error, "dir": None if r.dir is None else str(r.dir)}
             for r in campaign.runs
@@ -165,10 +177,11 @@ def build_summary(campaign: Campaign, plot: str | None) -> dict[str, Any]:
         ],
         "squeeze": campaign.squeeze,
         "plot": plot,
+        "held_out_plot": held_out_plot,
     }
 
 
-def _run_row(run: RunInfo, scores: RunScores) -> dict[str, Any]:
+def _run_row(run: RunInfo, scores: RunScores, held: HeldOut) -> dict[str, Any]:
     return {
         "name": run.name,
         "condition": run.condition,
@@ -179,6 +192,7 @@ def _run_row(run: RunInfo, scores: RunScores) -> dict[str, Any]:
         "final": scores.final,
         "last_k": scores.last_k,
         "entropy_var": scores.entropy_var,
+        "held_out_after": held.after,
         "updated_at": run.updated_at,
         "error": run.error,
         "has_adapter": run.has_adapter,
@@ -194,12 +208,58 @@ def _estimate_text(data: dict[str, Any]) -> str:
     return Estimate(**data).text()
 
 
-def _test_text(row: dict[str, Any], key: str, name: str) -> str:
+def _test_text(row: dict[str, Any], result: dict[str, Any] | None, name: str) -> str:
+    """`result`: a test of the condition `row` against its baseline."""
     if row["is_baseline"]:
         return "(baseline)"
-    if row["baseline"] is None:
+    if row["baseline"] is None or result is None:
         return "— (no baseline with the same settings)"
-    return TestResult(**row[key]).text(name)
+    return TestResult(**result).text(name)
+
+
+def _held_out_lines(summary: dict[str, Any]) -> list[str]:
+    """The held-out accuracy section: before/after/gain per condition and kind, and each eval point."""
+    level = round(100 * summary["settings"]["confidence"])
+    rows = [
+        (row, kind, figures) for row in summary["conditions"] for kind, figures in (row.get("held_out") or {}).items()
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Held-out accuracy",
+        "",
+        "Problems the runs never train on (`eval.*`), greedy and sampled: *before* and *after* training, "
+        f"*gain* = after − before of each seed; mean ± std [{level}% t-interval] over finished seeds.",
+        "",
+        "| condition | kind | before | after | gain | Welch vs baseline (after) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row, kind, figures in rows:
+        lines.append(
+            f"| `{row['condition']}` | {kind} | {_estimate_text(figures['before'])} "
+            f"| {_estimate_text(figures['after'])} | {_estimate_text(figures['gain'])} "
+            f"| {_test_text(row, figures['welch_vs_baseline'], 't')} |"
+        )
+    steps = sorted({point["step"] for _, _, figures in rows for point in figures["points"]})
+    if steps:
+        lines += [
+            "",
+            "During training (`eval.every`), at the step of the metrics record that holds each measurement:",
+            "",
+            "| condition | kind | " + " | ".join(f"step {step}" for step in steps) + " |",
+            "|---|---|" + "---|" * len(steps),
+        ]
+        for row, kind, figures in rows:
+            at = {point["step"]: point for point in figures["points"]}
+            cells = [
+                _estimate_text({k: v for k, v in at[step].items() if k != "step"}) if step in at else "—"
+                for step in steps
+            ]
+            lines.append(f"| `{row['condition']}` | {kind} | " + " | ".join(cells) + " |")
+    if summary.get("held_out_plot"):
+        lines += ["", f"![held-out accuracy]({summary['held_out_plot']})"]
+    return lines
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -228,9 +288,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
         pooled_text = f"{pooled['correct']}/{pooled['total']} ({_num(pooled['rate'])})" if pooled["total"] else "—"
         lines.append(
             f"| `{row['condition']}` | {row['done']}/{row['runs']} | {_estimate_text(row['final'])} "
-            f"| {_estimate_text(row['last_k'])} | {pooled_text} | {_test_text(row, 'fisher_vs_baseline', 'OR')} "
-            f"| {_test_text(row, 'welch_vs_baseline', 't')} |"
+            f"| {_estimate_text(row['last_k'])} | {pooled_text} | {_test_text(row, row['fisher_vs_baseline'], 'OR')} "
+            f"| {_test_text(row, row['welch_vs_baseline'], 't')} |"
         )
+    lines += _held_out_lines(summary)
     comparison = summary["entropy_comparison"]
     if comparison is not None:
         first, second = comparison["conditions"]
@@ -255,15 +316,17 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         "## Runs",
         "",
-        f"| run | state | step | final | last-{k} | {ENTROPY_VAR} | updated | error |",
-        "|---|---|---:|---:|---:|---:|---|---|",
+        f"| run | state | step | final | last-{k} | {ENTROPY_VAR} | held-out after (greedy/sampled) | updated | error |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for run in summary["runs"]:
         step = f"{run['step'] + 1}/{run['max_steps']}" if run["max_steps"] else str(run["step"] + 1)
         error = (run["error"] or "").replace("|", "\\|").replace("\n", " ")[:160]
+        after = run.get("held_out_after") or {}
+        held_out_text = "/".join(_num(after.get(kind)) for kind in KINDS) if after else "—"
         lines.append(
             f"| `{run['name']}` | {run['state']} | {step} | {_num(run['final'])} | {_num(run['last_k'])} "
-            f"| {_num(run['entropy_var'], 4)} | {describe_age(run['updated_at'])} | {error} |"
+            f"| {_num(run['entropy_var'], 4)} | {held_out_text} | {describe_age(run['updated_at'])} | {error} |"
         )
     if summary["failed"]:
         lines += ["", "## Failed or lost runs", ""]

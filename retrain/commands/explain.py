@@ -5,7 +5,8 @@
     retrain explain -m algorithm=grpo_none,maxrl_gtpo_sepa training.seed=1,2
     retrain explain -m +campaign=ablation --pilot outputs/runs/2025-01-01/12-00-00_maxrl_gtpo_sepa
 
-For each condition: the composed parts and their `_target_`s, the condition label, the backend's
+For each condition (every swept setting but the seed, named as the sweep's summary names it:
+retrain.campaign.plan.condition_label): the composed parts and their `_target_`s, the algorithm's label, the backend's
 capabilities and where they come from, the algorithm's preflight on a synthetic step (exit 1 with its
 message when it fails), whether planning detection and SEPA are used. For the run or every run of the
 sweep (Hydra's job order, retrain.campaign.plan): its run dir and wandb group, the estimate of
@@ -326,7 +327,8 @@ def explain(
     jobs, launch = planned_jobs(overrides, multirun, config_dir)
     pilot: Pilot | None = read_pilot(pilot_dir) if pilot_dir is not None else None
     gpu = gpu or detected_gpu() or REFERENCE_GPU
-    conditions: dict[str, dict[str, Any]] = {}
+    described: dict[str, dict[str, Any]] = {}  # per composed shape: describing one plans its parts
+    conditions: dict[str | None, dict[str, Any]] = {}  # per condition, named as the sweep's summary names it
     runs = []
     notes: list[str] = []
     settings = condition_settings([job.overrides for job in jobs])  # a condition: every swept setting but the seed
@@ -334,9 +336,12 @@ def explain(
         checked_config(job.config)
         container = plain(job.config)
         shape = json.dumps([container[group] for group in ("algorithm", "backend", "inference")], sort_keys=True)
-        if shape not in conditions:
-            conditions[shape] = {**describe_condition(job.config), "runs": 0}
-        conditions[shape]["runs"] += 1
+        if shape not in described:
+            described[shape] = describe_condition(job.config)
+        condition = condition_label(described[shape]["name"], setting)
+        if condition not in conditions:
+            conditions[condition] = {"condition": condition, **described[shape], "runs": 0}
+        conditions[condition]["runs"] += 1
         workload = Workload.of(container)
         timing = step_time(workload, gpu, pilot)
         notes += [note for note in timing.notes if note not in notes]
@@ -345,7 +350,7 @@ def explain(
                 "memory": memory_report(container),
                 "num": job.num,
                 "overrides": job.overrides,
-                "condition": condition_label(conditions[shape]["name"], setting),
+                "condition": condition,
                 "seed": container["training"]["seed"],
                 "run_dir": run_dir(job, launch, multirun),
                 "wandb": wandb_of(job.config),
@@ -409,7 +414,7 @@ def render(report: dict[str, Any]) -> str:
     lines = []
     for condition in report["conditions"]:
         backend, caps = condition["backend"], condition["backend"]["capabilities"]
-        lines.append(f"Condition {condition['name']} [{condition['label']}] ({condition['runs']} run(s))")
+        lines.append(f"Condition {condition['condition']} [{condition['label']}] ({condition['runs']} run(s))")
         for group, part in condition["parts"].items():
             option = f"{group}={part['option']}" if part["option"] else group
             lines.append(f"  {option:<28} {part['_target_']}")

@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument(
-        "--write", action="store_true", help="sweeps: also rewrite manifest.json, summary.md/json and the plot"
+        "--write", action="store_true", help="sweeps: also rewrite manifest.json, summary.md/json and the plots"
     )
     parser.add_argument(
         "--watch", action="store_true", help="refresh until nothing under the path is running any more (Ctrl-C quits)"
@@ -216,9 +216,8 @@ def report(path: Path, as_json: bool, write: bool) -> tuple[int, str, bool]:
             campaign = refresh(path) if write else collect(path)
         except (OSError, ValueError, TypeError) as error:  # a damaged manifest.json: say which, never a traceback
             return 1, f"retrain status: {path} is an unreadable sweep dir ({type(error).__name__}: {error})\n", False
-        summary = masked_values(
-            build_summary(campaign, plot="learning_curves.png" if (path / "learning_curves.png").is_file() else None)
-        )
+        plots = [name if (path / name).is_file() else None for name in ("learning_curves.png", "held_out_accuracy.png")]
+        summary = masked_values(build_summary(campaign, plot=plots[0], held_out_plot=plots[1]))
         text = json_text(summary) + "\n" if as_json else render_markdown(summary)
         return 0, text, campaign.state == RUNNING
     if RunDir(path).has_run():

@@ -27,6 +27,8 @@ class SimulatedRun:
     seed: int
     draws: np.ndarray  # [steps, completions] bool: which completions were correct
     entropy_var: np.ndarray  # [steps]
+    eval: dict[str, float]  # status.json's held-out accuracy before and after training ({}: none measured)
+    eval_points: dict[int, dict[str, float]]  # metrics record's step -> its `eval/*` accuracies
 
 
 def simulate_run(
@@ -43,9 +45,26 @@ def simulate_run(
     pid: int | None = None,
     error: str | None = None,
     name: str | None = None,
+    held_out: tuple[float, float] | None = None,
+    eval_every: int = 0,
+    eval_problems: int = 20,
 ) -> SimulatedRun:
-    """Write `<sweep>/<name>` (default `<condition>_s<seed>`) with metrics.jsonl, status.json, job.json and .hydra/."""
+    """Write `<sweep>/<name>` (default `<condition>_s<seed>`) with metrics.jsonl, status.json, job.json and .hydra/.
+
+    `held_out`: the held-out success probability (before, after) training: accuracies drawn over `eval_problems`
+    problems, greedy and sampled, into status.json's eval and, every `eval_every` steps (0: never), into the
+    metrics record of the step the trainer measures after, at a probability between the two."""
     rng = np.random.default_rng([seed, zlib.crc32((name or condition).encode())])
+    eval_rng = np.random.default_rng([seed, zlib.crc32((name or condition).encode()), 1])
+
+    def accuracies(p: float) -> dict[str, float]:
+        return {kind: float(eval_rng.binomial(eval_problems, p) / eval_problems) for kind in ("greedy", "sampled")}
+
+    held = {} if held_out is None else {"before": accuracies(held_out[0]), "after": accuracies(held_out[1])}
+    eval_results = {
+        f"eval/{when}_{kind}_accuracy": value for when, found in held.items() for kind, value in found.items()
+    }
+    eval_points: dict[int, dict[str, float]] = {}
     completions = batch_size * group_size
     draws = rng.random((steps, completions)) < p_correct
     entropy = rng.gamma(4.0, entropy_scale / 4.0, size=steps)
@@ -55,9 +74,15 @@ def simulate_run(
     with open(run_dir.metrics, "w") as handle:
         for step in range(steps):
             total_correct += int(draws[step].sum())
+            record: dict[str, float] = {}
+            if held_out is not None and eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+                share = (step + 1) / steps
+                eval_points[step] = accuracies(held_out[0] + share * (held_out[1] - held_out[0]))
+                record = {f"eval/{kind}_accuracy": value for kind, value in eval_points[step].items()}
             handle.write(
                 json.dumps(
                     {
+                        **record,
                         "step": step,
                         "condition": condition,
                         "seed": seed,
@@ -83,7 +108,7 @@ def simulate_run(
         "pid": pid or os.getpid(),
         "hostname": socket.gethostname(),
         "error": error,
-        "eval": {},
+        "eval": eval_results,
     }
     run_dir.write_status(status)
     if num is not None:
@@ -93,7 +118,7 @@ def simulate_run(
     run_dir.hydra_config.write_text(
         yaml.safe_dump({"algorithm": {"name": condition}, "training": {"seed": seed, "max_steps": steps}})
     )
-    return SimulatedRun(run_dir.path, condition, seed, draws, entropy)
+    return SimulatedRun(run_dir.path, condition, seed, draws, entropy, eval_results, eval_points)
 
 
 def dead_pid() -> int:

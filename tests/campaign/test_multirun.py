@@ -115,6 +115,27 @@ def test_campaign_settings_are_overridden_without_a_plus(tmp_path: Path) -> None
     assert yaml.safe_load(result.stdout)["campaign"]["confidence"] == 0.9
 
 
+def test_a_real_sweep_summarises_the_held_out_accuracy_its_run_measured(tmp_path: Path, cli_here: CliHere) -> None:
+    sweep_dir = tmp_path / "sweep"
+    held_out = ["eval.num_examples=4", "eval.every=1"]  # before, after step 1 (of 2), after training
+    cli_here(["--multirun", *QUICK_SWEEP, *held_out, "training.seed=1", f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    run_dir = sweep_dir / "maxrl_gtpo_sepa_s1"
+    measured = json.loads((run_dir / "status.json").read_text())["eval"]
+    during = [record for record in read_metrics(run_dir) if "eval/greedy_accuracy" in record]
+    summary = json.loads((sweep_dir / "summary.json").read_text())
+    [row] = summary["conditions"]
+    for kind in ("greedy", "sampled"):
+        figures = row["held_out"][kind]
+        assert figures["before"]["mean"] == pytest.approx(measured[f"eval/before_{kind}_accuracy"])
+        assert figures["after"]["mean"] == pytest.approx(measured[f"eval/after_{kind}_accuracy"])
+        assert [(p["step"], p["mean"]) for p in figures["points"]] == [
+            (record["step"], pytest.approx(record[f"eval/{kind}_accuracy"])) for record in during
+        ]
+    assert len(during) == 1 and summary["held_out_plot"] == "held_out_accuracy.png"
+    assert (sweep_dir / "held_out_accuracy.png").is_file()
+    assert "## Held-out accuracy" in (sweep_dir / "summary.md").read_text()
+
+
 @pytest.mark.slow
 def test_basic_multirun_campaign_writes_manifest_and_summary(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"

@@ -15,6 +15,7 @@ from scipy import stats as scipy_stats
 from retrain.campaign.manifest import MANIFEST, CampaignSettings, collect, start_manifest
 from retrain.campaign.plan import expand, overrides_by_key
 from retrain.campaign.report import refresh
+from retrain.campaign.stats import Estimate
 from retrain.campaign.summary import SUMMARY_JSON, SUMMARY_MD, build_summary, render_markdown
 from retrain.errors import ConfigError
 from tests.campaign.rundirs import SimulatedRun, dead_pid, simulate_run
@@ -235,3 +236,94 @@ def test_a_baseline_without_a_readable_run_is_named_not_replaced(
     assert all(row["fisher_vs_baseline"] is None and row["welch_vs_baseline"] is None for row in rows.values())
     text = (sweep_dir / SUMMARY_MD).read_text()
     assert "**the baseline `grpo_none` has no readable run" in text and "(baseline)" not in text
+
+
+HELD_OUT = {"grpo_none": (0.2, 0.3), "maxrl_gtpo_sepa": (0.2, 0.65)}  # held-out p(correct) before, after
+
+
+def held_out_sweep(sweep_dir: Path) -> dict[str, list[SimulatedRun]]:
+    """2 conditions × 3 seeds, all done, each measuring held-out accuracy before, every 4 steps, and after."""
+    plan = expand([f"algorithm={','.join(HELD_OUT)}", "training.seed=1,2,3", "training.max_steps=12"])
+    start_manifest(sweep_dir, plan, CampaignSettings(last_k=LAST_K), "BasicLauncher", None)
+    runs: dict[str, list[SimulatedRun]] = {c: [] for c in HELD_OUT}
+    for job in plan:
+        assert job.condition is not None and job.seed is not None
+        run = simulate_run(sweep_dir, job.condition, job.seed, 0.4, num=job.num, held_out=HELD_OUT[job.condition])
+        runs[job.condition].append(run)
+    return runs
+
+
+def test_held_out_accuracy_gets_the_statistics_of_the_correct_rate(tmp_path: Path) -> None:
+    runs = held_out_sweep(tmp_path)
+    refresh(tmp_path)
+    summary = json.loads((tmp_path / SUMMARY_JSON).read_text())
+    rows = {row["condition"]: row for row in summary["conditions"]}
+    after: dict[tuple[str, str], list[float]] = {}
+    for condition, simulated in runs.items():
+        for kind in ("greedy", "sampled"):
+            figures = rows[condition]["held_out"][kind]
+            before = [r.eval[f"eval/before_{kind}_accuracy"] for r in simulated]
+            after[(condition, kind)] = [r.eval[f"eval/after_{kind}_accuracy"] for r in simulated]
+            values = after[(condition, kind)]
+            assert figures["before"]["mean"] == pytest.approx(np.mean(before))
+            assert figures["after"]["mean"] == pytest.approx(np.mean(values))
+            assert figures["after"]["std"] == pytest.approx(np.std(values, ddof=1))
+            low, high = scipy_stats.t.interval(0.95, 2, loc=np.mean(values), scale=scipy_stats.sem(values))
+            assert (figures["after"]["ci_low"], figures["after"]["ci_high"]) == (
+                pytest.approx(low),
+                pytest.approx(high),
+            )
+            assert figures["gain"]["mean"] == pytest.approx(np.mean(np.subtract(values, before)))
+            assert figures["points"] == []  # no eval.every
+    for kind in ("greedy", "sampled"):
+        welch = scipy_stats.ttest_ind(after[("maxrl_gtpo_sepa", kind)], after[("grpo_none", kind)], equal_var=False)
+        assert rows["maxrl_gtpo_sepa"]["held_out"][kind]["welch_vs_baseline"]["p_value"] == pytest.approx(welch.pvalue)
+        assert rows["grpo_none"]["held_out"][kind]["welch_vs_baseline"] is None  # the baseline itself
+    assert summary["runs"][0]["held_out_after"] == {
+        "greedy": runs["grpo_none"][0].eval["eval/after_greedy_accuracy"],
+        "sampled": runs["grpo_none"][0].eval["eval/after_sampled_accuracy"],
+    }
+    text = (tmp_path / SUMMARY_MD).read_text()
+    sepa = rows["maxrl_gtpo_sepa"]["held_out"]["greedy"]
+    assert "## Held-out accuracy" in text and "During training" not in text
+    assert (
+        f"| `maxrl_gtpo_sepa` | greedy | {Estimate(**sepa['before']).text()} | {Estimate(**sepa['after']).text()} |"
+        in text
+    )
+    # before and after are two points of a curve: the plot is drawn, a panel per kind
+    assert "![held-out accuracy](held_out_accuracy.png)" in text
+    height, width, _ = matplotlib.image.imread(tmp_path / "held_out_accuracy.png").shape
+    assert width > 1.5 * height
+
+
+def test_held_out_accuracy_during_training_is_estimated_at_each_recorded_step(tmp_path: Path) -> None:
+    plan = expand(["algorithm=grpo_none", "training.seed=1,2,3", "training.max_steps=12"])
+    start_manifest(tmp_path, plan, CampaignSettings(last_k=LAST_K), "BasicLauncher", None)
+    runs = [
+        simulate_run(tmp_path, "grpo_none", job.seed or 0, 0.4, num=job.num, held_out=(0.1, 0.9), eval_every=4)
+        for job in plan
+    ]
+    summary = build_summary(collect(tmp_path), plot=None)
+    steps = sorted(runs[0].eval_points)  # the steps of the metrics records that hold them, whatever the convention
+    assert len(steps) == 2
+    for kind in ("greedy", "sampled"):
+        points = summary["conditions"][0]["held_out"][kind]["points"]
+        assert [point["step"] for point in points] == steps
+        for point in points:
+            values = [run.eval_points[point["step"]][kind] for run in runs]
+            assert point["mean"] == pytest.approx(np.mean(values))
+            assert point["std"] == pytest.approx(np.std(values, ddof=1))
+    text = render_markdown(summary)
+    assert "During training (`eval.every`)" in text
+    assert f"| condition | kind | step {steps[0]} | step {steps[1]} |" in text
+
+
+def test_a_sweep_that_measured_nothing_held_out_has_no_held_out_section(
+    sweep: tuple[Path, dict[str, list[SimulatedRun]]],
+) -> None:
+    sweep_dir, _ = sweep
+    refresh(sweep_dir)
+    summary = json.loads((sweep_dir / SUMMARY_JSON).read_text())
+    assert all(row["held_out"] == {} for row in summary["conditions"]) and summary["held_out_plot"] is None
+    assert "Held-out accuracy" not in (sweep_dir / SUMMARY_MD).read_text()
+    assert not (sweep_dir / "held_out_accuracy.png").exists()

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from retrain.campaign.manifest import CampaignSettings, collect, start_manifest
+from retrain.campaign.plan import expand
+from retrain.campaign.summary import build_summary
 from retrain.commands.capacity import (
     CPU_REFERENCE_STEP_S,
     REFERENCE_STEP_S,
@@ -252,6 +255,23 @@ def test_wall_time_fills_parallel_slots_in_order() -> None:
     assert math.isclose(wall_hours([1.0] * 40, 8), 5.0)
 
 
+def test_explain_names_a_sweeps_conditions_as_its_summary_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = ["algorithm=grpo_none,maxrl_gtpo_sepa", "training.lr=1e-3,1e-4", "training.seed=1,2"]
+    start_manifest(tmp_path, expand(sweep), CampaignSettings(), "BasicLauncher", None)
+    summarised = [row["condition"] for row in build_summary(collect(tmp_path), plot=None)["conditions"]]
+    assert summarised == [
+        f"{a} training.lr={lr}" for a in ("grpo_none", "maxrl_gtpo_sepa") for lr in ("0.001", "0.0001")
+    ]
+    assert explain_main(["--json", "-m", *sweep]) == 0
+    conditions = json.loads(capsys.readouterr().out)["conditions"]
+    assert [(c["condition"], c["runs"]) for c in conditions] == [(name, 2) for name in summarised]
+    assert explain_main(["-m", *sweep]) == 0
+    text = capsys.readouterr().out
+    assert all(f"Condition {name} [" in text for name in summarised) and f"#0 {summarised[0]} seed=1 " in text
+
+
 def test_a_pilot_without_steps_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
     with pytest.raises(ConfigError, match="--pilot .*: no step with step_time_s"):
@@ -270,12 +290,17 @@ def test_a_sweep_of_more_than_algorithm_and_seed_is_explained_as_it_launches(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert explain_main(["--json", "-m", "training.lr=1e-3,1e-4", "training.seed=1,2"]) == 0
-    runs = json.loads(capsys.readouterr().out)["runs"]
-    assert [(Path(run["run_dir"]).name, run["condition"]) for run in runs] == [
+    report = json.loads(capsys.readouterr().out)
+    assert [(Path(run["run_dir"]).name, run["condition"]) for run in report["runs"]] == [
         ("maxrl_gtpo_sepa_s1_lr0.001", "maxrl_gtpo_sepa training.lr=0.001"),
         ("maxrl_gtpo_sepa_s2_lr0.001", "maxrl_gtpo_sepa training.lr=0.001"),
         ("maxrl_gtpo_sepa_s1_lr0.0001", "maxrl_gtpo_sepa training.lr=0.0001"),
         ("maxrl_gtpo_sepa_s2_lr0.0001", "maxrl_gtpo_sepa training.lr=0.0001"),
+    ]
+    # two rates are two conditions of two seeds each, as the summary counts them
+    assert [(c["condition"], c["name"], c["runs"]) for c in report["conditions"]] == [
+        ("maxrl_gtpo_sepa training.lr=0.001", "maxrl_gtpo_sepa", 2),
+        ("maxrl_gtpo_sepa training.lr=0.0001", "maxrl_gtpo_sepa", 2),
     ]
     # a subdir of one's own that leaves the rate out: refused, as the launch refuses it
     assert explain_main(["-m", "training.lr=1e-3,1e-4", "hydra.sweep.subdir=run_s${training.seed}"]) == 1
