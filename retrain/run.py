@@ -42,8 +42,9 @@ from retrain.config import (
 )
 from retrain.config_checks.validation import check_prompt_lengths, check_run_config, warn_if_untrainable
 from retrain.data.prompts import template_line
+from retrain.distributed.agreement import check_same_data, check_same_settings
 from retrain.distributed.failures import clear_earlier_notes, rank_failures_recorded
-from retrain.distributed.world import World, check_agreed, from_main, join_world, leave_world, rank_devices
+from retrain.distributed.world import World, from_main, join_world, leave_world, rank_devices
 from retrain.environments.base import RolloutEnvironment
 from retrain.error_lines import failure_line
 from retrain.errors import CheckpointError, ConfigError
@@ -106,8 +107,9 @@ def run_as(world: World, cfg: DictConfig, run_dir: Path, attempt: str = "") -> d
     that fails leaves its error for rank 0 to record (retrain.distributed.failures)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     check_run_config(cfg)
+    if world.distributed:
+        check_same_settings(cfg)  # every rank computes the same step (retrain/distributed/agreement.py)
     identity = config_identity(cfg)
-    check_agreed("config", identity)
     keep_freed_memory()  # each step reuses the host memory of the step before instead of faulting it in anew
     # nothing is written into the run dir before it is this run's (its run.log included): a refused launch
     # leaves it as it was
@@ -194,6 +196,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World
         log.info("%s", template_line(str(cfg.data.prompt_template)))
     evaluation: EvalConfig = OmegaConf.to_object(cfg.eval)  # type: ignore[assignment]
     eval_examples = held_out_examples(data, evaluation.num_examples)
+    if world.distributed:
+        check_same_data(cfg, data, eval_examples)
 
     model: ModelSpec = build_part(cfg, "model")
     tokenizer = model.load_tokenizer()

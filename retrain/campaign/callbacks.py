@@ -42,6 +42,7 @@ from retrain.campaign.plan import (
 from retrain.campaign.report import refresh
 from retrain.config import container_dict
 from retrain.config_checks.compose_errors import output_dir_unwritable, unresolvable
+from retrain.distributed.rendezvous import env_int
 from retrain.errors import ConfigError, UserError
 from retrain.housekeeping.launch import RunDirRefused, held_elsewhere, slurm_ids
 from retrain.housekeeping.rundir import RunDir, write_json_atomic
@@ -144,7 +145,7 @@ class CampaignCallback(Callback):
             refresh(sweep_dir_of(config), with_summary=False)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if int(os.environ.get("RANK", "0")) != 0:
+        if env_int("RANK", 0) != 0:
             return  # another rank of a data-parallel run (torchrun, submitit tasks): rank 0 records the run's end
         run_dir = RunDir(Path(str(config.hydra.runtime.output_dir)))
         failed = job_return.status == JobStatus.FAILED

@@ -3,7 +3,8 @@
 Rank 0 alone writes run.log and status.json, but when another rank raises, rank 0 learns only that a peer is gone
 (its collective fails: at once under gloo, within the process group's timeout under NCCL). So the failing rank
 leaves one line in `<run dir>/ranks/<attempt>/rank<r>.failed` before it exits, and rank 0, failing next, records
-that line in status.json and run.log instead of its own "connection closed". `attempt` is one launch's own id (rank
+that line in status.json and run.log instead of its own "connection closed", and raises it as `RankFailed`, so
+what the job returns (the campaign's exit.json, the console) names the same cause. `attempt` is one launch's own id (rank
 0's, agreed by all), so an earlier launch's notes are never blamed; rank 0 clears those once it holds the run dir.
 """
 
@@ -22,6 +23,10 @@ from retrain.housekeeping.rundir import RunDir
 log = logging.getLogger("retrain")
 
 NOTES = "ranks"  # under the run dir
+
+
+class RankFailed(RuntimeError):
+    """Another rank failed, and rank 0's own error only says that its peer is gone: the failed ranks' lines."""
 
 
 def clear_earlier_notes(run_dir: Path, attempt: str) -> None:
@@ -55,4 +60,6 @@ def rank_failures_recorded(run_dir: Path, world: World, attempt: str) -> Iterato
             line = f"{'; '.join(failed)} (rank 0: {type(error).__name__})"
             log.error("data-parallel run failed: %s", line)
             RunDir(run_dir).record_failure(line)
+            if isinstance(error, Exception):  # an interrupt stays one
+                raise RankFailed(line) from error
         raise

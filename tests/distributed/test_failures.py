@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from retrain.distributed.failures import NOTES, RankFailed, rank_failures_recorded
+from retrain.distributed.world import World
+from retrain.housekeeping.rundir import RunDir
 from tests.conftest import QUICK, cli_env
 from tests.distributed import TORCHRUN
 
@@ -28,3 +32,19 @@ def test_a_failing_rank_ends_the_run_naming_it(tmp_path: Path) -> None:
     assert status["state"] == "failed"
     assert status["error"].startswith("rank 1: reward tests.plugins.training_plugins.failing_on_rank_one_reward")
     assert "rank 1: reward" in (run_dir / "run.log").read_text()
+    # what the job returned names the same cause, not rank 0's "Connection closed by peer"
+    exit_error = json.loads((run_dir / "exit.json").read_text())["error"]
+    assert exit_error.startswith("RankFailed: rank 1: reward tests.plugins.training_plugins.failing_on_rank_one_reward")
+
+
+def test_rank_0_raises_the_failed_ranks_error_as_the_runs(tmp_path: Path) -> None:
+    notes = tmp_path / NOTES / "launch"
+    notes.mkdir(parents=True)
+    (notes / "rank1.failed").write_text("ValueError: bad reward\n")
+    line = "rank 1: ValueError: bad reward (rank 0: RuntimeError)"
+    with (
+        pytest.raises(RankFailed, match=re.escape(line)),
+        rank_failures_recorded(tmp_path, World(rank=0, size=2), "launch"),
+    ):
+        raise RuntimeError("Connection closed by peer")
+    assert RunDir(tmp_path).read_status()["error"] == line
