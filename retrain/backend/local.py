@@ -47,7 +47,7 @@ from retrain.types import Rollouts, TrainBatch, TrainResult, WeightUpdate
 log = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.pt"  # the optimizer moments: without them a resume is not exact
-SCHEDULER_FILE = "scheduler.pt"  # the LR schedule's state (a checkpoint without it: its optimizer steps)
+SCHEDULER_FILE = "scheduler.pt"  # the LR schedule's state (absent from checkpoints older than schedules: constant)
 
 
 @built_in

@@ -15,7 +15,8 @@ Checkpointing rather than a hand-written backward: it works for whatever module 
 linear, one tied to the embeddings, a LoRA-adapted one, one behind accelerate's hooks) and gives autograd's
 own gradient of the same ops; its price is autograd's intermediates within a chunk. A model whose logits
 are more than its output embeddings applied to those hidden states (Gemma 2's final-logit softcap,
-Cohere's and Granite's logit scales; anything not in PLAIN_HEAD) takes the full logits instead.
+Cohere's and Granite's logit scales; anything not in PLAIN_HEAD) takes the full logits instead. The entropy of
+each token's distribution (training.entropy_coef) is computed inside the same chunks, never from whole logits.
 """
 
 from __future__ import annotations
