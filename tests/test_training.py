@@ -109,8 +109,8 @@ def test_a_learning_rate_schedule_resumes_exactly_after_a_sigkill(tmp_path: Path
     schedule = ["training.seed=3", "training.save_every=1", "training.lr_schedule=cosine", "training.warmup_steps=1"]
     steps = 4
     reference = without_timing(read_metrics(small_run(tmp_path, "full", *schedule, steps=steps, cli=DEFAULT_THREADS)))
-    # warmup from 0, then cosine from 4e-5 over the remaining 3 steps: cos(0), cos(π/3), cos(2π/3)
-    assert [record["optim/lr"] for record in reference] == pytest.approx([0.0, 4e-5, 3e-5, 1e-5], abs=1e-12)
+    # warmup from 0, then cosine from the quickstart's 1e-3 over the remaining 3 steps: cos(0), cos(π/3), cos(2π/3)
+    assert [record["optim/lr"] for record in reference] == pytest.approx([0.0, 1e-3, 7.5e-4, 2.5e-4])
 
     run_dir = tmp_path / "killed"
     args = [*SMALL, f"training.max_steps={steps}", *schedule, f"hydra.run.dir={run_dir}"]
