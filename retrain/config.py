@@ -54,9 +54,18 @@ class TrainingConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     max_grad_norm: float = 1.0  # 0 disables clipping
-    clip_eps: float = 0.0  # 0: pure importance-sampling loss
-    clip_eps_high: float | None = None  # DAPO clip-higher; None = clip_eps
+    lr_schedule: str = "constant"  # constant | linear | cosine (docs/loss.md)
+    warmup_steps: int = 0  # linear warmup from 0 over this many optimizer steps
+    min_lr_ratio: float = 0.0  # linear and cosine decay to lr * min_lr_ratio at max_steps
+    objective: str = "ppo"  # ppo (PPO/DAPO; pure IS with clip_eps 0) | gspo | gspo_token | cispo; docs/loss.md
+    clip_eps: float | None = None  # ε; null: the objective's (ppo 0: pure importance-sampling loss)
+    clip_eps_high: float | None = None  # ε_high (DAPO clip-higher); null: the objective's, else clip_eps
+    loss_agg: str | None = (
+        None  # token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_sum_norm; null: objective's
+    )
+    loss_agg_constant: float | None = None  # seq_sum_norm's divisor; null: batch_size * group_size * max_tokens
     kl_coef: float = 0.0  # > 0: adds kl_coef * k3 KL to the base model (adapter disabled) to the loss; docs/loss.md
+    entropy_coef: float = 0.0  # > 0: subtracts entropy_coef * the token's entropy from its loss; docs/loss.md
     save_every: int = 20  # checkpoint every N steps (and always at the end)
     keep_checkpoints: int = 0  # keep the newest N checkpoints/step_N (final/ always); 0 = keep all
     deterministic: bool = False  # also bit-exact on GPU: deterministic kernels, slower (docs/reproducibility.md)

@@ -61,6 +61,7 @@ from retrain.inference.reachable import check_server_answers
 from retrain.model.memory_plan import MemoryPlan, plan_on_this_machine, plans_local_memory
 from retrain.model.probe import Probe
 from retrain.model.spec import ChatPrompts, ModelSpec
+from retrain.objective.support import check_objective_support
 from retrain.plugins import checked, import_failure, is_built_in, locate, plugin_name
 from retrain.reward.scorer import RewardScorer
 from retrain.training.batching import build_batching
@@ -166,6 +167,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World
     plan.preflight()  # first: what an algorithm cannot do on this backend, before what the backend still lacks
     plan.check_options()
     check_kl_support(training, backend_cls)
+    check_objective_support(training, backend_cls)
     warn_if_untrainable(algorithm, training)
     check_wandb_login(str(cfg.logging.wandb_project))
     check_tensorboard(bool(cfg.logging.tensorboard))

@@ -12,9 +12,10 @@ from retrain.config import compose
 from retrain.config_checks.compose_errors import compose_error_line
 
 TRAINING_KEYS = (
-    "batch_size, betas, clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, kl_coef, "
-    "logprob_diff_tolerance, lr, max_grad_norm, max_skipped_steps, max_steps, max_tokens, save_every, seed, "
-    "temperature, threads, top_p, weight_decay"
+    "batch_size, betas, clip_eps, clip_eps_high, deterministic, entropy_coef, eps, group_size, keep_checkpoints, "
+    "kl_coef, logprob_diff_tolerance, loss_agg, loss_agg_constant, lr, lr_schedule, max_grad_norm, max_skipped_steps, "
+    "max_steps, max_tokens, min_lr_ratio, objective, save_every, seed, temperature, threads, top_p, warmup_steps, "
+    "weight_decay"
 )
 
 

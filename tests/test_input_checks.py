@@ -126,6 +126,11 @@ VLLM_SERVER = [
         ([*TINKER, "backend.max_concurrent_calls=0"], "backend.max_concurrent_calls=0: must be >= 1"),
         ([*TINKER, "training.kl_coef=0.1"], r"training.kl_coef=0.1: backend \S+TinkerBackend has no KL to the base"),
         ([DEMO, "training.kl_coef=-1"], r"training.kl_coef must be >= 0 \(0 = no KL term\), got -1"),
+        # an objective choice a remote backend does not compute: refused before training, naming the key
+        ([*TINKER, "training.objective=gspo"], r"training.objective=gspo: backend \S+TinkerBackend computes only"),
+        ([*PRIME_RL, "training.lr_schedule=cosine"], r"training.lr_schedule=cosine: backend \S+PrimeRlBackend"),
+        ([*TINKER, "training.entropy_coef=0.01"], r"training.entropy_coef=0.01: backend \S+TinkerBackend"),
+        ([DEMO, "training.loss_agg=sum"], r"training.loss_agg='sum' is not one of: token_mean"),
         # the parts built after the data (scoring), or after the model too (an engine): their schemas check first
         ([DEMO, "scoring.timeout_s=0"], "scoring.timeout_s must be positive, got 0.0"),
         ([DEMO, "scoring.workers=-1"], r"scoring.workers must be 0 \(one per core\) or more, got -1"),

@@ -102,6 +102,24 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
     assert without_timing(read_metrics(resumed)) == reference
 
 
+@pytest.mark.slow
+def test_a_learning_rate_schedule_resumes_exactly_after_a_sigkill(tmp_path: Path) -> None:
+    """The scheduler's state is in every checkpoint: killed after step 2 and rerun, a warmup + cosine run logs the
+    uninterrupted run's rates and metrics."""
+    schedule = ["training.seed=3", "training.save_every=1", "training.lr_schedule=cosine", "training.warmup_steps=1"]
+    steps = 4
+    reference = without_timing(read_metrics(small_run(tmp_path, "full", *schedule, steps=steps, cli=DEFAULT_THREADS)))
+    # warmup from 0, then cosine from the quickstart's 1e-3 over the remaining 3 steps: cos(0), cos(π/3), cos(2π/3)
+    assert [record["optim/lr"] for record in reference] == pytest.approx([0.0, 1e-3, 7.5e-4, 2.5e-4])
+
+    run_dir = tmp_path / "killed"
+    args = [*SMALL, f"training.max_steps={steps}", *schedule, f"hydra.run.dir={run_dir}"]
+    sigkill_once_checkpointed(args, tmp_path, run_dir / "checkpoints" / "step_2")
+    assert not (run_dir / "final").exists(), "the run finished before it could be killed"
+    DEFAULT_THREADS(args, cwd=tmp_path)
+    assert without_timing(read_metrics(run_dir)) == reference
+
+
 def test_resuming_a_finished_run_is_a_clear_no_op(tmp_path: Path, cli_here: CliHere) -> None:
     run_dir = small_run(tmp_path, "done", steps=2, cli=cli_here)
     before = read_metrics(run_dir)

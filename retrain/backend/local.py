@@ -1,9 +1,10 @@
 """backend=local: a Hugging Face causal LM with a PEFT LoRA adapter, trained with PyTorch here.
 
 The inference engine is built beside it from `engine_resources()`, which include the live model
-(the in-process engine therefore samples with the very weights it trains). Training computes the loss of docs/loss.md:
-the sampler's log-probs are the old log-probs, new log-probs use the sampler's temperature, the loss
-is a global token mean over the whole step (exact across micro-batches), one AdamW step per `train`,
+(the in-process engine therefore samples with the very weights it trains). Training computes the loss of docs/loss.md
+(retrain/objective): the sampler's log-probs are the old log-probs, new log-probs use the sampler's
+temperature, the token losses are aggregated over the whole step (`training.loss_agg`, exact across
+micro-batches and ranks), one AdamW step per `train` at the LR schedule's rate,
 and a non-finite loss or gradient skips the step without touching the adapter. A step's
 WeightUpdate names the adapter's live parameters; its version counts the optimizer steps taken.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,63 +25,29 @@ from peft.utils import load_peft_weights
 from retrain.backend.base import Capabilities
 from retrain.backend.config import LocalBackendConfig, checkpointing_choice
 from retrain.backend.devices import resolve_devices
+from retrain.backend.lr_schedule import lr_scheduler
 from retrain.backend.micro_batches import row_micro_batches
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.distributed.gradients import all_reduce_gradients
 from retrain.distributed.world import all_max, all_sum
 from retrain.errors import ConfigError
-from retrain.model.logprobs import completion_logprobs
+from retrain.model.logprobs import completion_logprobs, completion_logprobs_and_entropy
 from retrain.model.merged_lora import lean_lora, plain_lora_layers
 from retrain.model.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from retrain.model.probe import Probe, probe_tolerance
 from retrain.model.resources import EngineResources
 from retrain.model.spec import ModelSpec
 from retrain.model.train_mode import set_training
+from retrain.objective.aggregation import aggregation
+from retrain.objective.policy import TokenLoss, policy_token_loss
+from retrain.objective.support import ALL_KEYS
 from retrain.plugins import built_in
 from retrain.types import Rollouts, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.pt"  # the optimizer moments: without them a resume is not exact
-
-
-@dataclass
-class TokenLoss:
-    """Per-token policy loss of one micro-batch, with what the metrics need."""
-
-    loss: torch.Tensor  # [R, T] differentiable
-    ratio: torch.Tensor  # [R, T] detached
-    clipped: torch.Tensor  # [R, T] bool: the clipped branch of the objective was taken
-    kl: torch.Tensor | None = None  # [R, T] detached k3 to the base model, when training.kl_coef > 0
-
-
-def policy_token_loss(
-    new_logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    settings: LossSettings,
-    base_logprobs: torch.Tensor | None = None,
-) -> TokenLoss:
-    """−ratio·A, or with clip_eps > 0 the pessimistic −min(ratio·A, clip(ratio, 1−ε, 1+ε_high)·A); with
-    kl_coef > 0 (and the base model's log-probs) plus kl_coef·k3 (`k3_kl`)."""
-    ratio = torch.exp(new_logprobs - old_logprobs)
-    unclipped = ratio * advantages
-    if not settings.clipped:
-        loss, clipped = -unclipped, torch.zeros_like(ratio, dtype=torch.bool)
-    else:
-        bounded = ratio.clamp(1.0 - settings.clip_eps, 1.0 + settings.upper_eps) * advantages
-        loss, clipped = -torch.minimum(unclipped, bounded), (bounded < unclipped).detach()
-    if settings.kl_coef == 0 or base_logprobs is None:
-        return TokenLoss(loss=loss, ratio=ratio.detach(), clipped=clipped)
-    kl = k3_kl(new_logprobs, base_logprobs)
-    return TokenLoss(loss=loss + settings.kl_coef * kl, ratio=ratio.detach(), clipped=clipped, kl=kl.detach())
-
-
-def k3_kl(logprobs: torch.Tensor, base_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(policy ‖ base) on tokens sampled from the policy:
-    exp(base − logp) − (base − logp) − 1, never negative, 0 where the two agree, unbiased in expectation."""
-    log_ratio = base_logprobs - logprobs
-    return torch.exp(log_ratio) - log_ratio - 1
+SCHEDULER_FILE = "scheduler.pt"  # the LR schedule's state (absent from checkpoints older than schedules: constant)
 
 
 @built_in
@@ -96,6 +63,7 @@ class LocalBackend:
     )
     checkpoint_files = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_FILE)
     kl_to_base = True  # training.kl_coef: the base model is this model with its adapter disabled
+    objective_keys = ALL_KEYS  # every objective, aggregation, entropy bonus and LR schedule (retrain/objective)
     data_parallel = True  # trains its share of a step's rows on each rank of a torch.distributed run
 
     def __init__(
@@ -123,6 +91,7 @@ class LocalBackend:
             weight_decay=optim.weight_decay,
             foreach=True,  # torch picks it on CUDA only; on CPU it is as exact (bit-identical) and ~1/3 cheaper
         )
+        self.scheduler = lr_scheduler(self.optimizer, optim)
         self.plain_lora_layers = plain_lora_layers(self.model)  # trained through merged_lora.lean_lora
         self.weights_version = 0
         self.probe_tolerance = probe_tolerance(self.model.dtype)
@@ -153,34 +122,39 @@ class LocalBackend:
         num_tokens = int(all_sum(contributing.sum()))
         if num_tokens == 0:
             return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0)
+        settings = self.loss_settings
+        weights, divisor = self._aggregation(contributing, num_tokens)
 
         rows = contributing.any(dim=1).nonzero().squeeze(-1)
         micro_batches = row_micro_batches(rollouts, rows, self.micro_batch_tokens)
         set_training(self.model, True)  # the engine leaves the shared model in eval mode
         self.optimizer.zero_grad(set_to_none=True)
+        lr = self.optimizer.param_groups[0]["lr"]  # this step's, from the schedule
         loss_total = 0.0
         ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0.0, 0.0
         # the base model's log-probs first, through PEFT's own forward (which honours the disabled adapter)
-        base = (
-            [self._base_logprobs(rollouts, rows) for rows in micro_batches] if self.loss_settings.kl_coef > 0 else None
-        )
-        kl_sum = 0.0
+        base = [self._base_logprobs(rollouts, rows) for rows in micro_batches] if settings.kl_coef > 0 else None
+        kl_sum, entropy_sum = 0.0, 0.0
         with lean_lora(self.plain_lora_layers):  # routed once per step, for every micro-batch
             for index, micro_batch in enumerate(micro_batches):
                 token_loss, mask = self._micro_batch_loss(
                     rollouts, advantages, contributing, micro_batch, None if base is None else base[index]
                 )
-                micro_loss = (token_loss.loss * mask).sum() / num_tokens
+                micro_loss = (token_loss.loss * weights[micro_batch, : mask.shape[1]]).sum() / divisor
                 micro_loss.backward()
                 loss_total += float(micro_loss.detach())
                 ratio_sum += float(token_loss.ratio[mask].sum())
                 ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
                 clipped += float(token_loss.clipped[mask].sum())
-                logprob_gap += float(token_loss.ratio[mask].log().abs().sum())
+                logprob_gap += float(token_loss.token_ratio[mask].log().abs().sum())
                 if token_loss.kl is not None:
                     kl_sum += float(token_loss.kl[mask].sum())
-        sums = all_sum(torch.tensor([loss_total, ratio_sum, clipped, logprob_gap, kl_sum], dtype=torch.float64))
-        loss_total, ratio_sum, clipped, logprob_gap, kl_sum = (float(value) for value in sums)
+                if token_loss.entropy is not None:
+                    entropy_sum += float(token_loss.entropy[mask].sum())
+        sums = all_sum(
+            torch.tensor([loss_total, ratio_sum, clipped, logprob_gap, kl_sum, entropy_sum], dtype=torch.float64)
+        )
+        loss_total, ratio_sum, clipped, logprob_gap, kl_sum, entropy_sum = (float(value) for value in sums)
         ratio_max = float(all_max(torch.tensor(ratio_max, dtype=torch.float64)))
         metrics = {
             "policy/ratio_mean": ratio_sum / num_tokens,
@@ -190,6 +164,9 @@ class LocalBackend:
             "engine/logprob_abs_diff": logprob_gap / num_tokens,
             # mean k3 KL to the base model over the trained tokens, before the update
             **({"policy/kl": kl_sum / num_tokens} if base is not None else {}),
+            # mean entropy of the trained tokens' distributions, before the update
+            **({"policy/entropy": entropy_sum / num_tokens} if settings.entropy_coef > 0 else {}),
+            **({"optim/lr": lr} if self._scheduled else {}),
         }
 
         metrics.update(all_reduce_gradients(self.trainable))  # every rank now holds the whole step's gradient
@@ -199,6 +176,7 @@ class LocalBackend:
             log.warning("non-finite loss (%s) or grad norm (%s): optimizer step skipped", loss_total, grad_norm)
         else:
             self.optimizer.step()
+            self.scheduler.step()  # the schedule counts optimizer steps
         self.optimizer.zero_grad(set_to_none=True)
         update = None
         if not skipped:
@@ -218,6 +196,19 @@ class LocalBackend:
         with torch.inference_mode(), lean_lora(self.plain_lora_layers):
             return probe.logprobs_under(self.model, self.device).cpu()
 
+    @property
+    def _scheduled(self) -> bool:
+        """Whether the learning rate varies (then each step logs `optim/lr`)."""
+        return self.optim_settings.lr_schedule != "constant" or self.optim_settings.warmup_steps > 0
+
+    def _aggregation(self, contributing: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, float]:
+        """Per-token weights and the step's divisor of `training.loss_agg` (retrain/objective/aggregation.py)."""
+        settings = self.loss_settings
+        if settings.loss_agg == "token_mean":  # the step's token count is known already
+            return contributing, float(num_tokens)
+        agg = aggregation(settings.loss_agg, contributing, settings.loss_agg_constant, all_sum)
+        return agg.weights, agg.divisor
+
     def _micro_batch_loss(
         self,
         rollouts: Rollouts,
@@ -227,13 +218,18 @@ class LocalBackend:
         base_logprobs: torch.Tensor | None = None,
     ) -> tuple[TokenLoss, torch.Tensor]:
         """Forward the chosen rows exactly as the sampler saw them (trimmed of all-padding columns)."""
-        new_logprobs = self._rows_logprobs(rollouts, rows)
+        entropy = None
+        if self.loss_settings.entropy_coef > 0:
+            new_logprobs, entropy = self._rows_logprobs_and_entropy(rollouts, rows)
+        else:
+            new_logprobs = self._rows_logprobs(rollouts, rows)
         width = new_logprobs.shape[1]
         old_logprobs = rollouts.logprobs[rows, :width]
+        mask = contributing[rows, :width]
         token_loss = policy_token_loss(
-            new_logprobs, old_logprobs, advantages[rows, :width], self.loss_settings, base_logprobs
+            new_logprobs, old_logprobs, advantages[rows, :width], self.loss_settings, base_logprobs, mask, entropy
         )
-        return token_loss, contributing[rows, :width]
+        return token_loss, mask
 
     def _base_logprobs(self, rollouts: Rollouts, rows: torch.Tensor) -> torch.Tensor:
         """The chosen rows' log-probs under the base model: the same forward with the LoRA adapter disabled."""
@@ -243,12 +239,24 @@ class LocalBackend:
     def _rows_logprobs(self, rollouts: Rollouts, rows: torch.Tensor) -> torch.Tensor:
         """[len(rows), width] log-probs of the rows' completions at the sampler's temperature (width: the
         chosen rows' longest completion), their prompts trimmed of all-padding columns."""
+        return completion_logprobs(*self._rows_inputs(rollouts, rows), share_prompts=not self.activation_checkpointing)
+
+    def _rows_logprobs_and_entropy(self, rollouts: Rollouts, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_rows_logprobs` and each token's entropy, from the same chunks of logits."""
+        return completion_logprobs_and_entropy(
+            *self._rows_inputs(rollouts, rows), share_prompts=not self.activation_checkpointing
+        )
+
+    def _rows_inputs(
+        self, rollouts: Rollouts, rows: torch.Tensor
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """completion_logprobs' arguments for the chosen rows, trimmed of all-padding columns."""
         prompts, prompt_index = (rows // rollouts.group_size).unique(return_inverse=True)
         prompt_mask = rollouts.prompt_mask[prompts]
         completion_mask = rollouts.completion_mask[rows]
         first = int(prompt_mask.any(dim=0).nonzero()[0])
         width = int(completion_mask.any(dim=0).nonzero()[-1]) + 1
-        return completion_logprobs(
+        return (
             self.model,
             rollouts.prompt_ids[prompts, first:],
             prompt_mask[:, first:],
@@ -256,7 +264,6 @@ class LocalBackend:
             rollouts.completion_ids[rows, :width],
             completion_mask[:, :width],
             rollouts.temperature,
-            share_prompts=not self.activation_checkpointing,
         )
 
     def _clip_gradients(self) -> float:
@@ -270,6 +277,7 @@ class LocalBackend:
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(path))
         torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+        torch.save(self.scheduler.state_dict(), path / SCHEDULER_FILE)
 
     def load(self, path: Path) -> WeightUpdate:
         path = Path(path)
@@ -285,6 +293,8 @@ class LocalBackend:
         # its moments are part of an exact resume: a checkpoint without them is damaged (rundir.Checkpoint.damage)
         self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, map_location=self.device, weights_only=True))
         self.weights_version = _optimizer_steps(self.optimizer)
+        if (path / SCHEDULER_FILE).exists():  # absent: saved before schedules existed, so at a constant rate
+            self.scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=True))
         return WeightUpdate(version=self.weights_version, tensors=self.adapter)
 
     def _check_adapter_matches(self, path: Path) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from retrain.errors import refuse_all
+from retrain.objective.choices import LOSS_AGGREGATIONS, LR_SCHEDULES, OBJECTIVES
 
 if TYPE_CHECKING:
     from retrain.config import TrainingConfig
@@ -25,6 +26,10 @@ class OptimSettings:
     betas: tuple[float, ...]  # two values
     eps: float
     max_grad_norm: float
+    lr_schedule: str = "constant"  # constant | linear | cosine, after `warmup_steps` of linear warmup
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # where linear and cosine end, as a fraction of lr
+    max_steps: int = 1  # the optimizer steps the schedule spans (training.max_steps)
 
     @classmethod
     def from_config(cls, training: TrainingConfig) -> OptimSettings:
@@ -34,6 +39,10 @@ class OptimSettings:
             betas=tuple(training.betas),
             eps=training.eps,
             max_grad_norm=training.max_grad_norm,
+            lr_schedule=training.lr_schedule,
+            warmup_steps=training.warmup_steps,
+            min_lr_ratio=training.min_lr_ratio,
+            max_steps=training.max_steps,
         )
 
     def __post_init__(self) -> None:
@@ -43,6 +52,9 @@ class OptimSettings:
             "betas": (len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "two values in [0, 1)"),
             "eps": (self.eps > 0, "> 0"),
             "max_grad_norm": (self.max_grad_norm >= 0, ">= 0 (0 disables)"),
+            "lr_schedule": (self.lr_schedule in LR_SCHEDULES, f"one of: {', '.join(LR_SCHEDULES)}"),
+            "warmup_steps": (self.warmup_steps >= 0, ">= 0"),
+            "min_lr_ratio": (0.0 <= self.min_lr_ratio <= 1.0, "in [0, 1]"),
         }
         refuse_all(
             [f"training.{key} must be {rule}, got {getattr(self, key)}" for key, (ok, rule) in rules.items() if not ok]
@@ -52,32 +64,64 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class LossSettings:
-    """Importance-sampling loss knobs. `clip_eps = 0` is the pure IS loss; `clip_eps_high` None or
-    0 means "same as clip_eps" (set it larger for DAPO-style clip-higher). `kl_coef > 0` adds
-    kl_coef·k3, the KL estimator against the base model (docs/loss.md); 0 leaves the loss as it is."""
+    """The objective's knobs (docs/loss.md). `objective` picks the per-token loss (ppo: −ratio·A, clipped when
+    clip_eps > 0; gspo, gspo_token, cispo); `clip_eps_high` None or 0 means "same as clip_eps" (set it larger
+    for DAPO-style clip-higher). `loss_agg` aggregates token losses (seq_sum_norm divides by
+    `loss_agg_constant`). `kl_coef > 0` adds kl_coef·k3 against the base model, `entropy_coef > 0` subtracts
+    entropy_coef·H; 0 leaves the loss as it is. `from_config` fills what `training.*` leaves null with the
+    objective's paper defaults (retrain/objective/choices.py)."""
 
     clip_eps: float
     clip_eps_high: float | None
     kl_coef: float = 0.0
+    objective: str = "ppo"
+    loss_agg: str = "token_mean"
+    loss_agg_constant: float = 0.0  # seq_sum_norm's divisor (0: none set, for the other aggregations)
+    entropy_coef: float = 0.0
 
     @classmethod
     def from_config(cls, training: TrainingConfig) -> LossSettings:
-        return cls(clip_eps=training.clip_eps, clip_eps_high=training.clip_eps_high, kl_coef=training.kl_coef)
+        paper = OBJECTIVES.get(training.objective, OBJECTIVES["ppo"])  # an unknown one is refused below
+        clip_eps = paper.clip_eps if training.clip_eps is None else training.clip_eps
+        clip_eps_high = training.clip_eps_high
+        if training.clip_eps is None and clip_eps_high is None:  # both left to the paper
+            clip_eps_high = paper.clip_eps_high
+        constant = training.loss_agg_constant
+        return cls(
+            clip_eps=clip_eps,
+            clip_eps_high=clip_eps_high,
+            kl_coef=training.kl_coef,
+            objective=training.objective,
+            loss_agg=training.loss_agg or paper.loss_agg,
+            loss_agg_constant=(
+                training.batch_size * training.group_size * training.max_tokens if constant is None else constant
+            ),
+            entropy_coef=training.entropy_coef,
+        )
 
     def __post_init__(self) -> None:
         problems = [
-            f"training.kl_coef must be >= 0 (0 = no KL term), got {self.kl_coef}"
-            for _ in [0]
-            if not self.kl_coef >= 0  # also refuses nan
+            f"training.{key} must be >= 0 (0 = no {term} term), got {value}"
+            for key, term, value in (("kl_coef", "KL", self.kl_coef), ("entropy_coef", "entropy", self.entropy_coef))
+            if not value >= 0  # also refuses nan
         ] + [
             f"training.{key} must be >= 0, got {value}"
             for key, value in (("clip_eps", self.clip_eps), ("clip_eps_high", self.clip_eps_high))
             if value is not None and value < 0
         ]
-        if self.clip_eps == 0 and self.clip_eps_high:
+        if self.objective == "ppo" and self.clip_eps == 0 and self.clip_eps_high:
             problems.append(
                 f"training.clip_eps_high={self.clip_eps_high} needs training.clip_eps > 0 "
                 "(clip_eps = 0 selects the unclipped importance-sampling loss)"
+            )
+        if self.objective not in OBJECTIVES:
+            problems.append(f"training.objective={self.objective!r} is not one of: {', '.join(OBJECTIVES)}")
+        if self.loss_agg not in LOSS_AGGREGATIONS:
+            problems.append(f"training.loss_agg={self.loss_agg!r} is not one of: {', '.join(LOSS_AGGREGATIONS)}")
+        if not (self.loss_agg_constant > 0 or (self.loss_agg_constant == 0 and self.loss_agg != "seq_sum_norm")):
+            problems.append(
+                f"training.loss_agg_constant must be > 0 (null = batch_size·group_size·max_tokens), "
+                f"got {self.loss_agg_constant}"
             )
         refuse_all(problems)
 

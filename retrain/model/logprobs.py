@@ -15,7 +15,8 @@ Checkpointing rather than a hand-written backward: it works for whatever module 
 linear, one tied to the embeddings, a LoRA-adapted one, one behind accelerate's hooks) and gives autograd's
 own gradient of the same ops; its price is autograd's intermediates within a chunk. A model whose logits
 are more than its output embeddings applied to those hidden states (Gemma 2's final-logit softcap,
-Cohere's and Granite's logit scales; anything not in PLAIN_HEAD) takes the full logits instead.
+Cohere's and Granite's logit scales; anything not in PLAIN_HEAD) takes the full logits instead. The entropy of
+each token's distribution (training.entropy_coef) is computed inside the same chunks, never from whole logits.
 """
 
 from __future__ import annotations
@@ -85,6 +86,41 @@ def completion_logprobs(
     sampler does; otherwise every row runs prompt + completion in one forward (needed under activation
     checkpointing, which drops KV caches). The head runs as the module docstring says.
     """
+    head, features, targets = _real_token_features(
+        model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask, share_prompts
+    )
+    return _scattered(completion_mask, head_logprobs(head, features, targets, temperature))
+
+
+def completion_logprobs_and_entropy(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float,
+    share_prompts: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`completion_logprobs` and, [R, T] too, the entropy of each token's whole tempered distribution (0 on
+    padding), computed inside the same chunks of logits (training.entropy_coef)."""
+    head, features, targets = _real_token_features(
+        model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask, share_prompts
+    )
+    both = _over_chunks(_chunk_logprobs_and_entropy, head, features, targets, temperature)
+    return _scattered(completion_mask, both[:, 0]), _scattered(completion_mask, both[:, 1])
+
+
+def _real_token_features(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    share_prompts: bool,
+) -> tuple[torch.nn.Module | None, torch.Tensor, torch.Tensor]:
+    """The head, the [N, F] features that predict the N real completion tokens, and those tokens."""
     head = output_head(model)
     forward: Forward = causal_lm_logits if head is None else causal_lm_hidden
     shared = (model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask)
@@ -98,9 +134,13 @@ def completion_logprobs(
             forward, model, prompt_ids[prompt_index], prompt_mask[prompt_index], completion_ids, completion_mask
         )
     real = completion_mask.flatten().nonzero().squeeze(1)
-    logprobs = head_logprobs(head, rows_of(features.flatten(0, 1), real), completion_ids.flatten()[real], temperature)
-    return torch.zeros(completion_mask.shape, dtype=logprobs.dtype, device=logprobs.device).masked_scatter(
-        completion_mask, logprobs
+    return head, rows_of(features.flatten(0, 1), real), completion_ids.flatten()[real]
+
+
+def _scattered(completion_mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """[R, T] with the real tokens' `values` in place, 0 on padding."""
+    return torch.zeros(completion_mask.shape, dtype=values.dtype, device=values.device).masked_scatter(
+        completion_mask, values
     )
 
 
@@ -119,20 +159,31 @@ def head_logprobs(
     """[N] fp32 log_softmax(head(features) / T)[target] for [N, hidden] features (with head None: [N, V] logits),
     over chunks of tokens whose fp32 logits take at most LOGITS_CHUNK_BYTES; under autograd a chunk's logits are
     recomputed in its backward rather than kept. One chunk runs plainly."""
+    return _over_chunks(_chunk_logprobs, head, features, targets, temperature)
+
+
+def _over_chunks(
+    per_chunk_values: Callable[..., torch.Tensor],
+    head: torch.nn.Module | None,
+    features: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """`per_chunk_values(head, chunk, targets, scale)` over the chunks of `head_logprobs`, concatenated."""
     scale = temperature if temperature > 0 else 1.0
     vocabulary = features.shape[-1] if head is None else _vocabulary(head)
     per_chunk = max(1, LOGITS_CHUNK_BYTES // (4 * vocabulary))
     if len(features) <= per_chunk:
-        return _chunk_logprobs(head, features, targets, scale)
+        return per_chunk_values(head, features, targets, scale)
     differentiable = torch.is_grad_enabled() and (
         features.requires_grad or (head is not None and any(p.requires_grad for p in head.parameters()))
     )
     chunks = []
     for chunk, chosen in zip(features.split(per_chunk), targets.split(per_chunk), strict=True):
         if differentiable:
-            chunks.append(checkpoint(_chunk_logprobs, head, chunk, chosen, scale, use_reentrant=False))
+            chunks.append(checkpoint(per_chunk_values, head, chunk, chosen, scale, use_reentrant=False))
         else:
-            chunks.append(_chunk_logprobs(head, chunk, chosen, scale))
+            chunks.append(per_chunk_values(head, chunk, chosen, scale))
     return torch.cat(chunks)
 
 
@@ -144,6 +195,18 @@ def _chunk_logprobs(
     scaled = logits.float() / scale
     chosen = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return chosen - torch.logsumexp(scaled, dim=-1)
+
+
+def _chunk_logprobs_and_entropy(
+    head: torch.nn.Module | None, features: torch.Tensor, targets: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """[N, 2]: one chunk's log-probs (as `_chunk_logprobs`) and entropies −Σ p·log p of the tempered distribution."""
+    logits = features if head is None else head(features)
+    scaled = logits.float() / scale
+    log_norm = torch.logsumexp(scaled, dim=-1)
+    chosen = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    entropy = log_norm - (torch.softmax(scaled, dim=-1) * scaled).sum(dim=-1)
+    return torch.stack([chosen, entropy], dim=-1)
 
 
 def _vocabulary(head: torch.nn.Module) -> int:

@@ -10,10 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from retrain.assets import TINY_MODEL_DIR
-from retrain.backend.local import k3_kl, policy_token_loss
 from retrain.backend.settings import LossSettings
 from retrain.errors import ConfigError
 from retrain.model.logprobs import completion_logprobs
+from retrain.objective.policy import k3_kl, policy_token_loss
 from retrain.types import Rollouts, TrainBatch
 from tests.backend.test_local_training import SAMPLING, batch_for, lora_state, sample
 from tests.backend.tiny_model import make_backend

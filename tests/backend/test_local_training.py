@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from retrain.backend.local import policy_token_loss
 from retrain.backend.micro_batches import row_micro_batches
 from retrain.backend.settings import LossSettings
 from retrain.model.logprobs import completion_logprobs
+from retrain.objective.policy import policy_token_loss
 from retrain.types import Rollouts, SamplingParams, TrainBatch, WeightUpdate
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine
 
@@ -80,9 +80,10 @@ def test_a_step_returns_its_weight_update_and_a_skipped_step_none(tiny_spec):
     assert backend.train(batch_for(rollouts)).update.version == 2
 
 
-def step_with_gradient(tiny_spec, micro_batch_tokens: int):
-    """A step on fresh samples of a fresh backend, with the gradient the optimizer saw."""
-    backend = make_backend(tiny_spec, max_grad_norm=0.0, micro_batch_tokens=micro_batch_tokens)
+def step_with_gradient(tiny_spec, micro_batch_tokens: int, loss: LossSettings | None = None):
+    """A step on fresh samples of a fresh backend (with `loss`, else the defaults), with the gradient the optimizer
+    saw."""
+    backend = make_backend(tiny_spec, max_grad_norm=0.0, micro_batch_tokens=micro_batch_tokens, loss=loss)
     batch = batch_for(sample(backend))
     captured: dict[int, torch.Tensor] = {}
     backend.optimizer.register_step_pre_hook(

@@ -45,14 +45,15 @@ def make_backend(
     loss: LossSettings | None = None,
     devices: str = "cpu",
     micro_batch_tokens: int = 0,
+    optim: OptimSettings | None = None,
     **options,
 ) -> LocalBackend:
-    """A CPU LocalBackend with the run-wide defaults but `lr` and `max_grad_norm`."""
+    """A CPU LocalBackend with the run-wide defaults but `lr` and `max_grad_norm` (or all of `optim`)."""
     training = TrainingConfig(lr=lr, max_grad_norm=max_grad_norm)
     return LocalBackend(
         LocalBackendConfig(devices=devices, micro_batch_tokens=micro_batch_tokens, **options),
         model=spec,
-        optim=OptimSettings.from_config(training),
+        optim=optim or OptimSettings.from_config(training),
         loss=loss or LossSettings.from_config(training),
         seed=seed,
     )

@@ -169,8 +169,9 @@ def test_bad_overrides_fail_naming_the_key(capsys: pytest.CaptureFixture[str]) -
     assert explain_main(["training.lrr=1"]) == 1  # Hydra's compose error, as the run reports it
     assert capsys.readouterr().err == (
         "retrain explain: unknown config key 'training.lrr'; did you mean 'training.lr'? (known: batch_size, betas, "
-        "clip_eps, clip_eps_high, deterministic, eps, group_size, keep_checkpoints, kl_coef, logprob_diff_tolerance, "
-        "lr, max_grad_norm, max_skipped_steps, max_steps, max_tokens, save_every, seed, temperature, threads, top_p, "
+        "clip_eps, clip_eps_high, deterministic, entropy_coef, eps, group_size, keep_checkpoints, kl_coef, "
+        "logprob_diff_tolerance, loss_agg, loss_agg_constant, lr, lr_schedule, max_grad_norm, max_skipped_steps, "
+        "max_steps, max_tokens, min_lr_ratio, objective, save_every, seed, temperature, threads, top_p, warmup_steps, "
         "weight_decay)\n"
     )
 
