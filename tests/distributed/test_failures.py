@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from retrain.distributed.failures import rank_failures_recorded
+from retrain.distributed.world import World
 from tests.conftest import QUICK, cli_env
 from tests.distributed import TORCHRUN
 
@@ -28,3 +30,12 @@ def test_a_failing_rank_ends_the_run_naming_it(tmp_path: Path) -> None:
     assert status["state"] == "failed"
     assert status["error"].startswith("rank 1: reward tests.plugins.training_plugins.failing_on_rank_one_reward")
     assert "rank 1: reward" in (run_dir / "run.log").read_text()
+
+
+def test_a_failing_ranks_note_masks_a_url_password(tmp_path: Path) -> None:
+    """The note rank 0 reads (`ranks/<launch>/rank<r>.failed`) keeps no secret the error quoted."""
+    url = "http://user:p@ss-41c2@10.0.0.2:8000/v1"
+    with pytest.raises(ConnectionError), rank_failures_recorded(tmp_path, World(rank=1, size=2), "launch-1"):
+        raise ConnectionError(f"no server answers (GET {url})")
+    note = (tmp_path / "ranks" / "launch-1" / "rank1.failed").read_text()
+    assert "GET http://***@10.0.0.2:8000/v1" in note and "ss-41c2" not in note, note
