@@ -50,7 +50,8 @@ def rank_failures_recorded(run_dir: Path, world: World, attempt: str) -> Iterato
             raise
         if not world.is_main:
             notes.mkdir(parents=True, exist_ok=True)
-            (notes / f"rank{world.rank}.failed").write_text(mask_text(failure_line(error)) + "\n")  # a url's password too
+            note = mask_text(failure_line(error))  # the error may quote a url with its password
+            (notes / f"rank{world.rank}.failed").write_text(note + "\n")
             raise
         failed = peer_failures(notes)
         if failed:
