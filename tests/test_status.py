@@ -240,11 +240,20 @@ def test_a_stopped_run_names_the_command_that_resumes_it(tmp_path: Path) -> None
 def test_a_dead_run_names_the_command_that_resumes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     gone = simulate_run(tmp_path, "grpo_none", 2, 0.5, state="running", pid=dead_pid(), num=0)
     job = json.loads(gone.dir.joinpath("job.json").read_text())
-    gone.dir.joinpath("job.json").write_text(json.dumps({**job, "overrides": ["algorithm=grpo_none", "a=b c"]}))
+    gone.dir.joinpath("job.json").write_text(json.dumps({**job, "overrides": ["experiment=mine", "a=b c"]}))
     assert main([str(gone.dir)]) == 0
     text = capsys.readouterr().out
     assert "state: dead" in text
-    assert f"  resume: python -m retrain algorithm=grpo_none 'a=b c' hydra.run.dir={gone.dir}" in text.splitlines()
+    assert f"  resume: python -m retrain experiment=mine 'a=b c' hydra.run.dir={gone.dir}" in text.splitlines()
+    # started from /home/me with `--config-dir conf` (a preset of `retrain init`): both are part of the command
+    sources = [{"path": "/home/me/conf", "schema": "file", "provider": "command-line"}, {"provider": "main"}]
+    runtime = {"cwd": "/home/me", "config_sources": sources}
+    (gone.dir / ".hydra" / "hydra.yaml").write_text(json.dumps({"hydra": {"runtime": runtime}}))
+    assert main([str(gone.dir)]) == 0
+    resume = (
+        f"cd /home/me && python -m retrain --config-dir /home/me/conf experiment=mine 'a=b c' hydra.run.dir={gone.dir}"
+    )
+    assert f"  resume: {resume}" in capsys.readouterr().out.splitlines()
 
 
 @pytest.mark.parametrize(

@@ -86,20 +86,30 @@ def resume_command(run: RunInfo) -> str | None:
     if not isinstance(overrides, list):
         return None
     words = [str(o) for o in overrides if not str(o).lstrip("+~").startswith("hydra.")]
-    command = shlex.join([*RETRAIN, *words, f"hydra.run.dir={run.dir}"])
-    cwd = _started_in(files)
-    return f"cd {shlex.quote(cwd)} && {command}" if cwd else command
+    runtime = _hydra_runtime(files)
+    command = shlex.join([*RETRAIN, *_config_options(runtime), *words, f"hydra.run.dir={run.dir}"])
+    cwd = runtime.get("cwd")
+    return f"cd {shlex.quote(cwd)} && {command}" if isinstance(cwd, str) else command
 
 
-def _started_in(files: RunDir) -> str | None:
-    """The working directory the run was started from (Hydra's `hydra.runtime.cwd`): relative paths in its
-    overrides are relative to it."""
+def _hydra_runtime(files: RunDir) -> dict[str, Any]:
+    """`hydra.runtime` of the run's .hydra/hydra.yaml (where it was started, its config sources); {} unread."""
     try:
-        hydra = yaml.safe_load(read_text_file(files.hydra_dir / "hydra.yaml"))
-        cwd = hydra["hydra"]["runtime"]["cwd"]
+        runtime = yaml.safe_load(read_text_file(files.hydra_dir / "hydra.yaml"))["hydra"]["runtime"]
     except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
-        return None
-    return cwd if isinstance(cwd, str) else None
+        return {}
+    return runtime if isinstance(runtime, dict) else {}
+
+
+def _config_options(runtime: dict[str, Any]) -> list[str]:
+    """`--config-dir DIR` for each config dir the command line added (`retrain init`'s presets live in one)."""
+    sources = runtime.get("config_sources")
+    return [
+        option
+        for source in (sources if isinstance(sources, list) else [])
+        if isinstance(source, dict) and source.get("provider") == "command-line" and source.get("path")
+        for option in ("--config-dir", str(source["path"]))
+    ]
 
 
 def _number(value: Any) -> str:
