@@ -54,7 +54,7 @@ from retrain.housekeeping.determinism import reproducible_torch
 from retrain.housekeeping.launch import claimed_run_dir, record_launch
 from retrain.housekeeping.rundir import STATE_FILE, Checkpoint, RunDir
 from retrain.housekeeping.secrets import shown_config
-from retrain.housekeeping.threads import fitted_threads
+from retrain.housekeeping.threads import fitted_threads, ignored_settings
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.reachable import check_server_answers
@@ -139,6 +139,8 @@ def use_usable_cpus(configured: int) -> None:
     """torch computes with as many threads as the idle CPUs this process may use (retrain/housekeeping/threads.py); logged."""
     import torch
 
+    for ignored in ignored_settings():
+        log.warning(ignored)
     choice = fitted_threads(configured)
     torch.set_num_threads(choice.threads)
     log.info(choice.line())

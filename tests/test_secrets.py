@@ -23,7 +23,7 @@ from retrain.housekeeping.secrets import (
     shown_config,
 )
 from retrain.run import config_identity
-from tests.conftest import CliHere, read_metrics, run_cli
+from tests.conftest import QUICK, CliHere, read_metrics, run_cli
 
 TOKEN, ROTATED = "tok-3f9a1c-first", "tok-77be02-rotated"
 LITERAL_KEY = "sk-literal-5d0e41"  # typed on the command line: masked in every file, wandb's record of argv too
@@ -159,6 +159,9 @@ SWEPT_KEY, URL_PASSWORD = "sk-swept-7f3e9a", "pw-in-url-41c2"
     ("text", "shown"),
     [
         ("http://user:pw@host:8000/v1", "http://***@host:8000/v1"),
+        ("http://user:p@ss@host:8000/v1", "http://***@host:8000/v1"),  # the user info ends at the LAST `@`
+        (r"inference.url=http\://u\:p@s@s@127.0.0.1\:9", r"inference.url=http\://***@127.0.0.1\:9"),
+        ("http://host/a?to=a@b then user@example.com", "http://host/a?to=a@b then user@example.com"),
         (r"inference.url=http\://user\:pw@127.0.0.1\:9", r"inference.url=http\://***@127.0.0.1\:9"),
         ("GET https://a:b@x/y: ConnectError", "GET https://***@x/y: ConnectError"),
         ("Authorization: Bearer abc.def-123", "Authorization: ***"),
@@ -237,3 +240,24 @@ def test_a_key_and_url_credentials_typed_for_a_sweep_are_in_no_file_and_no_line(
         [sys.executable, "-m", "retrain", "status", str(sweep_dir), "--json"], capture_output=True, text=True
     )
     assert "http://***@127.0.0.1:9" in status.stdout and URL_PASSWORD not in status.stdout
+
+
+def test_a_password_holding_an_at_sign_is_in_no_file_and_no_line_of_a_run(tmp_path: Path) -> None:
+    """`user:p@ss@host`: an unencoded `@` in the password; run.log, .hydra/*, job.json, status.json, the console."""
+    run_dir, password = tmp_path / "run", "p@ss-9d1e"
+    result = run_cli(
+        [
+            *QUICK,
+            "inference=vllm_server",
+            f"inference.url=http://user:{password}@127.0.0.1:9",  # nothing listens: the run fails at start
+            "inference.max_retries=0",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        check=False,
+    )
+    console = result.stdout + result.stderr
+    assert result.returncode == 1 and "no server answers (GET http://***@127.0.0.1:9/" in console, console
+    written = {"run.log", "job.json", "status.json", ".hydra/config.yaml", ".hydra/overrides.yaml"}
+    assert written <= {str(path.relative_to(run_dir)) for path in run_dir.rglob("*")}
+    assert "ss-9d1e" not in console and files_holding(run_dir, "ss-9d1e") == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ from retrain.campaign.manifest import CampaignSettings, start_manifest
 from retrain.campaign.plan import expand
 from retrain.commands.status import main
 from tests.campaign.rundirs import dead_pid, simulate_run
-from tests.conftest import cli_env
+from tests.conftest import QUICK, cli_env
 
 
 def test_a_live_run_is_running_and_a_vanished_one_dead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -119,6 +121,8 @@ GARBAGE = {
     "binary_status": {"status.json": b"\xff\xfe\x00 not utf-8"},
     "string_job": {"job.json": b'"a string"'},
     "wrong_types": {"status.json": b'{"state": 5, "step": "x"}'},
+    "infinite_step": {"status.json": b'{"state": "done", "step": Infinity}'},
+    "nan_max_steps": {"status.json": b'{"state": "done", "step": 1, "max_steps": NaN}'},
     "list_config": {".hydra/config.yaml": b"- 1\n- 2\n"},
     "list_slurm": {"job.json": b'{"pid": 1, "slurm": [1]}'},
 }
@@ -144,6 +148,7 @@ def test_garbage_run_dirs_are_listed_as_unreadable_beside_the_good_ones(
     assert "status.json holds a list, not an object" in unreadable["list_status"]
     assert "status.json does not read (UnicodeDecodeError" in unreadable["binary_status"]
     assert "IsADirectoryError" in unreadable["dir_as_status"]
+    assert "status.json's step is inf, not a whole number" in unreadable["infinite_step"]
     assert any(line.startswith("run    done") and "grpo_none_s1" in line for line in lines)
 
     assert main([str(tmp_path / "list_config"), "--json"]) == 0
@@ -175,8 +180,10 @@ def test_watch_refreshes_a_live_run_until_its_count_and_a_finished_one_once(
     done = simulate_run(tmp_path, "grpo_none", 2, 0.5)
     assert main([str(done.dir), "--watch", "--interval", "0.01"]) == 0
     assert capsys.readouterr().out.count("state: done") == 1
-    with pytest.raises(SystemExit):
-        main([str(done.dir), "--watch", "--interval", "0"])
+    for interval in ("0", "-1", "nan", "inf", "-inf"):
+        with pytest.raises(SystemExit) as refused:
+            main([str(done.dir), "--watch", f"--interval={interval}"])
+        assert refused.value.code == 2 and "--interval must be a number of seconds > 0" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -208,6 +215,63 @@ def test_watch_follows_a_real_run_to_its_end(tmp_path: Path) -> None:
     frames = watched.stdout.split(f"retrain status {run_dir}  (")[1:]
     assert len(frames) >= 2 and "state: running" in frames[0]
     assert "state: done  (steps 8/8" in frames[-1] and all("state: done" not in frame for frame in frames[:-1])
+
+
+def test_a_stopped_run_names_the_command_that_resumes_it(tmp_path: Path) -> None:
+    """A real run stopped by SIGTERM after a step; the command its status prints continues it in its own dir."""
+    run_dir = tmp_path / "run"
+    args = [*QUICK, "training.max_steps=3", "training.batch_size=2", "training.group_size=2"]
+    training = subprocess.Popen(
+        [sys.executable, "-m", "retrain", *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 180
+    while not (run_dir / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    training.send_signal(signal.SIGTERM)
+    training.wait(timeout=180)
+    status = subprocess.run(
+        [sys.executable, "-m", "retrain", "status", str(run_dir)], capture_output=True, text=True, env=cli_env()
+    )
+    assert "state: stopped" in status.stdout, status.stdout + status.stderr
+    command = shlex.join(["python", "-m", "retrain", *args, f"hydra.run.dir={run_dir}"])
+    assert f"  resume: cd {tmp_path} && {command}" in status.stdout.splitlines(), status.stdout
+    python_first = {**cli_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    resumed = subprocess.run(
+        ["bash", "-c", status.stdout.split("  resume: ")[1].splitlines()[0]],
+        capture_output=True,
+        text=True,
+        env=python_first,
+        timeout=300,
+    )
+    assert resumed.returncode == 0 and "Resumed from" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
+    report = subprocess.run(
+        [sys.executable, "-m", "retrain", "status", str(run_dir), "--json"], capture_output=True, text=True
+    )
+    assert json.loads(report.stdout)["resume_command"] is None  # a finished run has nothing to resume
+
+
+def test_a_dead_run_names_the_command_that_resumes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gone = simulate_run(tmp_path, "grpo_none", 2, 0.5, state="running", pid=dead_pid(), num=0)
+    job = json.loads(gone.dir.joinpath("job.json").read_text())
+    gone.dir.joinpath("job.json").write_text(json.dumps({**job, "overrides": ["experiment=mine", "a=b c"]}))
+    assert main([str(gone.dir)]) == 0
+    text = capsys.readouterr().out
+    assert "state: dead" in text
+    assert f"  resume: python -m retrain experiment=mine 'a=b c' hydra.run.dir={gone.dir}" in text.splitlines()
+    # started from /home/me with `--config-dir conf` (a preset of `retrain init`): both are part of the command
+    sources = [{"path": "/home/me/conf", "schema": "file", "provider": "command-line"}, {"provider": "main"}]
+    runtime = {"cwd": "/home/me", "config_sources": sources}
+    (gone.dir / ".hydra" / "hydra.yaml").write_text(json.dumps({"hydra": {"runtime": runtime}}))
+    assert main([str(gone.dir)]) == 0
+    resume = (
+        f"cd /home/me && python -m retrain --config-dir /home/me/conf experiment=mine 'a=b c' hydra.run.dir={gone.dir}"
+    )
+    assert f"  resume: {resume}" in capsys.readouterr().out.splitlines()
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from retrain.housekeeping.threads import (
     choose_threads,
     cpu_ticks,
     idle_cpu_count,
+    ignored_settings,
     local_sweep_job_cpus,
     set_openmp_waits,
     threads_override,
@@ -193,6 +194,35 @@ def test_a_run_logs_its_thread_count_and_why(tmp_path: Path) -> None:
     )
     assert "usable CPU(s), limited by CPU affinity, " in result.stdout, result.stdout
     assert "idle at the start; training.threads=N sets it); OpenMP threads " in result.stdout, result.stdout
+
+
+def test_a_thread_setting_that_is_no_ascii_number_is_ignored_or_refused_naming_it(tmp_path: Path) -> None:
+    """`²` passes str.isdigit but not int: the variables are ignored with a warning (as OpenMP ignores them),
+    `training.threads=²` is refused naming the key, and neither is a traceback, `--cfg job` included."""
+    bad = {"OMP_NUM_THREADS": "²", "SLURM_CPUS_PER_TASK": "²"}
+    assert choose_threads(0, bad, tmp_path, idle=0).threads == AFFINITY
+    assert usable_cpus(bad, tmp_path) == (AFFINITY, "CPU affinity")
+    assert ignored_settings(bad) == [f"{name}='²' is not a whole number > 0: ignored" for name in bad]
+    assert ignored_settings({"OMP_NUM_THREADS": " 4 ", "SLURM_CPUS_PER_TASK": ""}) == []
+    assert threads_override(["training.threads=²"]) == 0
+    env = {**cli_env(), **bad}
+    shown = subprocess.run(
+        [sys.executable, "-m", "retrain", "experiment=quickstart", "--cfg", "job"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0 and "threads: 0" in shown.stdout, shown.stderr
+    refused = run_cli(["experiment=quickstart", "training.threads=²", "--cfg", "job"], tmp_path, check=False)
+    assert refused.returncode == 1 and "training.threads" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    fails_early = ["experiment=quickstart", "data=jsonl", "data.path=missing.jsonl", f"hydra.run.dir={tmp_path}/r"]
+    run = subprocess.run(
+        [sys.executable, "-m", "retrain", *fails_early], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert "OMP_NUM_THREADS='²' is not a whole number > 0: ignored" in run.stdout + run.stderr, run.stdout + run.stderr
+    assert "usable CPU(s), limited by CPU affinity" in run.stdout
 
 
 @pytest.mark.parametrize(("launcher", "cpus"), [("local", 1), ("slurm", None), (None, None)])

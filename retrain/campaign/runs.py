@@ -217,11 +217,11 @@ def _read_run(run_dir: Path, cluster_states: dict[str, str] | None) -> RunInfo:
         dir=run_dir,
         name=run_dir.name,
         condition=None if condition is None else str(condition),
-        seed=None if seed is None else int(seed),
+        seed=None if seed is None else _whole(seed, "the seed"),
         # job.json is rewritten by every attempt (a requeue is a new process); status.json as a fallback
         state=resolve_state(recorded_state, job if job.get("pid") else status, exit_info, cluster_state),
-        step=int(status.get("step", -1)),
-        max_steps=None if max_steps is None else int(max_steps),
+        step=_whole(status.get("step", -1), f"{STATUS_FILE}'s step"),
+        max_steps=None if max_steps is None else _whole(max_steps, "max_steps"),
         error=None if error is None else str(error),
         updated_at=None if status.get("updated_at") is None else float(status["updated_at"]),
         job=job,
@@ -229,6 +229,15 @@ def _read_run(run_dir: Path, cluster_states: dict[str, str] | None) -> RunInfo:
         metrics=[record for record in files.metrics_records() if isinstance(record, dict)],
         eval=_mapping(status.get("eval") or {}, f"{STATUS_FILE}'s eval"),
     )
+
+
+def _whole(value: Any, what: str) -> int:
+    """A count a run recorded (its step, seed, max_steps), or ValueError naming it: JSON's `Infinity` or `NaN`,
+    a list or a word is none, and one such value makes the run `unreadable`, not `retrain status` fail."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise ValueError(f"{what} is {value!r}, not a whole number") from error
 
 
 def _read_object(read: Callable[[], Any], name: str) -> dict[str, Any]:

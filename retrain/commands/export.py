@@ -9,7 +9,9 @@ vLLM and any `from_pretrained` load without peft), the tokenizer and its chat te
 The run's final checkpoint is exported; a run that has not finished gives its latest intact one, and
 RUN_DIR may also name one checkpoint (`<run>/checkpoints/step_20`). Merging is done in float32 and
 the merged weights are saved in the base model's own dtype unless `--dtype` says otherwise. Each
-output is written into a temp dir beside it and renamed into place, so it is whole or absent.
+output is written into a temp dir beside it and renamed into place, so it is whole or absent; the two
+outputs must not overlap. A run still writing may prune a checkpoint as it is read (`training.keep_checkpoints`):
+the newer one that replaced it is exported instead, or the command says the run is rotating them.
 """
 
 from __future__ import annotations
@@ -65,14 +67,17 @@ def main(argv: list[str]) -> int:
         if not checkpoint.is_final:
             print(f"retrain export: {run.path} has no final/ checkpoint yet: exporting {checkpoint.path}")
         adapter_out = args.adapter or (None if args.merged else run.path / DEFAULT_ADAPTER_DIR)
-        for out in filter(None, (adapter_out, args.merged)):
+        outputs = [out for out in (adapter_out, args.merged) if out is not None]
+        check_apart(outputs)
+        for out in outputs:
             check_free(out)
-        if adapter_out is not None:
-            write_adapter(checkpoint.path, spec, adapter_out)
-            print(f"adapter (PEFT) of {spec.name_or_path} written to {adapter_out}")
-        if args.merged is not None:
-            write_merged(checkpoint.path, spec, args.merged, args.dtype)
-            print(f"merged model (transformers) written to {args.merged}")
+        with _rotation_reported(checkpoint):
+            if adapter_out is not None:
+                write_adapter(checkpoint.path, spec, adapter_out)
+                print(f"adapter (PEFT) of {spec.name_or_path} written to {adapter_out}")
+            if args.merged is not None:
+                write_merged(checkpoint.path, spec, args.merged, args.dtype)
+                print(f"merged model (transformers) written to {args.merged}")
     except UserError as error:
         print(f"retrain export: {error}", file=sys.stderr)
         return 1
@@ -116,6 +121,19 @@ def check_free(out: Path) -> None:
         raise ExportError(f"{out} exists and is not an empty directory; remove it or choose another")
 
 
+def check_apart(outputs: list[Path]) -> None:
+    """The adapter and the merged model go to two directories, neither inside the other: the second written
+    would find the first where it renames its own into place."""
+    if len(outputs) < 2:
+        return
+    adapter, merged = (out.expanduser().resolve() for out in outputs)
+    if adapter == merged or adapter.is_relative_to(merged) or merged.is_relative_to(adapter):
+        raise ExportError(
+            f"--adapter {outputs[0]} and --merged {outputs[1]} overlap; give each its own directory, neither inside "
+            "the other"
+        )
+
+
 def write_adapter(checkpoint: Path, spec: Any, out: Path) -> None:
     """The checkpoint's adapter files, its config naming where the base model loads from, and the tokenizer."""
     source, _ = spec.source()
@@ -146,6 +164,20 @@ def write_merged(checkpoint: Path, spec: Any, out: Path, dtype: str = "auto") ->
         with _written_into(out) as staging:
             merged.save_pretrained(str(staging))
             spec.load_tokenizer().save_pretrained(str(staging))
+
+
+@contextmanager
+def _rotation_reported(checkpoint: Checkpoint) -> Iterator[None]:
+    """A checkpoint a live run prunes while it is copied (`training.keep_checkpoints`) is said to be, not a traceback."""
+    try:
+        yield
+    except Exception as error:  # a file gone mid-copy: OSError from shutil, other errors from peft's loader
+        if isinstance(error, UserError) or checkpoint.path.exists():
+            raise
+        raise ExportError(
+            f"{checkpoint.path} was removed while it was exported: a run is writing this dir and rotating its "
+            "checkpoints (training.keep_checkpoints); export again, or once it has stopped"
+        ) from error
 
 
 @contextmanager
@@ -182,12 +214,17 @@ def _written_into(out: Path) -> Iterator[Path]:
     staging.chmod(0o777 & ~_umask())  # mkdtemp's is private (0700): the output is as readable as any new dir
     try:
         yield staging
+        try:
+            if out.is_dir():  # an empty directory (check_free)
+                out.rmdir()
+            staging.rename(out)
+        except OSError as error:  # something wrote `out` meanwhile
+            raise ExportError(
+                f"{out} could not be put in place ({error.strerror}); nothing was written there"
+            ) from error
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    if out.is_dir():  # an empty directory (check_free)
-        out.rmdir()
-    staging.rename(out)
 
 
 def _umask() -> int:

@@ -10,16 +10,23 @@ never written.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from omegaconf import DictConfig, OmegaConf
 
 from retrain.config import compose, config_groups
+from retrain.errors import UserError
+from retrain.housekeeping.digits import whole_number
+
+if TYPE_CHECKING:
+    from retrain.model.spec import ModelSpec
 
 LISTED = 8  # a group with more options names only the default and how many there are
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a NUL byte, an escape, ...: in no answer
 
 
 class AnswerError(Exception):
@@ -52,7 +59,7 @@ class Questions:
             if not self.answers.isatty():
                 self.output.write(line if line.endswith("\n") else line + "\n")  # a transcript reads as asked
             answer = line.strip() or default
-            problem = check(answer)
+            problem = _unprintable(answer) or check(answer)
             if problem is None:
                 return answer
             if not self.answers.isatty():
@@ -65,11 +72,34 @@ def one_of(options: list[str]) -> Callable[[str], str | None]:
 
 
 def positive_int(answer: str) -> str | None:
-    return None if answer.isdigit() and int(answer) >= 1 else f"{answer!r} is not a whole number >= 1"
+    number = whole_number(answer)  # ASCII digits: `²` passes str.isdigit, not int
+    return None if number is not None and number >= 1 else f"{answer!r} is not a whole number >= 1"
+
+
+def loadable_model(options: list[str]) -> Callable[[str], str | None]:
+    """An option of the model group, or a Hub id or a model directory that is there (checked now, where the
+    answer can still be given again, not when the preset first runs)."""
+
+    def check(answer: str) -> str | None:
+        if answer in options:
+            return None
+        try:
+            _model_spec(answer, options).source()
+        except UserError as error:
+            return str(error)
+        return None
+
+    return check
 
 
 def anything(answer: str) -> str | None:
     return None if answer else "an answer is needed"
+
+
+def _unprintable(answer: str) -> str | None:
+    """No answer holds a control character: a NUL byte ends a path at the OS and breaks an override."""
+    found = CONTROL.search(answer)
+    return None if found is None else f"{answer!r} holds the control character {found.group()!r}; type it without"
 
 
 def ask_run(questions: Questions) -> tuple[list[str], dict[str, object]]:
@@ -88,7 +118,10 @@ def ask_run(questions: Questions) -> tuple[list[str], dict[str, object]]:
 
     model_options = groups["model"]
     model = questions.ask(
-        "model: an option, a Hub id or a local directory", str(choices["model"]), anything, model_options
+        "model: an option, a Hub id or a local directory",
+        str(choices["model"]),
+        loadable_model(model_options),
+        model_options,
     )
     if model in model_options:
         picked["model"] = model
@@ -109,21 +142,28 @@ def ask_run(questions: Questions) -> tuple[list[str], dict[str, object]]:
     values["training.max_steps"] = int(
         questions.ask("training.max_steps", str(defaults.training.max_steps), positive_int)
     )
-    model_overrides = [f"model={picked['model']}"] if "model" in picked else [f"model.name_or_path={model}"]
-    max_tokens = _fitting_max_tokens(model_overrides, int(defaults.training.max_tokens))
+    max_tokens = _fitting_max_tokens(_model_spec(model, model_options), int(defaults.training.max_tokens))
     values["training.max_tokens"] = int(
         questions.ask("training.max_tokens (new tokens per completion)", str(max_tokens), positive_int)
     )
     return [f"{group}={option}" for group, option in picked.items()], values
 
 
-def _fitting_max_tokens(model_overrides: list[str], default: int) -> int:
+def _model_spec(model: str, options: list[str]) -> ModelSpec:
+    """The model an answer names: an option of the group, else the default's with `name_or_path` set (set on
+    the config, not as an override, so a path with spaces or `=` in it is taken as it is)."""
+    node = compose([f"model={model}"] if model in options else []).model
+    if model not in options:
+        node.name_or_path = model
+    spec: ModelSpec = OmegaConf.to_object(node)  # type: ignore[assignment]
+    return spec
+
+
+def _fitting_max_tokens(spec: ModelSpec, default: int) -> int:
     """The default, or half the model's context when that is less and the model is here to read (a Hub
     model's context would need a download): a run whose completions leave no room for the prompt is refused."""
     from retrain.config_checks.validation import model_context
-    from retrain.model.spec import ModelSpec
 
-    spec: ModelSpec = OmegaConf.to_object(compose(model_overrides).model)  # type: ignore[assignment]
     if spec.source()[1]:
         return default
     context = model_context(spec)

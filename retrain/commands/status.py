@@ -9,6 +9,7 @@ Everything is derived from the files the runs write, and each process's (or SLUR
 a run that says "running" but whose process is gone is reported `dead`. A sweep is `running`,
 `done`, `partial` (finished, some runs not done) or `dead` (finished, none done). A run or sweep dir
 whose files cannot be read as such is listed as `unreadable`, with the reason, beside the others.
+A stopped or dead run's report ends with the command that resumes it in its own dir.
 """
 
 from __future__ import annotations
@@ -17,22 +18,27 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from retrain.campaign.manifest import MANIFEST, collect, state_counts
 from retrain.campaign.report import refresh
 from retrain.campaign.runs import UNREADABLE, RunInfo, describe_age, read_run
 from retrain.campaign.stats import finite_number, run_scores
 from retrain.campaign.summary import build_summary, render_markdown
-from retrain.housekeeping.rundir import RunDir
-from retrain.housekeeping.secrets import masked_values
+from retrain.housekeeping.rundir import RunDir, read_text_file
+from retrain.housekeeping.secrets import MASK, masked_values
 
 SWEEP_MARKERS = (MANIFEST, "multirun.yaml")
 RUNNING = "running"
 LAST_K = 10
+RESUMABLE = ("stopped", "dead")  # states whose report says how to resume the run
+RETRAIN = ("python", "-m", "retrain")
 
 
 def is_sweep_dir(path: Path) -> bool:
@@ -61,7 +67,49 @@ def run_report(run: RunInfo) -> dict[str, Any]:
         "final_adapter": run.has_adapter,
         "eval": run.eval,
         "job": run.job,
+        "resume_command": resume_command(run) if run.state in RESUMABLE else None,
     }
+
+
+def resume_command(run: RunInfo) -> str | None:
+    """The command that resumes a stopped or dead run in its own dir (docs/backends.md, Checkpoint resume): the
+    overrides it was started with, from where it was started, and its run dir. None when they were not recorded."""
+    if run.dir is None:
+        return None
+    files = RunDir(run.dir)
+    overrides = run.job.get("overrides")
+    if not isinstance(overrides, list):
+        try:
+            overrides = yaml.safe_load(read_text_file(files.hydra_dir / "overrides.yaml"))
+        except (OSError, ValueError, yaml.YAMLError):
+            return None
+    if not isinstance(overrides, list):
+        return None
+    words = [str(o) for o in overrides if not str(o).lstrip("+~").startswith("hydra.")]
+    runtime = _hydra_runtime(files)
+    command = shlex.join([*RETRAIN, *_config_options(runtime), *words, f"hydra.run.dir={run.dir}"])
+    cwd = runtime.get("cwd")
+    return f"cd {shlex.quote(cwd)} && {command}" if isinstance(cwd, str) else command
+
+
+def _hydra_runtime(files: RunDir) -> dict[str, Any]:
+    """`hydra.runtime` of the run's .hydra/hydra.yaml (where it was started, its config sources); {} unread."""
+    try:
+        runtime = yaml.safe_load(read_text_file(files.hydra_dir / "hydra.yaml"))["hydra"]["runtime"]
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+        return {}
+    return runtime if isinstance(runtime, dict) else {}
+
+
+def _config_options(runtime: dict[str, Any]) -> list[str]:
+    """`--config-dir DIR` for each config dir the command line added (`retrain init`'s presets live in one)."""
+    sources = runtime.get("config_sources")
+    return [
+        option
+        for source in (sources if isinstance(sources, list) else [])
+        if isinstance(source, dict) and source.get("provider") == "command-line" and source.get("path")
+        for option in ("--config-dir", str(source["path"]))
+    ]
 
 
 def _number(value: Any) -> str:
@@ -116,6 +164,10 @@ def render_run(report: dict[str, Any]) -> str:
         lines.append(f"  process: {where}")
     if report["error"]:
         lines.append(f"  error: {report['error']}")
+    if report["resume_command"]:
+        lines.append(f"  resume: {report['resume_command']}")
+        if MASK in report["resume_command"]:
+            lines.append(f"  ({MASK} stands for a secret the run was given: type it in again)")
     return "\n".join(lines)
 
 
@@ -196,8 +248,10 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     path: Path = args.path
-    if args.interval <= 0 or args.count < 0:
-        parser.error("--interval must be > 0 and --count >= 0")
+    if not math.isfinite(args.interval) or args.interval <= 0:  # nan and inf parse as floats, and sleep refuses them
+        parser.error(f"--interval must be a number of seconds > 0, not {args.interval}")
+    if args.count < 0:
+        parser.error("--count must be >= 0")
     if not path.is_dir():
         print(f"retrain status: {path} is not a directory", file=sys.stderr)
         return 2

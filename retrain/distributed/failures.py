@@ -2,10 +2,11 @@
 
 Rank 0 alone writes run.log and status.json, but when another rank raises, rank 0 learns only that a peer is gone
 (its collective fails: at once under gloo, within the process group's timeout under NCCL). So the failing rank
-leaves one line in `<run dir>/ranks/<attempt>/rank<r>.failed` before it exits, and rank 0, failing next, records
-that line in status.json and run.log instead of its own "connection closed", and raises it as `RankFailed`, so
-what the job returns (the campaign's exit.json, the console) names the same cause. `attempt` is one launch's own id (rank
-0's, agreed by all), so an earlier launch's notes are never blamed; rank 0 clears those once it holds the run dir.
+leaves one line, its secrets masked (retrain.housekeeping.secrets), in `<run dir>/ranks/<attempt>/rank<r>.failed`
+before it exits, and rank 0, failing next, records that line in status.json and run.log instead of its own
+"connection closed", and raises it as `RankFailed`, so what the job returns (the campaign's exit.json, the console)
+names the same cause. `attempt` is one launch's own id (rank 0's, agreed by all), so an earlier launch's notes are
+never blamed; rank 0 clears those once it holds the run dir.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from retrain.distributed.world import World
 from retrain.error_lines import failure_line
 from retrain.housekeeping.rundir import RunDir
+from retrain.housekeeping.secrets import mask_text
 
 log = logging.getLogger("retrain")
 
@@ -53,7 +55,8 @@ def rank_failures_recorded(run_dir: Path, world: World, attempt: str) -> Iterato
             raise
         if not world.is_main:
             notes.mkdir(parents=True, exist_ok=True)
-            (notes / f"rank{world.rank}.failed").write_text(failure_line(error) + "\n")
+            note = mask_text(failure_line(error))  # the error may quote a url with its password
+            (notes / f"rank{world.rank}.failed").write_text(note + "\n")
             raise
         failed = peer_failures(notes)
         if failed:

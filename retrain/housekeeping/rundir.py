@@ -74,6 +74,7 @@ DAMAGED_MARK = ".damaged-"  # `step_8.damaged-20250101T120000`: no step dir's na
 STAGING, REPLACED, PRUNED = "tmp", "replaced", "pruned"
 HIDDEN_CHECKPOINT = re.compile(rf"^\.(?P<name>.+)\.(?P<stage>{STAGING}|{REPLACED}|{PRUNED})-\d+$")
 DISK_FULL_BYTES = 1 << 20  # less free space than this after a failed write: the disk is full
+RELISTS = 5  # listings of a live run's checkpoints read before its rotating them is reported (resumable_checkpoint)
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -265,7 +266,11 @@ class Checkpoint:
         for name in required:
             if not (self.path / name).is_file():
                 return f"{name} is missing"
-        for file in sorted(self.path.iterdir()):
+        try:
+            files = sorted(self.path.iterdir())
+        except OSError as error:  # removed while it was read (a live run pruning it): resumable_checkpoint relists
+            return f"does not list ({type(error).__name__}: {error})"
+        for file in files:
             reader = CHECKPOINT_READERS.get(file.suffix)
             if reader is None:
                 continue
@@ -440,27 +445,43 @@ class RunDir:
         dir under its lock, not another run's that `resume.from` reads), renamed out of the listing, after
         the saves a kill interrupted are tidied (`tidy_interrupted_saves`). When every checkpoint is
         damaged nothing is renamed and a CheckpointError says what is wrong with each.
+
+        A checkpoint gone by the time it is read was pruned or replaced by the live run writing this dir
+        (`training.keep_checkpoints`), not damaged: the listing is read again, up to RELISTS times, so the
+        checkpoint that replaced it is found; a run that keeps rotating them past that is said to be writing.
         """
         if set_aside:
             self.tidy_interrupted_saves()
-        damaged: list[tuple[Checkpoint, str]] = []
-        for checkpoint in self.checkpoints():
-            why = checkpoint.damage(required)
-            if why is None:
-                for bad, bad_why in damaged:
-                    aside = f", set aside as {bad.set_aside().name}" if set_aside else ""
-                    log.warning(
-                        "checkpoint %s is damaged (%s)%s; resuming from %s", bad.path, bad_why, aside, checkpoint.path
+        for _ in range(RELISTS):
+            damaged: list[tuple[Checkpoint, str]] = []
+            for checkpoint in self.checkpoints():
+                why = checkpoint.damage(required)
+                if why is None:
+                    for bad, bad_why in damaged:
+                        aside = f", set aside as {bad.set_aside().name}" if set_aside else ""
+                        log.warning(
+                            "checkpoint %s is damaged (%s)%s; resuming from %s",
+                            bad.path,
+                            bad_why,
+                            aside,
+                            checkpoint.path,
+                        )
+                    return checkpoint
+                if not checkpoint.path.exists():
+                    break  # rotated away while it was read: list again
+                damaged.append((checkpoint, why))
+            else:
+                if damaged:
+                    listed = "; ".join(f"{c.path}: {why}" for c, why in damaged)
+                    raise CheckpointError(
+                        f"no checkpoint in {self.path} can be restored ({listed}); repair or remove them to start "
+                        "the run over, or resume.from=<an intact checkpoint>"
                     )
-                return checkpoint
-            damaged.append((checkpoint, why))
-        if damaged:
-            listed = "; ".join(f"{c.path}: {why}" for c, why in damaged)
-            raise CheckpointError(
-                f"no checkpoint in {self.path} can be restored ({listed}); repair or remove them to start the "
-                "run over, or resume.from=<an intact checkpoint>"
-            )
-        return None
+                return None
+        raise CheckpointError(
+            f"the checkpoints of {self.path} were removed as they were read, {RELISTS} times: a run is writing this "
+            "dir and rotating them (training.keep_checkpoints); try again, or once it has stopped"
+        )
 
     def tidy_interrupted_saves(self) -> None:
         """Undo what a kill during a save left (HIDDEN_CHECKPOINT): a checkpoint being replaced goes back under

@@ -33,8 +33,10 @@ ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # `api_key`, `apiKey`, `hf-token` -> words; camelCase splits before each capital
 _WORD_BOUNDARY = re.compile(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])")
 # secrets by their shape, whatever key holds them (each keeps its group 1 and masks the rest)
-# (Hydra escapes the colons of an override: `http\://user\:pass@host`)
-URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*\\*://)[^/?#@\s'\"]+@")
+# (Hydra escapes the colons of an override: `http\://user\:pass@host`). The user info runs to the LAST `@`
+# before the host (RFC 3986: the host holds no `@`), so a password with an unencoded `@` (`user:p@ss@host`)
+# is masked whole.
+URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*\\*://)[^/?#\s'\"]+@")
 AUTHORIZATION = re.compile(r"((?:proxy-)?authorization['\"]?\s*[:=]\s*['\"]?)[^'\",}\n]+", re.IGNORECASE)
 SCHEME_CREDENTIAL = re.compile(r"\b((?:Bearer|Basic|Token)\s+)[A-Za-z0-9._~+/=\-]{6,}", re.IGNORECASE)
 KEY_SHAPED = re.compile(r"\b(?:sk-[A-Za-z0-9_\-]{20,}|hf_[A-Za-z0-9]{30,})")  # OpenAI's and Hugging Face's

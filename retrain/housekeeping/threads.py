@@ -5,9 +5,10 @@ torch starts one thread per core of the machine. Where the process may use fewer
 allocation (`SLURM_CPUS_PER_TASK`), or a local sweep whose jobs run side by side
 (`hydra/launcher=local`, `cpus_per_task` each) — the extra threads only wait for CPUs that are taken,
 and every parallel region waits for its slowest thread. retrain takes the smallest of those limits;
-`training.threads=N` or `OMP_NUM_THREADS=N` in the environment decide instead. The count depends on
-nothing else, so a run and its resume compute with the same count, and a seed gives the same numbers
-whatever else the machine is doing (docs/reproducibility.md).
+`training.threads=N` or `OMP_NUM_THREADS=N` in the environment decide instead (a variable that holds no
+whole number > 0 in ASCII digits, `²` say, is ignored with a warning, as OpenMP ignores it). The count
+depends on nothing else, so a run and its resume compute with the same count, and a seed gives the same
+numbers whatever else the machine is doing (docs/reproducibility.md).
 
 How the threads wait follows the load. OpenMP's idle threads spin a few milliseconds before they sleep:
 with a free CPU each, the next parallel region starts at once (sleeping instead made the quickstart's
@@ -34,11 +35,14 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 
+from retrain.housekeeping.digits import whole_number
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_STAT = Path("/proc/stat")
 IDLE_SAMPLE_S = 0.2  # /proc/stat counts in 10 ms ticks: 20 per CPU
 IDLE_BELOW = 0.5  # a CPU busy less than half the sample is free for a thread; a compute job keeps one busy ~100%
 SPIN = "spin while they wait (OpenMP's default)"
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK")
 
 
 @dataclass(frozen=True)
@@ -94,13 +98,29 @@ def usable_cpus(
     limits = [(len(os.sched_getaffinity(0)), "CPU affinity")]
     if (quota := cgroup_cpu_quota(cgroup_root)) is not None:
         limits.append((quota, "cgroup CPU quota"))
-    slurm = environ.get("SLURM_CPUS_PER_TASK", "")
-    if slurm.isdigit() and int(slurm) > 0:
-        limits.append((int(slurm), "SLURM_CPUS_PER_TASK"))
+    slurm = positive_setting(environ, "SLURM_CPUS_PER_TASK")
+    if slurm is not None:
+        limits.append((slurm, "SLURM_CPUS_PER_TASK"))
     if job_cpus is not None and job_cpus > 0:
         limits.append((job_cpus, "each parallel local sweep job's hydra.launcher.cpus_per_task"))
     cpus, source = min(limits, key=lambda limit: limit[0])
     return cpus, source
+
+
+def positive_setting(environ: Mapping[str, str], name: str) -> int | None:
+    """A count > 0 the environment sets (OMP_NUM_THREADS, SLURM_CPUS_PER_TASK); None when unset or not one."""
+    count = whole_number(environ.get(name, ""))
+    return count if count else None
+
+
+def ignored_settings(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The thread settings of the environment that are set but are no count > 0 (`²`, `four`, `0`): each is
+    ignored, as OpenMP ignores an OMP_NUM_THREADS it cannot read, with a warning that names it."""
+    return [
+        f"{name}={environ[name]!r} is not a whole number > 0: ignored"
+        for name in THREAD_VARIABLES
+        if environ.get(name, "").strip() and positive_setting(environ, name) is None
+    ]
 
 
 def cpu_ticks(stat: str) -> dict[int, tuple[int, int]]:
@@ -151,11 +171,11 @@ def choose_threads(
     """`training.threads` when set (> 0), else OMP_NUM_THREADS when set, else the usable CPUs (never the
     load: the count decides the numbers). More threads than `idle` CPUs (None: not known) sleep while
     they wait, unless OMP_WAIT_POLICY says otherwise or torch was loaded before it could be set."""
-    omp = environ.get("OMP_NUM_THREADS", "").strip()
+    omp = positive_setting(environ, "OMP_NUM_THREADS")
     if configured > 0:
         threads, reason = configured, f"training.threads={configured}"
-    elif omp.isdigit() and int(omp) > 0:
-        threads, reason = int(omp), f"OMP_NUM_THREADS={omp}"
+    elif omp is not None:
+        threads, reason = omp, f"OMP_NUM_THREADS={omp}"
     else:
         cpus, source = usable_cpus(environ, cgroup_root, job_cpus)
         threads = cpus
@@ -175,7 +195,7 @@ def choose_threads(
 def fitted_threads(configured: int, environ: Mapping[str, str] = os.environ) -> ThreadChoice:
     """This run's choice, on this machine now; the idle CPUs are sampled only where more than one
     thread could be chosen."""
-    if configured == 1 or (configured <= 0 and environ.get("OMP_NUM_THREADS", "").strip() == "1"):
+    if configured == 1 or (configured <= 0 and positive_setting(environ, "OMP_NUM_THREADS") == 1):
         return choose_threads(configured, environ)
     idle = idle_cpus_now()
     return choose_threads(
@@ -185,9 +205,10 @@ def fitted_threads(configured: int, environ: Mapping[str, str] = os.environ) -> 
 
 def threads_override(args: list[str]) -> int:
     """`training.threads=N` among the command line's overrides (the last one), 0 without one: the command
-    line decides OpenMP's wait policy before Hydra composes the config."""
+    line decides OpenMP's wait policy before Hydra composes the config. A value that is no whole number (`²`)
+    counts as none here; composing the config then refuses it, naming the key."""
     values = [arg.split("=", 1)[1] for arg in args if arg.lstrip("+").split("=", 1)[0] == "training.threads"]
-    return int(values[-1]) if values and values[-1].isdigit() else 0
+    return (whole_number(values[-1]) or 0) if values else 0
 
 
 def set_openmp_waits(choice: ThreadChoice, environ: MutableMapping[str, str] = os.environ) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from peft import AutoPeftModelForCausalLM, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retrain.assets import TINY_MODEL_DIR
+from retrain.housekeeping.rundir import Checkpoint, RunDir
 from retrain.inference.vllm import CPU_ENV, IN_PROCESS_ENV
 from tests.conftest import CliHere, run_cli
 
@@ -113,6 +116,47 @@ def test_refusals_name_the_path_and_leave_nothing_behind(trained_run: Path, tmp_
     result = cli_here(["export", str(empty_run)], cwd=tmp_path, check=False)
     assert result.returncode == 1 and "holds no checkpoint yet" in result.stderr
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dir left
+
+
+def test_one_path_for_both_outputs_is_refused_up_front(trained_run: Path, tmp_path: Path, cli_here: CliHere) -> None:
+    for adapter, merged in (("out", "out"), ("out/adapter", "out")):
+        args = ["export", str(trained_run), "--adapter", str(tmp_path / adapter), "--merged", str(tmp_path / merged)]
+        result = cli_here(args, cwd=tmp_path, check=False)
+        assert result.returncode == 1 and "overlap; give each its own directory" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+        assert not list(tmp_path.rglob(".*"))  # no staging dir left
+
+
+def test_a_checkpoint_pruned_as_it_is_read_gives_the_one_that_replaced_it(
+    trained_run: Path, tmp_path: Path, cli_here: CliHere
+) -> None:
+    """A live run with training.keep_checkpoints=1 saves step_3 and prunes step_2 and step_1 while export reads
+    step_2: a FIFO among step_2's files holds the read open until the rotation is done."""
+    live = RunDir(tmp_path / "live")
+    shutil.copytree(trained_run, live.path, ignore=shutil.ignore_patterns("final", "export"))
+    step_2 = live.checkpoint_dir(2)
+    window = step_2 / "a.json"  # read first (sorted), before the adapter's files
+    os.mkfifo(window)
+
+    def rotate() -> None:
+        with open(window, "w") as held:  # opens once export reads it, which then waits for the end of the file
+            state = Checkpoint(step_2).state()
+            live.save_checkpoint(3, lambda tmp: copy_adapter(step_2, tmp), {**state, "completed_steps": 3})
+            live.prune_checkpoints(keep=1)
+            held.write("{}")
+
+    rotation = threading.Thread(target=rotate, daemon=True)
+    rotation.start()
+    result = cli_here(["export", str(live.path), "--adapter", str(tmp_path / "a")], cwd=tmp_path, check=False)
+    rotation.join(timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"exporting {live.checkpoint_dir(3)}" in result.stdout and "damaged" not in result.stdout + result.stderr
+    assert (tmp_path / "a" / "adapter_model.safetensors").is_file()
+
+
+def copy_adapter(source: Path, target: Path) -> None:
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        shutil.copyfile(source / name, target / name)
 
 
 @pytest.mark.slow

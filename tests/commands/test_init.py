@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -178,6 +180,13 @@ def test_interactive_takes_a_model_that_is_no_option_as_its_path(
             "data.path: a jsonl/parquet/csv file, directory or Hub id: an answer is needed",
         ),
         (answered("tiny"), "stdin ended before 'data' was answered"),
+        (answered("tiny", "arithmetic", "match", "", "local", "cpu", "", "²"), "'²' is not a whole number >= 1"),
+        (answered("/nowhere/model"), "model.name_or_path='/nowhere/model': no such file or directory"),
+        (answered("ti\0ny"), "'ti\\x00ny' holds the control character '\\x00'; type it without"),
+        (
+            answered("tiny", "jsonl", "a\0b"),
+            "data.path: a jsonl/parquet/csv file, directory or Hub id: 'a\\x00b' holds",
+        ),
     ],
 )
 def test_interactive_refuses_an_answer_it_cannot_use_naming_the_question(
@@ -185,5 +194,29 @@ def test_interactive_refuses_an_answer_it_cannot_use_naming_the_question(
 ) -> None:
     with pytest.raises(SystemExit) as refused:
         interactive(tmp_path, monkeypatch, answers)
-    assert refused.value.code == 1 and message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert refused.value.code == 1 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "conf" / "experiment" / "my_run.yaml").exists()
+
+
+def test_interactive_asks_again_on_a_terminal(tmp_path: Path) -> None:
+    """A person at a terminal is told what is wrong with an answer and asked again (a pseudo-terminal here)."""
+    answers = ["/nowhere/model", "ti\0ny", "tiny", "arithmetic", "match", "", "local", "cpu", "pytorch", "²", "2", ""]
+    leader, follower = pty.openpty()
+    with os.fdopen(leader, "w", closefd=False) as typed:
+        typed.write("".join(f"{answer}\n" for answer in answers))
+    result = subprocess.run(
+        [sys.executable, "-m", "retrain", "init", "--interactive"],
+        stdin=follower,
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    os.close(follower)
+    os.close(leader)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "model.name_or_path='/nowhere/model': no such file or directory" in result.stdout
+    assert "holds the control character" in result.stdout and "'²' is not a whole number >= 1" in result.stdout
+    assert composed(["experiment=my_run"], tmp_path / "conf").training.max_steps == 2

@@ -48,3 +48,12 @@ def test_rank_0_raises_the_failed_ranks_error_as_the_runs(tmp_path: Path) -> Non
     ):
         raise RuntimeError("Connection closed by peer")
     assert RunDir(tmp_path).read_status()["error"] == line
+
+
+def test_a_failing_ranks_note_masks_a_url_password(tmp_path: Path) -> None:
+    """The note rank 0 reads (`ranks/<launch>/rank<r>.failed`) keeps no secret the error quoted."""
+    url = "http://user:p@ss-41c2@10.0.0.2:8000/v1"
+    with pytest.raises(ConnectionError), rank_failures_recorded(tmp_path, World(rank=1, size=2), "launch-1"):
+        raise ConnectionError(f"no server answers (GET {url})")
+    note = (tmp_path / "ranks" / "launch-1" / "rank1.failed").read_text()
+    assert "GET http://***@10.0.0.2:8000/v1" in note and "ss-41c2" not in note, note
