@@ -9,6 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from retrain.housekeeping.file_modes import current_umask
+from retrain.inference.adapters import AdapterPublisher
+from retrain.model.peft_files import ADAPTER_WEIGHTS
+from retrain.model.spec import ModelSpec
+from retrain.types import WeightUpdate
+from tests.backend.tiny_model import make_backend
 from tests.conftest import run_cli
 
 
@@ -37,3 +43,13 @@ def test_a_run_and_its_merged_export_follow_the_umask(tmp_path: Path, umask: int
     expected = {name: oct((0o777 if (tmp_path / name).is_dir() else 0o666) & ~umask) for name in found}
     expected["."] = found["."]  # pytest's tmp_path, made before the umask was set
     assert found == expected
+
+
+def test_an_adapter_published_for_an_inference_server_follows_the_umask(tmp_path: Path) -> None:
+    """The server reading it may run as another user of the group (inference.adapter_root)."""
+    spec = ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4)
+    update = WeightUpdate(version=1, tensors=make_backend(spec).adapter)
+    published = AdapterPublisher(spec, tmp_path / "adapters").publish(update)
+    found, mask = modes(published), current_umask()
+    assert (published / ADAPTER_WEIGHTS).is_file()
+    assert found == {name: oct((0o777 if (published / name).is_dir() else 0o666) & ~mask) for name in found}
