@@ -122,7 +122,8 @@ class LoggingConfig:
     wandb_tags: list[str] = field(default_factory=list)
     console_groups: int = 2  # per step, print this many "group: k/G correct" lines
     generations_per_step: int = 4  # completions written to emergence/generations.jsonl per step
-    progress_bar: bool = True
+    # the step progress bar: auto = only when stdout is a terminal (never into nohup's or SLURM's log) | true | false
+    progress_bar: str = "auto"
     tensorboard: bool = False  # also write TensorBoard event files into <run dir>/tensorboard (extra [tensorboard])
 
 
@@ -133,7 +134,7 @@ class EvalConfig:
 
     num_examples: int = 0  # 0 disables evaluation
     samples: int = 4  # sampled completions per held-out prompt (greedy always uses 1)
-    every: int = 0  # also after every N-th step (its metrics record holds eval/*_accuracy); 0 = before and after only
+    every: int = 0  # also after every N steps trained (in step N's record, eval/*_accuracy); 0 = before/after only
 
 
 @dataclass

@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from retrain.errors import UserError
+from retrain.housekeeping.file_modes import follow_umask
 from retrain.housekeeping.rundir import RunDir, checksum_mismatch, read_text_file
 from retrain.model.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
@@ -292,6 +293,7 @@ def compress(adapter_dir: Path, rank: int, output_dir: Path, overwrite: bool = F
     new_config = {**config, "r": rank, "lora_alpha": alpha * factor}
     output_dir.mkdir(parents=True, exist_ok=True)
     save_file(compressed, str(output_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    follow_umask(output_dir / ADAPTER_WEIGHTS)
     (output_dir / ADAPTER_CONFIG).write_text(json.dumps(new_config, indent=2, sort_keys=True) + "\n")
     return output_dir
 

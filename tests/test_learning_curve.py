@@ -28,8 +28,8 @@ def test_a_run_measures_held_out_accuracy_every_n_steps_and_draws_its_curve(tmp_
     )
     records = read_metrics(run_dir)
     measured = [record["step"] for record in records if "eval/greedy_accuracy" in record]
-    assert measured == [1]  # after 2 steps; after 4 is the run's "after" evaluation
-    assert 0 <= records[1]["eval/greedy_accuracy"] <= 1 and 0 <= records[1]["eval/sampled_accuracy"] <= 1
+    assert measured == [2]  # after 2 steps trained, at step 2; after 4 is the run's "after" evaluation
+    assert 0 <= records[2]["eval/greedy_accuracy"] <= 1 and 0 <= records[2]["eval/sampled_accuracy"] <= 1
     assert "Held-out accuracy after 2 steps (8 problems): greedy=" in printed.stdout + printed.stderr
     status = json.loads((run_dir / "status.json").read_text())
     assert {"eval/before_greedy_accuracy", "eval/after_greedy_accuracy"} <= status["eval"].keys()
@@ -40,7 +40,7 @@ def test_a_run_measures_held_out_accuracy_every_n_steps_and_draws_its_curve(tmp_
 
 
 def test_held_out_points_put_before_during_and_after_on_one_axis() -> None:
-    records = [{"step": 0}, {"step": 1, "eval/greedy_accuracy": 0.5, "eval/sampled_accuracy": 0.25}, {"step": 2}]
+    records = [{"step": 0}, {"step": 1}, {"step": 2, "eval/greedy_accuracy": 0.5, "eval/sampled_accuracy": 0.25}]
     results = {
         "eval/before_greedy_accuracy": 0.1,
         "eval/after_greedy_accuracy": 0.9,
@@ -50,7 +50,7 @@ def test_held_out_points_put_before_during_and_after_on_one_axis() -> None:
         "greedy": [(0, 0.1), (2, 0.5), (3, 0.9)],
         "sampled": [(2, 0.25), (3, 0.4)],
     }
-    assert held_out_points(records[::2], {}, max_steps=3) == {}
+    assert held_out_points(records[:2], {}, max_steps=3) == {}
 
 
 def test_the_curve_is_drawn_from_training_records_alone(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from retrain.housekeeping.file_modes import current_umask
 from retrain.housekeeping.rundir import RunDir
 from retrain.model.peft_files import ADAPTER_WEIGHTS
 from retrain.squeeze import (
@@ -156,6 +158,8 @@ def test_cli_prints_table_and_writes_a_loadable_adapter(
     assert model.peft_config["default"].r == 4
     report = json.loads((out / "squeeze.json").read_text())
     assert report["compressed_rank"] == 4 and report["source_rank"] == RANK
+    # as readable as the report beside it (safetensors alone writes its file 0600)
+    assert stat.S_IMODE((out / ADAPTER_WEIGHTS).stat().st_mode) == 0o666 & ~current_umask()
 
     assert main([str(adapter), "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)

@@ -10,7 +10,8 @@ import pytest
 
 from retrain.errors import ConfigError
 from retrain.training.metrics_log import TENSORBOARD_DIR, check_tensorboard, logged_scalars
-from tests.conftest import CliHere, read_metrics
+from tests.conftest import CliHere, read_metrics, run_cli
+from tests.wandb_records import offline_history
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -48,3 +49,27 @@ def test_without_the_package_the_setting_is_refused_naming_the_extra(monkeypatch
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if it were not installed: its import fails
     with pytest.raises(ConfigError, match=r"logging.tensorboard=true needs the tensorboard package: .*\[tensorboard\]"):
         check_tensorboard(True)
+
+
+def test_held_out_accuracy_after_n_steps_is_at_step_n_everywhere(tmp_path: Path) -> None:
+    """One x-axis, steps trained: eval.every=2 measures after 2 steps; metrics.jsonl, TensorBoard, wandb and the
+    console all put it at step 2, with before at 0 and after at max_steps."""
+    run_dir = tmp_path / "run"
+    overrides = ["training.max_steps=3", "eval.num_examples=4", "eval.every=2", "logging.tensorboard=true"]
+    printed = run_cli(
+        ["experiment=quickstart", *overrides, "logging.wandb_project=retrain-test", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    ).stdout
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records if "eval/greedy_accuracy" in r] == [2]
+    events = event_accumulator.EventAccumulator(str(run_dir / TENSORBOARD_DIR), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [scalar.step for scalar in events.Scalars("eval/greedy_accuracy")] == [2]
+    assert [scalar.step for scalar in events.Scalars("eval/before_greedy_accuracy")] == [0]
+    assert [scalar.step for scalar in events.Scalars("eval/after_greedy_accuracy")] == [3]
+    [run_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    assert [h["_step"] for h in offline_history(run_file) if "eval/greedy_accuracy" in h] == [2]
+    lines = printed.splitlines()
+    measured = next(i for i, line in enumerate(lines) if line.startswith("Held-out accuracy after 2 steps"))
+    assert next(line for line in lines[measured:] if line.startswith("Step ")).startswith("Step 2 [")

@@ -80,7 +80,7 @@ class LocalBackend:
         # `auto` is resolved from the memory plan by the composition root; a backend built without one trains without
         self.activation_checkpointing = checkpointing_choice(config.gradient_checkpointing) == "true"
         if self.activation_checkpointing:
-            _enable_activation_checkpointing(self.model)
+            enable_activation_checkpointing(self.model)
         self.adapter = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
         self.trainable = list(self.adapter.values())
         self.optimizer = torch.optim.AdamW(
@@ -337,8 +337,10 @@ def _on_device(rollouts: Rollouts, device: torch.device) -> Rollouts:
     )
 
 
-def _enable_activation_checkpointing(model: Any) -> None:
-    """Recompute activations in backward (transformers 5 renamed the switch; older releases lack it)."""
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute activations in backward, through the switch the installed transformers has: a release that has
+    `activation_checkpointing_enable` warns (FutureWarning) that `gradient_checkpointing_enable` changes in v6;
+    older 5.x releases have only the latter."""
     options = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)

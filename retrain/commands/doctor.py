@@ -426,7 +426,7 @@ def model_findings(cfg: DictConfig, hub: dict[str, Any]) -> list[Finding]:
             "hub",
             "blocking",
             f"model.name_or_path={name!r} is not in the Hugging Face cache ({hub['cache_dir']}) and {why}",
-            f"download it where the Hub answers (huggingface-cli download {name}) into this cache"
+            f"download it where the Hub answers (hf download {name}) into this cache"
             + (
                 ", or set model.name_or_path=<a local model dir>"
                 if _is_the_demo(cfg)

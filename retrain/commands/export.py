@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.errors import UserError
+from retrain.housekeeping.file_modes import follow_umask
 from retrain.housekeeping.rundir import STATE_FILE, Checkpoint, RunDir
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
@@ -211,9 +211,9 @@ def _written_into(out: Path) -> Iterator[Path]:
     """A temp dir beside `out`, renamed to `out` when the block succeeds and removed when it fails."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    staging.chmod(0o777 & ~_umask())  # mkdtemp's is private (0700): the output is as readable as any new dir
     try:
         yield staging
+        follow_umask(staging)  # mkdtemp's dir and safetensors' files are private: the output is as readable as any
         try:
             if out.is_dir():  # an empty directory (check_free)
                 out.rmdir()
@@ -225,9 +225,3 @@ def _written_into(out: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current

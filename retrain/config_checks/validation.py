@@ -28,6 +28,7 @@ from retrain.campaign.autosqueeze import squeeze_settings
 from retrain.config import TrainingConfig, check_known_keys
 from retrain.config_checks.compose_errors import unresolvable
 from retrain.errors import ConfigError, ConfigErrors, DataError, refuse_all
+from retrain.housekeeping.console import PROGRESS_BAR_CHOICES
 from retrain.housekeeping.secrets import check_env_names
 from retrain.hub import hub_fetch
 from retrain.model.spec import ChatPrompts, ModelSpec
@@ -49,6 +50,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "eval.every": (lambda v: v >= 0, ">= 0 (0 = before and after training only)"),
     "training.save_every": (lambda v: v >= 0, ">= 0 (0 = only at the end)"),
     "training.threads": (lambda v: v >= 0, ">= 0 (0 = the CPUs this process may use)"),
+    "logging.progress_bar": (lambda v: str(v).strip().lower() in PROGRESS_BAR_CHOICES, "auto, true or false"),
 }
 SELF_CHECKED = ("model", "scoring", "inference", "reward", "data")  # each part's schema checks its own values
 PROMPT_CHUNK = 1024  # prompts templated and tokenized per call when their lengths are checked

@@ -11,12 +11,21 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from hydra.core.hydra_config import HydraConfig
 
 from retrain.housekeeping.rundir import RunDir
 from retrain.housekeeping.secrets import masked_override
+
+PROGRESS_BAR_CHOICES = ("auto", "true", "false")
+
+
+def progress_bar_shown(setting: object, stream: TextIO) -> bool:
+    """`logging.progress_bar`: auto draws the bar only on a terminal; its `\\r` redraws would run a log file's
+    step lines (nohup, SLURM's .out) into one endless line. true or false decide regardless."""
+    choice = str(setting).strip().lower()
+    return choice == "true" or (choice == "auto" and stream.isatty())
 
 
 def run_dir_line(run_dir: Path) -> str:

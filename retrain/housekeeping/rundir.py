@@ -48,6 +48,7 @@ from typing import Any
 import yaml
 
 from retrain.errors import CheckpointError
+from retrain.housekeeping.file_modes import follow_umask
 from retrain.housekeeping.trainer_state import TrainerState
 from retrain.model.peft_files import ADAPTER_WEIGHTS
 
@@ -307,6 +308,7 @@ class Checkpoint:
             write_payload(tmp)
             write_json_atomic(tmp / STATE_FILE, {**state, "checkpoint_path": str(target)})
             write_json_atomic(tmp / CHECKSUMS_FILE, _digests(tmp))
+            follow_umask(tmp)
             _fsync_tree(tmp)
         except BaseException as error:
             refusal = _filesystem_refusal(error, target.parent) if isinstance(error, Exception) else None

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from retrain.errors import ConfigError
+from retrain.housekeeping.file_modes import follow_umask
 from retrain.model.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from retrain.model.resources import EngineResources
 from retrain.model.spec import ModelSpec
@@ -103,6 +104,7 @@ class AdapterPublisher:
         else:
             assert update.tensors is not None
             self._write(update.tensors, staging)
+        follow_umask(staging)  # an engine running as another user of the group reads it
         staging.rename(target)
         self._published.append(target)
         for old in self._published[: -self.keep]:

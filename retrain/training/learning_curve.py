@@ -3,9 +3,9 @@
 Two panels: the training reward and correct rate per step (raw, faint, and a trailing mean; with a 0/1
 reward they are the same numbers, drawn once and labelled so, where one line would hide the other), and the
 held-out accuracy (greedy and sampled) wherever it was measured: before training (step 0), after every
-`eval.every` steps (those steps' records) and after training (at max_steps). matplotlib is imported
-when a curve is drawn, through its object API and the Agg canvas: no display, and no change to the
-pyplot backend of a process (a notebook) that runs training in-process.
+`eval.every` steps (step N's record holds the one after N steps trained) and after training (at max_steps).
+matplotlib is imported when a curve is drawn, through its object API and the Agg canvas: no display, and no
+change to the pyplot backend of a process (a notebook) that runs training in-process.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def held_out_points(
         if (before := eval_results.get(f"eval/before_{kind}_accuracy")) is not None:
             points[kind].append((0, before))
         points[kind] += [
-            (int(r["step"]) + 1, float(r[f"eval/{kind}_accuracy"]))
+            (int(r["step"]), float(r[f"eval/{kind}_accuracy"]))
             for r in records
             if isinstance(r.get(f"eval/{kind}_accuracy"), (int, float))
         ]

@@ -107,10 +107,14 @@ def _finite(value: Any, key: str, nonfinite: list[str]) -> Any:
 
 
 def console_line(record: dict[str, Any], label: str, placeholder_loss: bool) -> str:
-    """The original retrain's per-step line: `Step 0 [maxrl+gtpo_sepa] | loss=... | reward=... | ...`."""
+    """The original retrain's per-step line: `Step 0 [maxrl+gtpo_sepa] | loss=... | reward=... | ...`, with the KL to
+    the base model after the loss when the loss has one (training.kl_coef > 0)."""
     loss = f"{record['loss']:.4f}" + (" (placeholder)" if placeholder_loss else "")
+    kl = record.get("policy/kl")
     return (
-        f"Step {record['step']} [{label}] | loss={loss} | reward={record['mean_reward']:.3f}"
+        f"Step {record['step']} [{label}] | loss={loss}"
+        + (f" | kl={kl:.4g}" if isinstance(kl, (int, float)) else "")
+        + f" | reward={record['mean_reward']:.3f}"
         f" | correct={100 * record['correct_rate']:.1f}% | datums={record['num_datums']}"
         f" | bs={record['batch_size']} | gs={record['group_size']}"
         f" | sepa_l={record.get('sepa_lambda', 0.0):.4f} | time={record['step_time_s']:.2f}s"

@@ -16,6 +16,7 @@ import math
 import os
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from retrain.distributed.step import StepShare
 from retrain.distributed.world import World, from_main
 from retrain.environments.base import RolloutEnvironment, ScoredRollouts
 from retrain.errors import UserError
+from retrain.housekeeping.console import progress_bar_shown
 from retrain.housekeeping.rundir import Checkpoint, RunDir
 from retrain.housekeeping.trainer_state import TrainerState
 from retrain.inference.base import InferenceEngine, SamplingInterrupted
@@ -216,17 +218,18 @@ class Trainer:
                 total=training.max_steps,
                 initial=self.next_step,
                 desc=self.algorithm.name,
-                disable=not self.output.progress_bar,
+                file=sys.stdout,  # beside the step lines, which logging_redirect_tqdm writes above it
+                disable=not progress_bar_shown(self.output.progress_bar, sys.stdout),
                 dynamic_ncols=True,
                 leave=False,
             ) as bar,
         ):
             while self.next_step < training.max_steps:
                 step = self.next_step
-                record = self.train_step(step)
+                # measured with the weights this step samples with: its record, at `step` steps trained, holds it
+                held_out = self._evaluate(f"{step} steps") if self._evaluates_before(step) else {}
+                record = {**self.train_step(step), **held_out}
                 self.next_step = step + 1
-                if self._evaluates_after(step):
-                    record.update(self._evaluate(f"{step + 1} steps"))
                 self._log_step(record)
                 bar.update(1)
                 if training.save_every > 0 and self.next_step % training.save_every == 0:
@@ -413,13 +416,13 @@ class Trainer:
         request does not prevent it: the stop's checkpoint keeps the sample (retrain.training.sampled_ahead)."""
         every = self.training.save_every
         saves = every > 0 and step % every == 0
-        return step < self.training.max_steps and not saves and not self._evaluates_after(step - 1)
+        return step < self.training.max_steps and not saves and not self._evaluates_before(step)
 
-    def _evaluates_after(self, step: int) -> bool:
-        """Whether held-out accuracy is measured after step `step` (eval.every; the last step's is "after")."""
+    def _evaluates_before(self, step: int) -> bool:
+        """Whether held-out accuracy is measured before step `step`, after `step` steps trained (eval.every; the
+        run's first and last measurements are "before" and "after")."""
         every = self.evaluation.every
-        done = step + 1
-        return bool(self.eval_examples) and every > 0 and done % every == 0 and done < self.training.max_steps
+        return bool(self.eval_examples) and every > 0 and 0 < step < self.training.max_steps and step % every == 0
 
     def _drop_prefetched(self) -> None:
         """Forget a step sampled ahead (a stop came): the checkpoint holds the data state from before it."""
@@ -556,7 +559,7 @@ class Trainer:
         """Held-out accuracy, greedy and sampled, with a fixed sampling seed so the measurements pair up.
 
         "before" and "after" training go into the run's status and wandb's summary; one after a step
-        (`eval.every`, `when` = "N steps") goes into that step's metrics record, as returned here.
+        (`eval.every`, `when` = "N steps") goes into the metrics record of step N, as returned here.
         """
         examples = self.eval_examples
         greedy = SamplingParams(max_tokens=self.sampling.max_tokens, temperature=0.0, top_p=1.0)

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 import retrain.model.attention as attention
 from retrain.assets import TINY_MODEL_DIR
 from retrain.model.attention import CPU_SDPA, CUDA_SDPA, use_fast_sdpa
+from retrain.model.cache_argument import with_cache
 
 
 def logits_and_gradients(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -80,7 +81,7 @@ def decode_step_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Te
     with torch.inference_mode():
         prefill = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
         step = model(
-            input_ids=ids[:, -1:], attention_mask=mask, past_key_values=prefill.past_key_values, use_cache=True
+            input_ids=ids[:, -1:], attention_mask=mask, use_cache=True, **with_cache(model, prefill.past_key_values)
         )
     return step.logits[:, -1]
 

@@ -6,8 +6,9 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import stat
-from importlib.metadata import version
+from importlib.metadata import distribution, version
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,17 @@ def test_doctor_suggests_the_demo_only_to_a_run_that_is_not_it(tmp_path: Path) -
         [hub] = model_findings(cfg, hub_offline)
         assert ("experiment=quickstart" in gpu.fix) is suggested and ("experiment=quickstart" in hub.fix) is suggested
     assert hub.fix.endswith(", or set model.name_or_path=<a local model dir>")
+
+
+def test_doctor_names_a_download_command_the_hub_installs(tmp_path: Path) -> None:
+    """huggingface-hub 1.x installs `hf`, not `huggingface-cli`: the fix for a missing model must name a command
+    the installed hub library provides."""
+    hub_offline = {"offline": True, "reachable": None, "endpoint": "https://huggingface.co", "cache_dir": str(tmp_path)}
+    [hub] = model_findings(composed(["model.name_or_path=someone/not-cached", "backend.devices=gpu:0"]), hub_offline)
+    command = re.search(r"\((\S+) download someone/not-cached\)", hub.fix)
+    assert command is not None, hub.fix
+    scripts = {e.name for e in distribution("huggingface_hub").entry_points if e.group == "console_scripts"}
+    assert command.group(1) in scripts
 
 
 def fake_sinfo(directory: Path, script: str) -> None:

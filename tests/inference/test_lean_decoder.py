@@ -15,6 +15,7 @@ from transformers import (
 )
 from transformers.masking_utils import sdpa_mask as transformers_sdpa_mask
 
+from retrain.backend.local import enable_activation_checkpointing
 from retrain.model.attention import use_fast_sdpa
 from retrain.model.cache_argument import with_cache
 from retrain.model.lean_decoder import LeanForward, causal_lm_logits, sdpa_mask
@@ -146,7 +147,7 @@ def test_eager_attention_and_activation_checkpointing_keep_transformers_forward(
     eager = lora_model(CONFIGS["llama"](), attention="eager")
     assert LeanForward.of(eager) is None  # its masks are additive floats, not sdpa's booleans
     checkpointed = lora_model(CONFIGS["llama"]())
-    checkpointed.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(checkpointed.base_model.model)
     assert LeanForward.of(checkpointed.eval()) is not None  # nothing is recomputed outside training
     assert LeanForward.of(checkpointed.train()) is None
 
