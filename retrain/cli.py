@@ -56,12 +56,17 @@ SUBCOMMANDS = {
 
 
 def _hydra_entry(cfg: DictConfig) -> None:
+    from retrain.config_checks.validation import check_run_config
     from retrain.housekeeping.launch import RunDirRefused
     from retrain.housekeeping.secrets import masked_override
-    from retrain.run import run
 
     sys.argv[1:] = [masked_override(arg) for arg in sys.argv[1:]]  # parsed already; what wandb records of it
     try:
+        # before retrain.run imports torch and transformers (10-20 s on a busy machine): a wrong value, an unknown
+        # key or a local path that does not exist is refused in seconds; the run checks them again (run_as)
+        check_run_config(cfg)
+        from retrain.run import run
+
         run(cfg)
     except Exception as error:
         if isinstance(error, RunDirRefused):  # the run dir is another run's: not a line into its run.log

@@ -208,22 +208,24 @@ RUN_WIDE_SCHEMAS: dict[str, type] = {
 
 
 def check_known_keys(cfg: DictConfig) -> None:
-    """Refuse keys a `+key=value` override slipped past the schema (`+training.lrr=1` is a typo).
+    """Refuse keys a `+key=value` override slipped past the schema (`+training.lrr=1` is a typo), with the key it
+    most likely meant, as a typo Hydra refuses is named (retrain/config_checks/compose_errors.py).
 
     Group nodes may grow keys on purpose (plugin arguments: `+reward.scale=2`); the run-wide
     sections and the top level may not, since nothing would ever read them.
     """
+    from retrain.config_checks.compose_errors import unknown_key_line
     from retrain.errors import ConfigError
 
-    known_top = {f.name for f in dataclasses.fields(RetrainConfig)}
+    known_top = [f.name for f in dataclasses.fields(RetrainConfig)]
     for key in cfg:
         if key not in known_top:
-            raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(known_top))})")
+            raise ConfigError(unknown_key_line(str(key), known_top))
     for section, schema in RUN_WIDE_SCHEMAS.items():
-        known = {f.name for f in dataclasses.fields(schema)}
+        known = [f.name for f in dataclasses.fields(schema)]
         for key in cfg[section]:
             if key not in known:
-                raise ConfigError(f"unknown config key '{section}.{key}' (known: {', '.join(sorted(known))})")
+                raise ConfigError(unknown_key_line(f"{section}.{key}", known))
 
 
 def container_dict(node: Any, key: str, *, resolve: bool = True) -> dict[str, Any]:

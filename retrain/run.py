@@ -44,6 +44,7 @@ from retrain.config_checks.validation import check_prompt_lengths, check_run_con
 from retrain.data.prompts import template_line
 from retrain.distributed.agreement import check_same_data, check_same_settings
 from retrain.distributed.failures import clear_earlier_notes, rank_failures_recorded
+from retrain.distributed.rendezvous import check_one_device_per_rank, planned_local_ranks
 from retrain.distributed.world import World, from_main, join_world, leave_world, rank_devices
 from retrain.environments.base import RolloutEnvironment
 from retrain.error_lines import failure_line
@@ -254,11 +255,12 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World
 
 
 def check_data_parallel(cfg: DictConfig, plan: PartsPlan, world: World) -> None:
-    """A run on several ranks needs parts that can split a step: a backend that all-reduces its gradients
-    (`data_parallel`), an engine that samples a share of a batch by global row ids (`row_offset`), a data source
-    whose prompts the trainer samples, and at least one group per rank."""
+    """A run on several ranks needs one device per rank (no split mode) and parts that can split a step: a backend
+    that all-reduces its gradients (`data_parallel`), an engine that samples a share of a batch by global row ids
+    (`row_offset`), a data source whose prompts the trainer samples, and at least one group per rank."""
     if not world.distributed:
         return
+    check_one_device_per_rank(str(OmegaConf.select(cfg, "backend.devices", default="cpu")), world.size)
     where = f"a run on {world.size} ranks (docs/distributed.md)"
     if not getattr(plan.backend_cls, "data_parallel", False):
         raise ConfigError(
@@ -330,7 +332,7 @@ def checked_memory_plan(cfg: DictConfig) -> MemoryPlan | None:
     """The run's memory plan on this machine's devices, logged; a run that cannot fit stops here, before any
     weight loads, naming the knob that fixes it (docs/capacity-planning.md, "Memory")."""
     config = container_dict(cfg, "config")
-    memory = plan_on_this_machine(config)
+    memory = plan_on_this_machine(config, planned_local_ranks({}))
     if memory is None:
         if plans_local_memory(config):
             log.info(

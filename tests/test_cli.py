@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -96,8 +97,57 @@ def test_a_typo_added_with_plus_is_refused_before_anything_loads(tmp_path: Path,
         ["experiment=quickstart", "+training.lrr=1e-4", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False
     )
     assert result.returncode != 0
-    assert "unknown config key 'training.lrr'" in result.stdout + result.stderr
+    # the hint a typo Hydra refuses gets (retrain/config_checks/compose_errors.py)
+    assert "unknown config key 'training.lrr'; did you mean 'training.lr'?" in result.stdout + result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# mistakes found before torch and transformers import: (overrides, what the one-line message starts with)
+START_UP_MISTAKES = [
+    (["data=gsm8k", "data.path=/nope.jsonl"], "data.path='/nope.jsonl': no such file or directory"),
+    (["data=jsonl", "data.path=nope.jsonl"], "data.path='nope.jsonl': no such file or directory"),
+    (["data=math", "data.path=./nope"], "data.path='./nope': no such file or directory"),
+    (["model.name_or_path=/nope"], "model.name_or_path='/nope': no such file or directory"),
+    (["model.name_or_path=../nope"], "model.name_or_path='../nope': no such file or directory"),
+    (["training.kl_coef=-1"], "training.kl_coef must be >= 0"),
+    (["eval.every=5", "eval.num_examples=0"], "eval.every=5 needs held-out problems"),
+    (["+training.lrr=1"], "unknown config key 'training.lrr'; did you mean 'training.lr'?"),
+]
+# one process tries each mistake in turn and says, after each, which of torch and transformers it has imported
+FIRST_IMPORTS = """
+import json, sys
+from retrain.cli import main
+for number, args in enumerate(json.loads(sys.argv[1])):
+    sys.argv = ["retrain", *args]
+    try:
+        code = main()
+    except SystemExit as exit:
+        code = exit.code
+    imported = sorted({"torch", "transformers"} & set(sys.modules))
+    print(f"@@ {number} exit {code} imported {imported}", flush=True)
+"""
+
+
+def test_start_up_mistakes_are_refused_before_torch_and_transformers_import(tmp_path: Path) -> None:
+    """A missing data file or local model, a value out of range, a `+key` typo: refused in a second or two, not
+    after the 10-20 s torch and transformers take to import on a busy machine (what a timing cannot show)."""
+    runs = [
+        ["experiment=quickstart", *overrides, f"hydra.run.dir={tmp_path / str(number)}"]
+        for number, (overrides, _) in enumerate(START_UP_MISTAKES)
+    ]
+    result = subprocess.run(
+        [sys.executable, "-c", FIRST_IMPORTS, json.dumps(runs)],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    console = [line for line in result.stdout.splitlines() if line.startswith(("retrain: ", "@@ "))]
+    for number, (_, message) in enumerate(START_UP_MISTAKES):
+        assert console[2 * number].startswith(f"retrain: {message}"), console
+        assert console[2 * number + 1] == f"@@ {number} exit 1 imported []", console
 
 
 def test_preflight_refuses_token_credit_on_a_backend_that_aggregates_it(tmp_path: Path, cli_here: CliHere) -> None:

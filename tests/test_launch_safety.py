@@ -246,7 +246,7 @@ def test_a_failed_jobs_user_error_survives_the_trip_back_from_a_cluster_node() -
 @pytest.mark.parametrize(
     ("overrides", "error"),
     [
-        (["data=jsonl", "data.path=missing.jsonl"], "data.path='missing.jsonl': no such file or directory"),
+        (["data=jsonl", "data.path=broken.jsonl"], "data.path='broken.jsonl': cannot read the records"),
         ([f"reward._target_={UNIMPORTABLE}.reward"], f"reward._target_='{UNIMPORTABLE}.reward' cannot be imported"),
         (["data=jsonl", "data.path=one_file.jsonl", "eval.num_examples=5"], "has no held-out split"),
     ],
@@ -255,6 +255,7 @@ def test_a_run_that_fails_while_being_built_records_failed_with_its_error(
     tmp_path: Path, cli_here: CliHere, overrides: list[str], error: str
 ) -> None:
     (tmp_path / "one_file.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    (tmp_path / "broken.jsonl").write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": \n')
     run_dir = tmp_path / "run"
     result = cli_here([*SMALL, *overrides, f"hydra.run.dir={run_dir}"], tmp_path, check=False)
     assert result.returncode == 1 and error in result.stdout, result.stdout

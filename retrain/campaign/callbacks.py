@@ -31,7 +31,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import InterpolationResolutionError
 
-from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_settings
 from retrain.campaign.manifest import CampaignSettings, start_manifest, sweep_lock
 from retrain.campaign.plan import (
     check_first_job_composes,
@@ -96,6 +95,8 @@ class CampaignCallback(Callback):
 
     # ---- driver --------------------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from retrain.campaign.autosqueeze import squeeze_settings  # imports torch: only in a sweep
+
         try:
             self._sweep_dir = _resolved_sweep_dir(config)
             squeeze = squeeze_settings(config)
@@ -166,6 +167,8 @@ class CampaignCallback(Callback):
         )
         if not _multirun(config):
             return
+        from retrain.campaign.autosqueeze import squeeze_first_finished, squeeze_settings  # imports torch
+
         sweep_dir = sweep_dir_of(config)
         settings = squeeze_settings(config)
         if settings is not None and not failed and run_dir.read_status().get("state") == "done":

@@ -8,7 +8,8 @@
 For each condition (every swept setting but the seed, named as the sweep's summary names it:
 retrain.campaign.plan.condition_label): the composed parts and their `_target_`s, the algorithm's label, the backend's
 capabilities and where they come from, the algorithm's preflight on a synthetic step (exit 1 with its
-message when it fails), whether planning detection and SEPA are used. For the run or every run of the
+message when it fails), whether planning detection and SEPA are used; split mode on a launch of several ranks is
+refused as the run refuses it (exit 1). For the run or every run of the
 sweep (Hydra's job order, retrain.campaign.plan): its run dir and wandb group, the estimate of
 wall time and GPU hours (retrain/commands/capacity.py, docs/capacity-planning.md), and for a local backend
 its memory plan (retrain/model/memory_plan.py) with the GPU sizes it fits and with which knob.
@@ -37,7 +38,7 @@ from retrain.commands.capacity import (
 )
 from retrain.commands.capacity import wall_hours as campaign_wall_hours
 from retrain.config_checks.compose_errors import config_mistake
-from retrain.distributed.rendezvous import planned_world_size
+from retrain.distributed.rendezvous import check_one_device_per_rank, planned_local_ranks, planned_world_size
 from retrain.errors import ConfigError
 from retrain.model.memory_plan import GIB, memory_report
 
@@ -332,8 +333,11 @@ def explain(
     runs = []
     notes: list[str] = []
     settings = condition_settings([job.overrides for job in jobs])  # a condition: every swept setting but the seed
+    ranks_by = launch.hydra.launcher if multirun else {}  # a submitit launcher's tasks, else torchrun's variables
+    world_size, local_ranks = planned_world_size(ranks_by), planned_local_ranks(ranks_by)
     for job, setting in zip(jobs, settings):
         checked_config(job.config)
+        check_one_device_per_rank(str(OmegaConf.select(job.config, "backend.devices", default="cpu")), world_size)
         container = plain(job.config)
         shape = json.dumps([container[group] for group in ("algorithm", "backend", "inference")], sort_keys=True)
         if shape not in described:
@@ -347,7 +351,7 @@ def explain(
         notes += [note for note in timing.notes if note not in notes]
         runs.append(
             {
-                "memory": memory_report(container),
+                "memory": memory_report(container, local_ranks),
                 "num": job.num,
                 "overrides": job.overrides,
                 "condition": condition,
@@ -355,7 +359,7 @@ def explain(
                 "run_dir": run_dir(job, launch, multirun),
                 "wandb": wandb_of(job.config),
                 "max_steps": container["training"]["max_steps"],
-                "world_size": planned_world_size(launch.hydra.launcher if multirun else {}),
+                "world_size": world_size,
                 "workload": asdict(workload),
                 "estimate": {
                     **run_estimate(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from collections.abc import Iterable
 
 from hydra.errors import (
     ConfigCompositionException,
@@ -101,14 +102,22 @@ def config_mistake(error: Exception) -> str | None:
 
 
 def _unknown_key(cause: ConfigKeyError | ConfigAttributeError) -> str:
-    full_key = str(cause.full_key)
+    known = [str(key) for key in cause.parent_node if not str(key).startswith("_") and key != "hydra"]
+    # no schema: a plugin's arguments, which may grow
+    return unknown_key_line(str(cause.full_key), known, grows=not dataclasses.is_dataclass(cause.object_type))
+
+
+def unknown_key_line(full_key: str, known: Iterable[str], grows: bool = False) -> str:
+    """`full_key` is no key of its section: the key it was replaced by, or the known key it most likely meant, and
+    the known keys. One wording for a typo Hydra refuses and one a `+key=value` slipped past it
+    (retrain.config.check_known_keys). `grows`: the section takes new keys (`+key=...` adds one)."""
     if full_key in REPLACED_KEYS:
         return f"config key {full_key!r} was replaced by {REPLACED_KEYS[full_key]}"
-    known = sorted(str(key) for key in cause.parent_node if not str(key).startswith("_") and key != "hydra")
-    close = difflib.get_close_matches(str(cause.key), known, n=1)
-    parent = full_key.rpartition(".")[0]
+    known = sorted(known)
+    parent, _, key = full_key.rpartition(".")
+    close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean {f'{parent}.{close[0]}' if parent else close[0]!r}?" if close else ""
-    if not dataclasses.is_dataclass(cause.object_type):  # no schema: a plugin's arguments, which may grow
+    if grows:
         hint += f"; a new argument is added with +{full_key}=..."
     return f"unknown config key {full_key!r}{hint}" + (f" (known: {', '.join(known)})" if known else "")
 

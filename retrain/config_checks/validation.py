@@ -5,34 +5,39 @@ an engine (a negative group size), or never (a NaN learning rate passes `lr > 0`
 nothing), and a prompt longer than the model's context is sampled past the positions the model
 knows. Each check names the key, or the data row, to fix, and the config's checks report every
 wrong value in one message: a run refused for one key and then for the next costs a launch each.
+
+Importing this module imports neither torch nor transformers (what needs them imports them where it is
+used): the CLI runs `check_run_config` before it imports the run, so a wrong value or a missing file is
+refused in a second or two, not after the 10-20 s those imports take on a busy machine.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import json
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
-from retrain.algorithm.base import Algorithm
 from retrain.backend.settings import LossSettings, OptimSettings
-from retrain.campaign.autosqueeze import squeeze_settings
 from retrain.config import TrainingConfig, check_known_keys
 from retrain.config_checks.compose_errors import unresolvable
+from retrain.data.config import LOCAL_OR_HUB_PATHS
 from retrain.errors import ConfigError, ConfigErrors, DataError, refuse_all
 from retrain.housekeeping.console import PROGRESS_BAR_CHOICES
 from retrain.housekeeping.secrets import check_env_names
-from retrain.hub import hub_fetch
+from retrain.hub import hub_fetch, local_path
+from retrain.model.config_files import read_config_file
 from retrain.model.spec import ChatPrompts, ModelSpec
-from retrain.types import Example
+
+if TYPE_CHECKING:
+    from retrain.algorithm.base import Algorithm
+    from retrain.types import Example
 
 log = logging.getLogger("retrain")
 
@@ -59,10 +64,24 @@ PROBE_TOKENS = 4  # tokens per completion of the synthetic step that tells wheth
 
 def check_run_config(cfg: DictConfig) -> None:
     """Every check a run makes on its config before it builds anything (`python -m retrain` and `retrain explain`
-    both run these): no unknown key, every value in range, no secret written inline where an env name belongs."""
+    both run these): no unknown key, every value in range, no secret written inline where an env name belongs, and
+    no local path of the model or the data that does not exist."""
     check_known_keys(cfg)
     check_config(cfg)
     check_env_names(cfg)
+    check_local_paths(cfg)
+
+
+def check_local_paths(cfg: DictConfig) -> None:
+    """ConfigError naming `model.name_or_path` or `data.path` when it looks like a local path (absolute, relative, a
+    data file's name) and does not exist (retrain.hub.local_path); a Hub id is looked up where it loads, as before.
+    Only the built-in schemas': a plugin's `path` may mean anything."""
+    model = OmegaConf.to_object(cfg.model)
+    if isinstance(model, ModelSpec):
+        model.source()  # a local directory: it exists and holds a config.json
+    data = OmegaConf.to_object(cfg.data)
+    if isinstance(data, LOCAL_OR_HUB_PATHS) and data.path:
+        local_path(data.path, "data.path")
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -77,7 +96,10 @@ def check_config(cfg: DictConfig) -> None:
 def config_problems(cfg: DictConfig) -> list[str]:
     """One message per wrong key of a resolvable `cfg`, each key named once (by its first check)."""
     problems = list(nonfinite_values(cfg))
-    problems += _refusals(lambda: squeeze_settings(cfg))  # a campaign's block (its driver checks it first)
+    if cfg.get("squeeze") is not None:  # a campaign's block (its driver checks it first); its module imports torch
+        from retrain.campaign.autosqueeze import squeeze_settings
+
+        problems += _refusals(lambda: squeeze_settings(cfg))
     for key, (valid, rule) in RANGES.items():
         value = OmegaConf.select(cfg, key)
         if not valid(value):
@@ -168,6 +190,8 @@ def warn_if_untrainable(algorithm: Algorithm, training: TrainingConfig) -> None:
 
 def _learns_from_uniform_groups(algorithm: Algorithm, group_size: int) -> bool:
     """Whether `algorithm` gives any token a nonzero advantage when each group's rewards are equal."""
+    import torch
+
     rewards = torch.tensor([[1.0] * group_size, [0.0] * group_size])
     rows = rewards.numel()
     probe = copy.deepcopy(algorithm)  # the real algorithm's schedule state stays untouched
@@ -195,7 +219,7 @@ def model_context(model: ModelSpec) -> int | None:
         config_file = Path(path) / "config.json"
     if not config_file.is_file():
         return None
-    config = json.loads(config_file.read_text())
+    config = read_config_file(config_file)
     value = (config.get("text_config") or {}).get("max_position_embeddings") or config.get("max_position_embeddings")
     return value if isinstance(value, int) and value > 0 else None
 

@@ -66,6 +66,10 @@ class JsonlDataConfig:
     skip_invalid: bool = False  # a row with no question or answer: an error naming it, or (true) skipped
 
 
+# the schemas whose `path` is a local file or directory, or else a Hub id (retrain.hub.local_path tells which):
+# a local one that does not exist is refused before anything loads (retrain/config_checks/validation.py)
+LOCAL_OR_HUB_PATHS = (MathDataConfig, Gsm8kDataConfig, JsonlDataConfig)
+
 SCHEMAS: dict[str, type] = {
     "base_math": MathDataConfig,
     "base_gsm8k": Gsm8kDataConfig,

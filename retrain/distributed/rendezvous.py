@@ -36,6 +36,29 @@ def env_int(name: str, default: int) -> int:
         ) from None
 
 
+def planned_local_ranks(launcher: Mapping[str, Any]) -> int:
+    """Ranks a launch runs on each machine, which share its host memory: a submitit launcher's `tasks_per_node`, else
+    torchrun's LOCAL_WORLD_SIZE (at most WORLD_SIZE, and only when WORLD_SIZE > 1: vLLM-CPU leaves a LOCAL_WORLD_SIZE
+    in a process of one), else WORLD_SIZE (every rank on this machine), else 1."""
+    if "tasks_per_node" in launcher:
+        return int(launcher.get("tasks_per_node") or 1)
+    ranks = int(os.environ.get("WORLD_SIZE") or 1)
+    if ranks <= 1:
+        return 1
+    return min(ranks, int(os.environ.get("LOCAL_WORLD_SIZE") or ranks))
+
+
+def check_one_device_per_rank(devices: str, ranks: int) -> None:
+    """ConfigError naming `backend.devices` when split mode (two devices: sampling beside training, in one process)
+    meets a run of several ranks, which gives each rank one device. The run refuses it before anything loads
+    (retrain.run.check_data_parallel; rank_devices too), `retrain explain` when it plans the launch."""
+    if ranks > 1 and "," in devices:
+        raise ConfigError(
+            f"backend.devices={devices!r}: split mode runs on one process; a run on {ranks} ranks gives "
+            "each rank one device (backend.devices=gpu:0 or cpu)"
+        )
+
+
 def rendezvous_report(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The rendezvous variables as set here, and what keeps the ranks from meeting (None: nothing, or one process)."""
     variables = {name: environ.get(name) for name in RENDEZVOUS_VARIABLES}

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from retrain.distributed.rendezvous import env_int
+from retrain.distributed.rendezvous import check_one_device_per_rank, env_int
 from retrain.errors import ConfigError
 
 # the longest a rank waits in one collective: a step's sampling imbalance between ranks must fit in it
@@ -102,11 +102,7 @@ def rank_devices(devices: str, world: World) -> str:
     form."""
     if not world.distributed:
         return devices
-    if "," in devices:
-        raise ConfigError(
-            f"backend.devices={devices!r}: split mode runs on one process; a run on {world.size} ranks gives "
-            "each rank one device (backend.devices=gpu:0 or cpu)"
-        )
+    check_one_device_per_rank(devices, world.size)
     return f"gpu:{world.local_rank % torch.cuda.device_count()}" if on_gpu(devices) else "cpu"
 
 

@@ -12,6 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from retrain.assets import MODEL_CONFIGS_DIR
+from retrain.errors import ConfigError
+
+# the sizes the plan and the parameter count divide and multiply by; absent ones the plan reports as lacking
+SIZE_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
 
 
 def params_from_config(config: Mapping[str, Any]) -> float | None:
@@ -49,11 +61,31 @@ def local_model_config(name_or_path: str, revision: str | None) -> dict[str, Any
         path = Path(cached) if isinstance(cached, str) else None
     if path is None or not path.is_file():
         return None
+    return read_config_file(path)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A model's config.json, its sizes checked: ConfigError naming the file when it cannot be read or is not valid
+    JSON (a download or copy cut short), and the field when a size is not a positive integer (a 0 would divide by
+    zero in the plan, a negative count plan negative memory that "fits")."""
+    where = f"the config.json of model.name_or_path, {path}"
     try:
-        loaded = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return loaded if isinstance(loaded, dict) else None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{where}: cannot be read ({error})") from error
+    try:
+        loaded = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{where}: is not valid JSON ({error}); a download or copy cut short?") from error
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{where}: holds a JSON {type(loaded).__name__}, not an object of settings")
+    nested = isinstance(loaded.get("text_config"), dict)  # a multimodal wrapper: the language model's sizes
+    sizes = loaded["text_config"] if nested else loaded
+    for name in SIZE_FIELDS:
+        value = sizes.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise ConfigError(f"{where}: {'text_config.' if nested else ''}{name}={value!r} is not a positive integer")
+    return loaded
 
 
 def model_config(name_or_path: str, revision: str | None = None) -> dict[str, Any] | None:
@@ -63,7 +95,4 @@ def model_config(name_or_path: str, revision: str | None = None) -> dict[str, An
     if found is not None:
         return found
     shipped = MODEL_CONFIGS_DIR / f"{name_or_path.rstrip('/').rsplit('/', 1)[-1]}.json"
-    if not shipped.is_file():
-        return None
-    loaded = json.loads(shipped.read_text())
-    return loaded if isinstance(loaded, dict) else None
+    return read_config_file(shipped) if shipped.is_file() else None

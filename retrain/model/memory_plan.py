@@ -19,7 +19,7 @@ of the weights (and adapter), the KV cache and the decode logits, the training d
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from retrain.model.config_files import model_config, params_from_config
@@ -270,15 +270,12 @@ class MemoryPlan:
     notes: tuple[str, ...] = field(default=())
 
     @property
-    def holds_no_row(self) -> bool:
-        """The in-process sampler's KV budget, set or sized from a known device, holds not one row at full length."""
-        sized = self.inputs.kv_cache_gb > 0 or all(device.total_bytes is not None for device in self.devices)
-        return self.inputs.engine == "pytorch" and self.rows_at_once == 0 and sized
-
-    @property
     def fits(self) -> bool | None:
+        """Whether every device holds its peak. A KV budget that holds no row at the planned row length is no
+        refusal: the prompts' lengths are estimated here, and the sampler refuses a budget that cannot hold the
+        longest real row, naming `inference.kv_cache_gb` (retrain/inference/sampler/kv_budget.py)."""
         verdicts = [device.fits for device in self.devices]
-        return None if None in verdicts else all(verdicts) and not self.holds_no_row
+        return None if None in verdicts else all(verdicts)
 
     def problem(self) -> str | None:
         """Why the run cannot fit, naming the knob that fixes it; None when it fits (or no device size is known)."""
@@ -291,12 +288,6 @@ class MemoryPlan:
                 f"the memory plan needs {gib(device.peak_bytes)} on {device.device} ({device.role}) but "
                 f"{gib(device.usable_bytes)} is usable (of {gib(device.total_bytes or 0)}): {gib(over)} too much; "
                 f"{self.fix(device)}"
-            )
-        if self.holds_no_row:
-            return (
-                f"the KV budget of {gib(self.kv_budget_bytes)} holds no row of {self.inputs.row_tokens} tokens "
-                f"({gib(self.kv_full_bytes // self.inputs.rows)} each): raise {KNOBS['kv']}, use a device with more "
-                "memory or lower training.max_tokens"
             )
         return None
 
@@ -481,7 +472,13 @@ def plan_memory(
             f"{rows_at_once} of {inputs.rows} rows at {row} tokens",
         )
         sampling = [kv, decode]
-        if rows_at_once < inputs.rows:
+        if rows_at_once == 0:
+            notes.append(
+                f"the KV budget holds no row of {row} tokens ({inputs.prompt_source} prompt + max_tokens): the "
+                f"sampler checks the longest real row when it samples, and refuses naming {KNOBS['kv']} if it does "
+                "not fit"
+            )
+        elif rows_at_once < inputs.rows:
             notes.append(
                 f"the KV budget holds {rows_at_once} of {inputs.rows} rows at full length: the others wait for room "
                 f"as rows finish ({KNOBS['kv']} sets it)"
@@ -556,26 +553,36 @@ def plans_by_gpu_size(config: Mapping[str, Any]) -> dict[int, MemoryPlan]:
     return plans
 
 
-def plan_on_this_machine(config: Mapping[str, Any]) -> MemoryPlan | None:
-    """The plan of a composed config on the devices this machine gives `backend.devices` (None: no plan applies)."""
+def plan_on_this_machine(config: Mapping[str, Any], local_ranks: int = 1) -> MemoryPlan | None:
+    """The plan of a composed config on the devices this machine gives `backend.devices` (None: no plan applies).
+    On the CPU, `local_ranks` ranks of one run share the host's memory: each rank's plan gets its share of it (a
+    GPU is each rank's own)."""
     from retrain.model.device_memory import device_memories
 
     if not plans_local_memory(config):
         return None
     memories, on_gpu = device_memories(str(config["backend"].get("devices", "cpu")))
-    return plan_for(config, memories, on_gpu)
+    shared = not on_gpu and local_ranks > 1
+    if shared:
+        memories = [None if memory is None else memory // local_ranks for memory in memories]
+    plan = plan_for(config, memories, on_gpu)
+    if plan is None or not shared:
+        return plan
+    note = f"the host memory is shared by {local_ranks} ranks on this machine: this plan counts 1/{local_ranks} of it"
+    return replace(plan, notes=(*plan.notes, note))
 
 
-def memory_report(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What `retrain explain` shows of a composed config's memory: the plan on this machine's devices, or, for GPUs
-    this machine lacks, on the first size of GPU_SIZES_GB it fits; and whether and how it fits each size."""
+def memory_report(config: Mapping[str, Any], local_ranks: int = 1) -> dict[str, Any] | None:
+    """What `retrain explain` shows of a composed config's memory: the plan on this machine's devices (shared by
+    `local_ranks` ranks on the CPU), or, for GPUs this machine lacks, on the first size of GPU_SIZES_GB it fits; and
+    whether and how it fits each size."""
     from retrain.model.device_memory import cuda_available
 
     if not plans_local_memory(config):
         return None
     wants_gpu = any(spec.startswith("gpu:") for spec in device_names(str(config["backend"].get("devices", "cpu"))))
     by_size = plans_by_gpu_size(config) if wants_gpu else {}
-    here = plan_on_this_machine(config) if cuda_available() or not wants_gpu else None
+    here = plan_on_this_machine(config, local_ranks) if cuda_available() or not wants_gpu else None
     if here is None and by_size:
         here = next((plan for plan in by_size.values() if plan.fits), by_size[GPU_SIZES_GB[-1]])
     if here is None:

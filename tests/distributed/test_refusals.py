@@ -34,6 +34,13 @@ def test_a_last_held_out_batch_smaller_than_the_world_is_refused() -> None:
     assert "eval.num_examples=17" in refusal(["eval.num_examples=17"])
 
 
+def test_split_mode_is_refused_before_the_data_and_model_load() -> None:
+    """Not only when the backend is built, after the tokenizer and the data: the check `retrain explain` makes too."""
+    assert refusal(["backend.devices='cpu,cpu'"]).startswith(
+        "backend.devices='cpu,cpu': split mode runs on one process; a run on 2 ranks gives each rank one device"
+    )
+
+
 def test_a_backend_that_cannot_all_reduce_is_refused() -> None:
     message = refusal([], preset="backend=tinker")  # composes without a model download or an API key
     assert "cannot train data-parallel" in message and "needs backend=local" in message

@@ -133,3 +133,20 @@ def test_no_seed_draws_one_from_torchs_generator(backend, prompt_ids):
     first = engine.generate(prompt_ids, GROUP, SAMPLING, None)
     torch.manual_seed(21)
     assert_same_rollouts(engine.generate(prompt_ids, GROUP, SAMPLING, None), first)
+
+
+def test_the_quickstarts_smallest_budget_holds_its_real_rows(backend):
+    """`experiment=quickstart inference.kv_cache_gb=0.0002`: the memory plan, which assumes prompts of the context less
+    max_tokens (128 tokens a row), leaves this budget to the sampler (tests/test_memory_plan.py); the sampler, which
+    knows the prompts (~40 tokens), samples them in it."""
+    from retrain.config import compose
+    from retrain.run import build_part
+
+    cfg = compose(["experiment=quickstart", "inference.kv_cache_gb=0.0002"])
+    examples = build_part(cfg, "data", seed=0).train_examples[: cfg.training.batch_size]
+    prompt_ids = encode(backend, [example.prompt for example in examples])
+    engine = make_engine(backend, kv_cache_gb=cfg.inference.kv_cache_gb)
+    sampling = SamplingParams(max_tokens=cfg.training.max_tokens, temperature=1.0, top_p=1.0)
+    rollouts = engine.generate(prompt_ids, cfg.training.group_size, sampling, 0)
+    assert rollouts.completion_ids.shape[0] == len(examples) * cfg.training.group_size
+    assert max(map(len, prompt_ids)) + cfg.training.max_tokens < 128  # what the plan assumed a row to be
