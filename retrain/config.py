@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,11 @@ class TrainingConfig:
     # mean |engine − trainer| log-prob of the sampled tokens allowed at policy lag 0; None = by dtype (the probe's)
     logprob_diff_tolerance: float | None = None
     threads: int = 0  # torch's CPU threads; 0: the usable CPUs, or OMP_NUM_THREADS (retrain/housekeeping/threads.py)
+    # DAPO's overlong shaping (docs/rewards.md): completions in the last N tokens of max_tokens lose up to
+    # overlong_penalty reward, linearly; 0 = off (verl: overlong_buffer.len, overlong_buffer.penalty_factor)
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    mask_truncated: bool = False  # rows that hit max_tokens carry no gradient (TRL's mask_truncated_completions)
 
     def __post_init__(self) -> None:
         from retrain.errors import ConfigError
@@ -83,6 +89,13 @@ class TrainingConfig:
             raise ConfigError(
                 f"training.max_skipped_steps must be 0 (never stop) or more, got {self.max_skipped_steps}"
             )
+        if not 0 <= self.overlong_buffer <= self.max_tokens:
+            raise ConfigError(
+                f"training.overlong_buffer must be in 0..training.max_tokens ({self.max_tokens}; 0 = off), "
+                f"got {self.overlong_buffer}"
+            )
+        if not (math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0):
+            raise ConfigError(f"training.overlong_penalty must be a finite number >= 0, got {self.overlong_penalty}")
         if self.logprob_diff_tolerance is not None and not self.logprob_diff_tolerance > 0:
             raise ConfigError(
                 f"training.logprob_diff_tolerance must be > 0 (null = by dtype), got {self.logprob_diff_tolerance}"

@@ -73,3 +73,25 @@ def test_the_batching_state_is_checkpointed(build) -> None:
     trainer.run()
     state = json.loads((trainer.run_dir / "final" / "trainer_state.json").read_text())
     assert state["batching"] == {"batch_size": 4}
+
+
+def test_truncated_rows_carry_no_gradient_with_mask_truncated(build) -> None:
+    partial_credit = ("reward._target_=tests.plugins.training_plugins.digit_count_reward", "training.max_tokens=2")
+    plain = build(*partial_credit).train_step(0)
+    assert plain["max_token_hit_rate"] > 0 and plain["num_datums"] > 0  # truncated rows are trained by default
+    masked_trainer = build(*partial_credit, "training.mask_truncated=true")
+    masked = masked_trainer.train_step(0)
+    hit = plain["max_token_hit_rate"] * 16  # the same seed samples the same rows
+    assert masked["policy/truncated_masked"] > 0
+    assert masked["num_datums"] == plain["num_datums"] - masked["policy/truncated_masked"]
+    assert masked["num_datums"] <= 16 - hit
+    if masked["num_datums"] == 0:  # every trainable row was truncated: no update at all
+        assert masked_trainer.engine.weights_version == 0 and masked["loss"] == 0.0
+
+
+def test_overlong_shaping_penalises_completions_in_the_buffer(build) -> None:
+    # max_tokens 8, buffer 8: every completion of |y| tokens loses |y|/8 (quickstart's match reward scores 0 or 1)
+    plain = build("training.overlong_buffer=0").train_step(0)
+    assert "reward/overlong_penalty_mean" not in plain  # off by default: the quickstart's metrics are unchanged
+    shaped = build("training.overlong_buffer=8", "training.overlong_penalty=0.5").train_step(0)
+    assert shaped["reward/overlong_penalty_mean"] == pytest.approx(-0.5 * shaped["mean_completion_tokens"] / 8)

@@ -43,6 +43,7 @@ from retrain.housekeeping.rundir import Checkpoint, RunDir
 from retrain.housekeeping.trainer_state import TrainerState
 from retrain.inference.base import InferenceEngine, SamplingInterrupted
 from retrain.model.probe import Probe, StaleWeightsError
+from retrain.reward.overlong import shape_rewards
 from retrain.reward.scorer import Scorer, fill_excluded
 from retrain.training.batching import Batching
 from retrain.training.freshness import Freshness, FreshnessProof
@@ -270,15 +271,26 @@ class Trainer:
         t_reward = time.perf_counter()
         # excluded: no verdict, neither trained on nor counted
         rollouts, rewards, excluded, reward_counts = self._rewards(sampled, examples, G)
+        shaped, shaping_metrics = shape_rewards(
+            rewards,
+            rollouts.completion_mask.sum(dim=1),
+            excluded,
+            training.max_tokens,
+            training.overlong_buffer,
+            training.overlong_penalty,
+        )
 
         t_advantage = time.perf_counter()
         planning = None
         if self.planning is not None:
             planning = self.planning(rollouts.completion_ids, rollouts.trained_mask)
         advantage = self.algorithm.compute(
-            rewards, rollouts.logprobs, rollouts.trained_mask, rollouts.entropies, planning
+            shaped, rollouts.logprobs, rollouts.trained_mask, rollouts.entropies, planning
         )
         row_mask = advantage.group_has_signal.repeat_interleave(G) & ~excluded.view(-1)
+        if training.mask_truncated:  # overlong filtering: a truncated completion carries no gradient
+            shaping_metrics["policy/truncated_masked"] = int((row_mask & rollouts.hit_max_tokens).sum())
+            row_mask &= ~rollouts.hit_max_tokens
         batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
 
         if self._sampler is not None and self._may_prefetch(step + 1):
@@ -335,6 +347,7 @@ class Trainer:
             "grad_norm": result.grad_norm,
             "skipped_nonfinite": result.skipped_nonfinite,
             **reward_counts,
+            **shaping_metrics,
             **advantage.metrics,
             **rollouts.metrics,  # the sampler's, e.g. policy/top_p_mass: every step, trained on or not
             **result.metrics,
