@@ -36,6 +36,23 @@ GROUP_SCHEMA_MODULES: dict[str, str] = {
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling (verl's algorithm.filter_groups; docs/advantages.md): groups whose rewards are all
+    equal are dropped and more prompts are sampled until the step holds training.batch_size groups with signal."""
+
+    enabled: bool = False
+    max_draws: int = 3  # extra sampling rounds a step may draw (verl's max_num_gen_batches, less its first round)
+
+    def __post_init__(self) -> None:
+        from retrain.errors import ConfigError
+
+        if self.max_draws < 0:
+            raise ConfigError(
+                f"training.dynamic_sampling.max_draws must be >= 0 (0 = filter only), got {self.max_draws}"
+            )
+
+
+@dataclass
 class TrainingConfig:
     """Run-wide optimisation and sampling knobs (the original TOML format's [training] and [optimizer], docs/migrate-config.md).
 
@@ -79,6 +96,7 @@ class TrainingConfig:
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     mask_truncated: bool = False  # rows that hit max_tokens carry no gradient (TRL's mask_truncated_completions)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
     def __post_init__(self) -> None:
         from retrain.errors import ConfigError

@@ -164,6 +164,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World
     training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]
     plan = plan_parts(cfg)
     check_data_parallel(cfg, plan, world)
+    check_dynamic_sampling(cfg, plan, world)
     algorithm, backend_cls, capabilities = plan.algorithm, plan.backend_cls, plan.backend.capabilities
     flags = ", ".join(f"{key}={value}" for key, value in capabilities.as_dict().items())
     log.info("backend %s: %s (source=%s)", plan.backend.name, flags, plan.backend.source)
@@ -281,6 +282,26 @@ def check_data_parallel(cfg: DictConfig, plan: PartsPlan, world: World) -> None:
             f"training.batch_size={batch_size}, eval.num_examples={samples}: {where} gives each rank at least one "
             f"prompt of every batch (held-out ones go in batches of training.batch_size)"
         )
+
+
+def check_dynamic_sampling(cfg: DictConfig, plan: PartsPlan, world: World) -> None:
+    """Dynamic sampling's refill rounds (retrain/training/dynamic_sampling.py) sample rows numbered after the step's
+    first round (`row_offset`): they need an engine that takes it and a data source whose prompts the trainer samples;
+    a data-parallel run's rounds would need the ranks to agree on every refill, not done yet."""
+    if not OmegaConf.select(cfg, "training.dynamic_sampling.enabled", default=False):
+        return
+    key = "training.dynamic_sampling.enabled"
+    if world.distributed:
+        raise ConfigError(f"{key}: dynamic sampling is not supported on {world.size} ranks yet; run it on one process")
+    generate = getattr(plan.engine_cls, "generate", None)
+    if generate is None or "row_offset" not in inspect.signature(generate).parameters:
+        raise ConfigError(
+            f"{key}: inference engine {plan.engine_cls.__name__} cannot number a refill round's rows (row_offset); "
+            "use pytorch, vllm, vllm_server, sglang or openai"
+        )
+    data = target_object(cfg, "data")
+    if isinstance(data, type) and issubclass(data, RolloutEnvironment):
+        raise ConfigError(f"{key}: data={cfg.data._target_} runs its own episodes, which refill rounds cannot seed")
 
 
 def with_rank_devices(cfg: DictConfig, world: World) -> DictConfig:

@@ -58,11 +58,12 @@ def gather_rollouts(rollouts: Rollouts, pad_id: int) -> Rollouts:
         sampled_mask=None
         if rollouts.sampled_mask is None
         else gather_rows(rollouts.sampled_mask.to(torch.uint8)).bool(),
-        metrics=_combined(metrics),
+        metrics=combined_metrics(metrics),
     )
 
 
-def _combined(metrics: list[dict[str, float]]) -> dict[str, float]:
+def combined_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:
+    """Sampler statistics of equal shares of a batch as one: the mean, or for a maximum or peak the largest."""
     keys = set().union(*metrics)
     out = {}
     for key in sorted(keys):

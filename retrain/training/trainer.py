@@ -46,6 +46,7 @@ from retrain.model.probe import Probe, StaleWeightsError
 from retrain.reward.overlong import shape_rewards
 from retrain.reward.scorer import Scorer, fill_excluded
 from retrain.training.batching import Batching
+from retrain.training.dynamic_sampling import ScoredGroups, collect
 from retrain.training.freshness import Freshness, FreshnessProof
 from retrain.training.learning_curve import LEARNING_CURVE_PNG, write_learning_curve
 from retrain.training.metrics_log import JsonlLog, TensorBoardSink, WandbSink, console_line
@@ -269,16 +270,21 @@ class Trainer:
             self.data.load_state_dict(sample.data_state)  # the prompts are drawn again when the run resumes
             raise
         t_reward = time.perf_counter()
+        try:  # dynamic sampling: uniform groups dropped, more prompts drawn and sampled in their place
+            groups, dapo_metrics = collect(
+                self._scored(sampled, examples, G),
+                functools.partial(self._refill, step, B),
+                lambda scored: self._shaped(scored)[0],
+                training.dynamic_sampling,
+                B,
+                self.share.pad_id,
+            )
+        except SamplingInterrupted:
+            self.data.load_state_dict(sample.data_state)
+            raise
         # excluded: no verdict, neither trained on nor counted
-        rollouts, rewards, excluded, reward_counts = self._rewards(sampled, examples, G)
-        shaped, shaping_metrics = shape_rewards(
-            rewards,
-            rollouts.completion_mask.sum(dim=1),
-            excluded,
-            training.max_tokens,
-            training.overlong_buffer,
-            training.overlong_penalty,
-        )
+        examples, rollouts, rewards, excluded = groups.examples, groups.rollouts, groups.rewards, groups.excluded
+        shaped, shaping_metrics = self._shaped(groups)
 
         t_advantage = time.perf_counter()
         planning = None
@@ -346,7 +352,8 @@ class Trainer:
             "groups_all_wrong": int((uniform & ~all_correct).sum()),
             "grad_norm": result.grad_norm,
             "skipped_nonfinite": result.skipped_nonfinite,
-            **reward_counts,
+            **groups.counts,
+            **dapo_metrics,
             **shaping_metrics,
             **advantage.metrics,
             **rollouts.metrics,  # the sampler's, e.g. policy/top_p_mass: every step, trained on or not
@@ -382,15 +389,52 @@ class Trainer:
             rollouts = sampler.submit(self._sample(examples, self.training.group_size, self.sampling, seed))
         return StepSample(examples, served_version, rollouts, data_state)
 
+    def _refill(self, step: int, batch_size: int, draw: int) -> ScoredGroups:
+        """Dynamic sampling's extra round `draw` of step `step`: the data stream's next prompts, sampled with the
+        step's seed as rows numbered after the earlier rounds' (no two rounds draw the same random numbers)."""
+        examples = self.data.next_batch(batch_size)
+        seed = step_generator_seed(self.training.seed, step)
+        G = self.training.group_size
+        sampled = self._sample(examples, G, self.sampling, seed, row_offset=draw * batch_size * G)()
+        return self._scored(sampled, examples, G)
+
+    def _scored(self, sampled: Rollouts | ScoredRollouts, examples: list[Example], group_size: int) -> ScoredGroups:
+        rollouts, rewards, excluded, counts = self._rewards(sampled, examples, group_size)
+        return ScoredGroups(examples, rollouts, rewards, excluded, counts)
+
+    def _shaped(self, groups: ScoredGroups) -> tuple[torch.Tensor, dict[str, float]]:
+        """The rewards the advantages see (DAPO's overlong shaping, when on) and its metric."""
+        training = self.training
+        lengths = groups.rollouts.completion_mask.sum(dim=1)
+        return shape_rewards(
+            groups.rewards,
+            lengths,
+            groups.excluded,
+            training.max_tokens,
+            training.overlong_buffer,
+            training.overlong_penalty,
+        )
+
     def _sample(
-        self, examples: list[Example], group_size: int, sampling: SamplingParams, seed: int
+        self, examples: list[Example], group_size: int, sampling: SamplingParams, seed: int, row_offset: int = 0
     ) -> Callable[[], Rollouts | ScoredRollouts]:
         """The sampling work for `examples` (prompts encoded here, on the caller's thread): the environment's
-        scored episodes when the data source runs its own (retrain.environments), else the engine's completions."""
+        scored episodes when the data source runs its own (retrain.environments), else the engine's completions.
+        `row_offset`: the global index of the first row (dynamic sampling's refill rounds; run.py checks the
+        engine takes it and the data source is no environment)."""
         if isinstance(self.data, RolloutEnvironment):
             return functools.partial(self.data.sample, examples, group_size, sampling, seed)
         if not self.world.distributed:
             prompt_ids = self.prompts([example.prompt for example in examples])
+            if row_offset:
+                return functools.partial(
+                    self.engine.generate,  # type: ignore[call-arg]
+                    prompt_ids,
+                    group_size,
+                    sampling,
+                    seed,
+                    row_offset=row_offset,
+                )
             return functools.partial(self.engine.generate, prompt_ids, group_size, sampling, seed)
         own, row_offset = self.share.examples(examples, group_size)  # this rank's groups, with their global row ids
         return functools.partial(

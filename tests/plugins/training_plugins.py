@@ -14,6 +14,12 @@ def digit_count_reward(response: str, reference: str, **extra: object) -> float:
     return sum(c in response for c in digits) / len(digits) if digits else 0.0
 
 
+def even_answers_only_reward(response: str, reference: str, **extra: object) -> float:
+    """Partial credit on problems whose answer ends in an even digit, 0 on the others: a mix of groups with signal
+    and uniform ones (dynamic sampling's refill)."""
+    return digit_count_reward(response, reference) if reference[-1:] in "02468" else 0.0
+
+
 def never_correct_reward(response: str, reference: str, **extra: object) -> float:
     """Every completion scores 0: no group has signal, so no step trains."""
     return 0.0
