@@ -307,8 +307,10 @@ def register_resolvers() -> None:
     Also run when this module is imported: a submitit job resolves its run dir (`${algorithm.name}`)
     in a fresh process, after unpickling retrain's entry point but before any of retrain's code runs.
     """
-    resolvers: dict[str, Callable[..., str]] = {
+    resolvers: dict[str, Callable[..., str | int]] = {
         "retrain_config_groups": config_groups_help,
+        # a whole share of a count, e.g. DAPO's overlong buffer as a fifth of max_tokens (conf/recipe/dapo.yaml)
+        "retrain_share": lambda total, share: int(int(total) * float(share)),
         NAME_RESOLVER: lambda advantage, transforms: algorithm_conditions().name(advantage, transforms),
         LABEL_RESOLVER: lambda advantage, transforms: algorithm_conditions().label(advantage, transforms),
     }
