@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling with refill (Yu et al. 2025, §3.2; verl's algorithm.filter_groups).
+"""DAPO's dynamic sampling with refill (Yu et al. 2025; verl's algorithm.filter_groups; docs/advantages.md).
 
 A group whose rewards are all equal (the advantage code's test, groups_with_signal) has zero advantage and only
 shrinks the step's effective batch. With `training.dynamic_sampling.enabled` the step drops such groups and draws
