@@ -91,9 +91,9 @@ class TrainingConfig:
     # mean |engine − trainer| log-prob of the sampled tokens allowed at policy lag 0; None = by dtype (the probe's)
     logprob_diff_tolerance: float | None = None
     threads: int = 0  # torch's CPU threads; 0: the usable CPUs, or OMP_NUM_THREADS (retrain/housekeeping/threads.py)
-    # DAPO's overlong shaping (docs/rewards.md): completions in the last N tokens of max_tokens lose up to
-    # overlong_penalty reward, linearly; 0 = off (verl: overlong_buffer.len, overlong_buffer.penalty_factor)
-    overlong_buffer: int = 0
+    # DAPO's overlong shaping (docs/rewards.md): completions in the last overlong_buffer_frac of max_tokens lose up
+    # to overlong_penalty reward, linearly; 0 = off (verl: overlong_buffer.len / max length, .penalty_factor)
+    overlong_buffer_frac: float = 0.0
     overlong_penalty: float = 1.0
     mask_truncated: bool = False  # rows that hit max_tokens carry no gradient (TRL's mask_truncated_completions)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
@@ -107,10 +107,10 @@ class TrainingConfig:
             raise ConfigError(
                 f"training.max_skipped_steps must be 0 (never stop) or more, got {self.max_skipped_steps}"
             )
-        if not 0 <= self.overlong_buffer <= self.max_tokens:
+        if not 0 <= self.overlong_buffer_frac <= 1:
             raise ConfigError(
-                f"training.overlong_buffer must be in 0..training.max_tokens ({self.max_tokens}; 0 = off), "
-                f"got {self.overlong_buffer}"
+                f"training.overlong_buffer_frac must be in [0, 1] (a share of max_tokens; 0 = off), "
+                f"got {self.overlong_buffer_frac}"
             )
         if not (math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0):
             raise ConfigError(f"training.overlong_penalty must be a finite number >= 0, got {self.overlong_penalty}")
@@ -307,10 +307,8 @@ def register_resolvers() -> None:
     Also run when this module is imported: a submitit job resolves its run dir (`${algorithm.name}`)
     in a fresh process, after unpickling retrain's entry point but before any of retrain's code runs.
     """
-    resolvers: dict[str, Callable[..., str | int]] = {
+    resolvers: dict[str, Callable[..., str]] = {
         "retrain_config_groups": config_groups_help,
-        # a whole share of a count, e.g. DAPO's overlong buffer as a fifth of max_tokens (conf/recipe/dapo.yaml)
-        "retrain_share": lambda total, share: int(int(total) * float(share)),
         NAME_RESOLVER: lambda advantage, transforms: algorithm_conditions().name(advantage, transforms),
         LABEL_RESOLVER: lambda advantage, transforms: algorithm_conditions().label(advantage, transforms),
     }

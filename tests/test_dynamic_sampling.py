@@ -93,13 +93,12 @@ def test_data_parallel_runs_refuse_dynamic_sampling() -> None:
 def test_the_dapo_recipe_sets_the_papers_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     checkout_conf = Path(__file__).resolve().parents[1] / "conf"  # this checkout's, not an installed copy's
     monkeypatch.setattr("retrain.config.config_dir", lambda: str(checkout_conf))
-    training = compose(["+recipe=dapo", "training.max_tokens=20480"]).training
+    training = compose(["recipe=dapo"]).training
     assert (training.objective, training.clip_eps, training.clip_eps_high, training.loss_agg) == (
         "ppo",
         0.2,
         0.28,
         "token_mean",
     )
-    assert (training.kl_coef, training.overlong_buffer, training.overlong_penalty) == (0.0, 4096, 1.0)  # L_cache
+    assert (training.kl_coef, training.overlong_buffer_frac, training.overlong_penalty) == (0.0, 0.2, 1.0)
     assert training.dynamic_sampling.enabled
-    assert compose(["+recipe=dapo", "experiment=quickstart"]).training.overlong_buffer == 1  # a fifth of 8 tokens

@@ -91,7 +91,7 @@ def test_truncated_rows_carry_no_gradient_with_mask_truncated(build) -> None:
 
 def test_overlong_shaping_penalises_completions_in_the_buffer(build) -> None:
     # max_tokens 8, buffer 8: every completion of |y| tokens loses |y|/8 (quickstart's match reward scores 0 or 1)
-    plain = build("training.overlong_buffer=0").train_step(0)
+    plain = build().train_step(0)
     assert "reward/overlong_penalty_mean" not in plain  # off by default: the quickstart's metrics are unchanged
-    shaped = build("training.overlong_buffer=8", "training.overlong_penalty=0.5").train_step(0)
+    shaped = build("training.overlong_buffer_frac=1", "training.overlong_penalty=0.5").train_step(0)
     assert shaped["reward/overlong_penalty_mean"] == pytest.approx(-0.5 * shaped["mean_completion_tokens"] / 8)

@@ -11,6 +11,12 @@ from __future__ import annotations
 import torch
 
 
+def overlong_buffer(max_tokens: int, fraction: float) -> int:
+    """L_cache in tokens: `fraction` of max_tokens, rounded, at least 1 when on (the paper's 4096 of 20480 is 0.2),
+    so one recipe fits any max_tokens."""
+    return max(1, round(fraction * max_tokens)) if fraction > 0 else 0
+
+
 def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, factor: float) -> torch.Tensor:
     """R_length per completion (float32, same shape as `lengths`), times `factor`: 0 up to L_max − buffer,
     ((L_max − buffer) − |y|) / buffer inside the buffer, −1 beyond L_max (not reachable when max_tokens caps

@@ -43,7 +43,7 @@ from retrain.housekeeping.rundir import Checkpoint, RunDir
 from retrain.housekeeping.trainer_state import TrainerState
 from retrain.inference.base import InferenceEngine, SamplingInterrupted
 from retrain.model.probe import Probe, StaleWeightsError
-from retrain.reward.overlong import shape_rewards
+from retrain.reward.overlong import overlong_buffer, shape_rewards
 from retrain.reward.scorer import Scorer, fill_excluded
 from retrain.training.batching import Batching
 from retrain.training.dynamic_sampling import ScoredGroups, collect
@@ -411,7 +411,7 @@ class Trainer:
             lengths,
             groups.excluded,
             training.max_tokens,
-            training.overlong_buffer,
+            overlong_buffer(training.max_tokens, training.overlong_buffer_frac),
             training.overlong_penalty,
         )
 

@@ -8,7 +8,7 @@ import torch
 from retrain.config import compose
 from retrain.config_checks.validation import check_config
 from retrain.errors import ConfigError
-from retrain.reward.overlong import overlong_penalty, shape_rewards
+from retrain.reward.overlong import overlong_buffer, overlong_penalty, shape_rewards
 
 
 def test_the_penalty_is_zero_then_linear_in_the_buffer_then_minus_one() -> None:
@@ -32,8 +32,8 @@ def test_shaping_adds_the_penalty_to_judged_rows_only() -> None:
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("training.overlong_buffer=-1", "training.overlong_buffer"),
-        ("training.overlong_buffer=20000", "training.overlong_buffer"),
+        ("training.overlong_buffer_frac=-0.1", "training.overlong_buffer_frac"),
+        ("training.overlong_buffer_frac=1.5", "training.overlong_buffer_frac"),
         ("training.overlong_penalty=-1", "training.overlong_penalty"),
         ("training.overlong_penalty=nan", "training.overlong_penalty"),
     ],
@@ -41,3 +41,8 @@ def test_shaping_adds_the_penalty_to_judged_rows_only() -> None:
 def test_bad_shaping_values_are_refused_naming_the_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         check_config(compose([override]))
+
+
+def test_the_buffer_is_a_share_of_max_tokens() -> None:
+    assert overlong_buffer(20480, 0.2) == 4096  # the paper's L_cache
+    assert (overlong_buffer(8, 0.2), overlong_buffer(8, 0.01), overlong_buffer(8, 0.0)) == (2, 1, 0)
