@@ -37,6 +37,7 @@ from retrain.model.resources import EngineResources
 from retrain.model.spec import ModelSpec
 from retrain.model.train_mode import set_training
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Rollouts, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ def k3_kl(logprobs: torch.Tensor, base_logprobs: torch.Tensor) -> torch.Tensor:
 
 
 @built_in
+@takes_settings(LocalBackendConfig)
 class LocalBackend:
     """Satisfies retrain.backend.base.Backend; see the module docstring."""
 
