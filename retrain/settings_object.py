@@ -61,7 +61,7 @@ def takes_settings(schema: type) -> Callable[[C], C]:
                 init(self, *args, **kwargs)
                 return
             settings = {key: kwargs.pop(key) for key in list(kwargs) if key not in run_objects}
-            init(self, settings_from(schema, settings, cls.__qualname__), **kwargs)
+            init(self, settings_from(schema, settings, type(self).__qualname__), **kwargs)
 
         cls.__init__ = __init__  # type: ignore[misc]
         return cls

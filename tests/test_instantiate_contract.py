@@ -311,7 +311,7 @@ def check_built_alike(cfg: DictConfig, key: str, where: str) -> None:
         close(built)
 
 
-def options_needing(group: str, option: str, local: Local) -> None:
+def prepare(group: str, option: str, local: Local) -> None:
     """Set up what an option needs on this machine (the fake Tinker SDK)."""
     if (group, option) == ("backend", "tinker"):
         fake_tinker(local.monkeypatch)
@@ -326,7 +326,7 @@ if importlib.util.find_spec("vllm") is None:
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_plain_instantiate_builds_what_the_composition_root_builds(group: str, option: str, local: Local) -> None:
     appended = group == "campaign"  # outside the primary config's defaults list
-    options_needing(group, option, local)
+    prepare(group, option, local)
     overrides = [f"{'+' if appended else ''}{group}={option}", *local.overrides(group, option)]
     cfg = compose(overrides, return_hydra_config=appended)
     if appended:  # a campaign configures Hydra's callbacks, which Hydra builds with plain instantiate too
@@ -379,3 +379,9 @@ def test_an_unknown_key_through_hydra_names_it() -> None:
     with pytest.raises(Exception) as raised:
         instantiate(cfg.data, seed=0, num_exampels=3)
     assert "num_exampels" in str(raised.value)
+
+
+def test_a_mistake_a_built_in_finds_leaves_the_composition_root_as_it_was_raised() -> None:
+    """Not Hydra's InstantiationException around it: the ConfigError naming the key, as the console shows it."""
+    with pytest.raises(ConfigError, match="data.num_examples must be at least 1, got 0"):
+        build_part(compose(["data=arithmetic", "data.num_examples=0"]), "data", seed=0)
