@@ -15,7 +15,7 @@ import functools
 import importlib.util
 import inspect
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -73,62 +73,66 @@ class Local:
     def overrides(self, group: str, option: str) -> list[str]:
         """Values off the option's defaults (so a setting lost on the way shows), and local stand-ins."""
         tmp = self.tmp
-        table: dict[tuple[str, str], list[str]] = {
-            ("data", "arithmetic"): ["data.num_examples=40", "data.held_out_size=6", "data.task_seed=3"],
-            ("data", "math"): [f"data.path={shared('math/test.jsonl')}", "data.max_examples=30", "data.subjects=[]"],
-            ("data", "gsm8k"): [
+        table: dict[tuple[str, str], Callable[[], list[str]]] = {  # lazily: only the option asked for starts a server
+            ("data", "arithmetic"): lambda: ["data.num_examples=40", "data.held_out_size=6", "data.task_seed=3"],
+            ("data", "math"): lambda: [
+                f"data.path={shared('math/test.jsonl')}",
+                "data.max_examples=30",
+                "data.subjects=[]",
+            ],
+            ("data", "gsm8k"): lambda: [
                 f"data.path={shared('gsm8k/test.jsonl')}",
                 "data.held_out_split=",
                 "data.max_examples=25",
             ],
-            ("data", "jsonl"): [
+            ("data", "jsonl"): lambda: [
                 f"data.path={squares(tmp)}",
                 "data.held_out_split=",
                 "data.prompt_template='Q: {question}'",
             ],
-            ("data", "verifiers"): [
+            ("data", "verifiers"): lambda: [
                 "data.id=retrain_arith_single",
                 "data.args={num_tasks: 12}",
                 "data.held_out_size=2",
             ],
-            ("reward", "math"): ["reward.parse_timeout_s=3", "reward.cache_size=64"],
-            ("reward", "judge"): ["reward.base_url=http://127.0.0.1:8000/v1", "reward.max_retries=1"],
-            ("backend", "local"): [
+            ("reward", "math"): lambda: ["reward.parse_timeout_s=3", "reward.cache_size=64"],
+            ("reward", "judge"): lambda: ["reward.base_url=http://127.0.0.1:8000/v1", "reward.max_retries=1"],
+            ("backend", "local"): lambda: [
                 TINY,
                 "backend.devices=cpu",
                 "backend.micro_batch_tokens=256",
                 "backend.gradient_checkpointing=true",
             ],
-            ("backend", "tinker"): [
+            ("backend", "tinker"): lambda: [
                 TINY,
                 f"backend.lock_dir={tmp / 'slots'}",
                 "backend.max_retries=1",
                 "backend.retry_backoff_s=0",
             ],
-            ("backend", "prime_rl"): [TINY, f"backend.output_dir={tmp / 'prime-rl'}", "backend.seq_len=1024"],
-            ("inference", "pytorch"): ["inference.prefix_caching=false", "inference.kv_cache_gb=0.25"],
-            ("inference", "vllm"): ["inference.gpu_memory_utilization=0.5", "inference.enforce_eager=true"],
-            ("inference", "vllm_server"): [
+            ("backend", "prime_rl"): lambda: [TINY, f"backend.output_dir={tmp / 'prime-rl'}", "backend.seq_len=1024"],
+            ("inference", "pytorch"): lambda: ["inference.prefix_caching=false", "inference.kv_cache_gb=0.25"],
+            ("inference", "vllm"): lambda: ["inference.gpu_memory_utilization=0.5", "inference.enforce_eager=true"],
+            ("inference", "vllm_server"): lambda: [
                 f"inference.url={NOBODY}",
                 "inference.max_retries=0",
                 f"inference.adapter_root={tmp / 'a'}",
             ],
-            ("inference", "sglang"): [
+            ("inference", "sglang"): lambda: [
                 f"inference.url={self.server('sglang')}",
                 f"inference.adapter_root={tmp / 'a'}",
                 "inference.max_concurrency=3",
             ],
-            ("inference", "openai"): [
+            ("inference", "openai"): lambda: [
                 f"inference.url={self.server('openai')}",
                 "inference.model=tiny",
                 "inference.timeout_s=30",
             ],
-            ("model", "qwen3_4b_instruct"): ["model.lora_rank=16"],
-            ("model", "tiny"): ["model.lora_dropout=0.1"],
-            ("algorithm/transforms", "gtpo"): ["algorithm.gtpo.beta=0.3"],
-            ("algorithm/transforms", "hicra"): ["algorithm.hicra.alpha=0.4"],
+            ("model", "qwen3_4b_instruct"): lambda: ["model.lora_rank=16"],
+            ("model", "tiny"): lambda: ["model.lora_dropout=0.1"],
+            ("algorithm/transforms", "gtpo"): lambda: ["algorithm.gtpo.beta=0.3"],
+            ("algorithm/transforms", "hicra"): lambda: ["algorithm.hicra.alpha=0.4"],
         }
-        return table.get((group, option), [])
+        return table.get((group, option), list)()
 
     def server(self, kind: str) -> str:
         """A loopback server answering as SGLang or a bare OpenAI-compatible server would, with the tiny model."""
