@@ -389,3 +389,10 @@ def test_a_mistake_a_built_in_finds_leaves_the_composition_root_as_it_was_raised
     """Not Hydra's InstantiationException around it: the ConfigError naming the key, as the console shows it."""
     with pytest.raises(ConfigError, match="data.num_examples must be at least 1, got 0"):
         build_part(compose(["data=arithmetic", "data.num_examples=0"]), "data", seed=0)
+
+
+def test_a_plus_key_a_built_in_lacks_is_refused_naming_it() -> None:
+    """`+data.foo=1` composes (group nodes may grow plugin arguments); the built-in refuses it instead of dropping it."""
+    cfg = compose(["data=arithmetic", "+data.foo=1"])
+    with pytest.raises(ConfigError, match="ArithmeticData has no setting 'foo'"):
+        build_part(cfg, "data", seed=0)
