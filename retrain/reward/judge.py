@@ -23,6 +23,7 @@ from retrain.data.prompts import fill_template
 from retrain.plugins import built_in
 from retrain.reward.checks import NoVerdict
 from retrain.reward.config import JudgeRewardConfig
+from retrain.settings_object import takes_settings
 
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 _VERDICT = re.compile(r"\W*(yes|no)\b")
@@ -38,6 +39,7 @@ def parse_verdict(reply: str) -> float:
 
 
 @built_in
+@takes_settings(JudgeRewardConfig)
 class JudgeReward:
     """Asks `config.model` at `config.base_url` (e.g. http://127.0.0.1:8000/v1) whether the response is correct.
 
