@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from retrain.data.prompts import fill_template
+from retrain.housekeeping.digits import whole_number
 from retrain.plugins import built_in
 from retrain.reward.checks import NoVerdict
 from retrain.reward.config import JudgeRewardConfig
@@ -112,7 +113,7 @@ class JudgeReward:
         client = self._client_for_this_loop()
         async with client.stream("POST", self.url, json=payload, headers=self._headers()) as reply:
             declared = reply.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > self.config.max_reply_bytes:
+            if (whole_number(declared) or 0) > self.config.max_reply_bytes:
                 raise NoVerdict(self._too_large(f"announces {declared} bytes"))
             body = bytearray()
             async for piece in reply.aiter_bytes():
