@@ -112,7 +112,7 @@ def test_the_recipes_campaign_plans_one_condition_per_recipe(tmp_path: Path) -> 
         if name in PAPER_ADVANTAGE:
             assert run["condition"] == label
         assert run["condition"].endswith(f"recipe={name}")
-        assert Path(run["run_dir"]).name == f"{name}_s{run['seed']}"
+        assert Path(run["run_dir"]).name == f"{run['condition'].split()[0]}_s{run['seed']}_{name}"
     assert len(report["conditions"]) == len(names)
 
 
