@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -48,7 +49,7 @@ from retrain.distributed.rendezvous import check_one_device_per_rank, planned_lo
 from retrain.distributed.world import World, from_main, join_world, leave_world, rank_devices
 from retrain.environments.base import RolloutEnvironment
 from retrain.error_lines import failure_line
-from retrain.errors import CheckpointError, ConfigError
+from retrain.errors import CheckpointError, ConfigError, UserError
 from retrain.housekeeping.allocator import keep_freed_memory
 from retrain.housekeeping.console import done_line, run_dir_line
 from retrain.housekeeping.determinism import reproducible_torch
@@ -63,7 +64,7 @@ from retrain.model.memory_plan import MemoryPlan, plan_on_this_machine, plans_lo
 from retrain.model.probe import Probe
 from retrain.model.spec import ChatPrompts, ModelSpec
 from retrain.objective.support import check_objective_support
-from retrain.plugins import checked, import_failure, is_built_in, locate, plugin_name
+from retrain.plugins import checked, import_failure, locate, plugin_name
 from retrain.reward.scorer import RewardScorer
 from retrain.training.batching import build_batching
 from retrain.training.metrics_log import check_tensorboard, check_wandb_login
@@ -457,22 +458,24 @@ def held_out_examples(data: Any, num_examples: int) -> list[Example]:
 
 
 def build_part(cfg: DictConfig, group: str, **run_objects: Any) -> Any:
-    """`<group>` built with the objects only the run has (a tokenizer, the model spec, the seed).
-
-    A built-in class takes its settings as the one typed object its schema defines, converted here once, so
-    each setting is declared in the schema only; a plugin (or a function of ours) takes them as keyword
-    arguments, as docs/plugins.md promises. The schema of a value that is its own schema (ModelSpec) is the part.
+    """`<group>` built by Hydra's plain `instantiate`, with the objects only the run has (a tokenizer, the model
+    spec, the seed): one path for a built-in and a plugin alike (docs/plugins.md). A built-in converts the keys it
+    is given through its schema (retrain.settings_object), so each setting is declared in the schema only.
     """
     node = cfg[group]
-    target = target_object(cfg, group)
-    schema = OmegaConf.get_type(node)
-    if is_built_in(target) and isinstance(target, type) and dataclasses.is_dataclass(schema):
-        settings = OmegaConf.to_object(node)
-        return settings if target is schema else target(settings, **run_objects)
-    if run_objects and (node.get("_partial_") or any(dataclasses.is_dataclass(v) for v in run_objects.values())):
-        # a partial first: Hydra would turn dataclass arguments (a ModelSpec, EngineResources) back into configs
-        return instantiate(node, _partial_=True)(**run_objects)
-    return instantiate(node, **run_objects)  # a reward function stays the partial its `_partial_: true` asks for
+    try:
+        if run_objects and (node.get("_partial_") or any(dataclasses.is_dataclass(v) for v in run_objects.values())):
+            # a partial first: Hydra would turn dataclass arguments (a ModelSpec, EngineResources) back into configs
+            return instantiate(node, _partial_=True)(**run_objects)
+        return instantiate(node, **run_objects)  # a reward function stays the partial its `_partial_: true` asks for
+    except InstantiationException as error:
+        cause = error.__cause__
+        if not isinstance(cause, UserError):
+            raise
+        cause.__suppress_context__ = (
+            True  # the user's mistake as the part said it (naming its key), not Hydra's wrapper
+        )
+        raise cause from cause.__cause__
 
 
 def target_object(cfg: DictConfig, group: str) -> Any:

@@ -36,8 +36,8 @@ def test_an_option_sets_only_what_differs_from_its_schema(group: str, path: Path
 
 @pytest.mark.parametrize(("group", "path"), OPTIONS, ids=[f"{g}/{p.stem}" for g, p in OPTIONS])
 def test_a_built_in_takes_its_schema_object_and_repeats_none_of_its_fields(group: str, path: Path) -> None:
-    """The schema is the only owner of its fields: a built-in class takes the schema's object (converted once by the
-    composition root, retrain.run.build_part), never the fields again as keyword arguments with defaults of their own."""
+    """The schema is the only owner of its fields: a built-in class takes the schema's object (keywords are converted
+    into it once, retrain.settings_object), never the fields again as keyword arguments with defaults of their own."""
     schema = schema_of(group, yaml.safe_load(path.read_text()))
     target = get_object(OmegaConf.to_container(OmegaConf.structured(schema))["_target_"])
     if target is schema or not isinstance(target, type):  # ModelSpec is its own value; a reward function takes kwargs

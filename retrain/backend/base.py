@@ -3,9 +3,9 @@
 A backend trains; an inference engine samples (retrain.inference.base). The trainer holds both:
 `backend.train(batch)` returns the new weights as a WeightUpdate, the trainer hands them to
 `engine.sync(update)` and proves the engine serves them by comparing the two sides' log-probs on a
-fixed probe. The composition root (retrain.run.build_part) builds a plugin backend as
-`Backend(model=ModelSpec, optim=OptimSettings, loss=LossSettings, seed=int, **its config keys)`, and
-a built-in one with its schema's object in place of the keys: `Backend(config, model=..., ...)`.
+fixed probe. The composition root (retrain.run.build_part) builds every backend as
+`Backend(model=ModelSpec, optim=OptimSettings, loss=LossSettings, seed=int, **its config keys)`; a built-in
+converts the keys through its schema (retrain.settings_object), and takes the schema's object too.
 """
 
 from __future__ import annotations

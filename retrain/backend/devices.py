@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from retrain.errors import ConfigError
+from retrain.housekeeping.digits import whole_number
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def resolve_device(devices: str) -> torch.device:
     if spec == "cpu":
         return torch.device("cpu")
     kind, _, index = spec.partition(":")
-    if kind != "gpu" or not index.isdigit():
+    if kind != "gpu" or whole_number(index) is None:
         raise ConfigError(f"backend.devices={devices!r} is not 'cpu' or 'gpu:N'")
     if not torch.cuda.is_available():
         warnings.warn(

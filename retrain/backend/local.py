@@ -42,6 +42,7 @@ from retrain.objective.aggregation import aggregation
 from retrain.objective.policy import TokenLoss, policy_token_loss
 from retrain.objective.support import ALL_KEYS
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Rollouts, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ SCHEDULER_FILE = "scheduler.pt"  # the LR schedule's state (absent from checkpoi
 
 
 @built_in
+@takes_settings(LocalBackendConfig)
 class LocalBackend:
     """Satisfies retrain.backend.base.Backend; see the module docstring."""
 

@@ -91,10 +91,14 @@ def _parts(campaign: Campaign) -> dict[str, tuple[str | None, dict[str, str]]]:
 def baselines(campaign: Campaign) -> dict[str, str | None]:
     """The condition each condition is tested against: like with like, the one that differs from it in the
     algorithm only — the configured baseline's (`hydra.callbacks.campaign.baseline`) with the same other
-    swept settings. A sweep without the configured baseline tests against its first condition of the same
-    settings, else its first condition. None where the configured baseline ran, but not with these settings."""
+    swept settings. A baseline naming a whole condition (`grpo_std_none recipe=grpo`: a sweep of settings, not
+    of algorithms) is every condition's. A sweep without the configured baseline tests against its first condition
+    of the same settings, else its first condition. None where the configured baseline ran, but not with these
+    settings."""
     parts = _parts(campaign)
     wanted = campaign.settings.baseline
+    if wanted in parts:
+        return dict.fromkeys(parts, wanted)
     declared = baseline_declared(campaign)
     first = next(iter(parts), None)
     references: dict[str, str | None] = {}
@@ -108,17 +112,24 @@ def baselines(campaign: Campaign) -> dict[str, str | None]:
 
 
 def baseline_declared(campaign: Campaign) -> bool:
-    """Whether the configured baseline algorithm was planned or ran: then it stays the baseline even when none
-    of its runs reads (another condition in its place would test every condition against the wrong reference)."""
+    """Whether the configured baseline (an algorithm, or a whole condition) was planned or ran: then it stays the
+    baseline even when none of its runs reads (another condition in its place would test every condition against
+    the wrong reference)."""
     wanted = campaign.settings.baseline
     planned = {job.condition for job in campaign.plan or []}
-    return wanted in planned or any(algorithm == wanted for algorithm, _ in _parts(campaign).values())
+    parts = _parts(campaign)
+    return wanted in planned or wanted in parts or any(algorithm == wanted for algorithm, _ in parts.values())
 
 
 def baseline_note(campaign: Campaign) -> str | None:
     """Why no condition is tested against the baseline, when it was planned but none of its runs reads."""
     wanted = campaign.settings.baseline
-    if not baseline_declared(campaign) or any(algorithm == wanted for algorithm, _ in _parts(campaign).values()):
+    parts = _parts(campaign)
+    if (
+        not baseline_declared(campaign)
+        or wanted in parts
+        or any(algorithm == wanted for algorithm, _ in parts.values())
+    ):
         return None
     return f"the baseline `{wanted}` has no readable run: no condition is tested against it"
 

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from retrain.config_checks.compose_errors import config_mistake
 from retrain.distributed.rendezvous import rendezvous_report
 from retrain.errors import ConfigError, UserError
+from retrain.housekeeping.digits import whole_number
 from retrain.housekeeping.secrets import check_env_names, masked_values
 
 # pip extra -> the top-level modules it provides (pyproject.toml's optional dependencies)
@@ -331,7 +332,8 @@ def device_findings(cfg: DictConfig, torch_info: dict[str, Any]) -> list[Finding
         return []
     if not torch_info["installed"]:
         return [Finding("torch", "blocking", "torch is not installed", "pip install torch (see README.md)")]
-    wanted = sorted({int(spec.strip()[4:]) for spec in str(devices).split(",") if spec.strip()[4:].isdigit()})
+    indices = (whole_number(spec.strip()[4:]) for spec in str(devices).split(","))
+    wanted = sorted({index for index in indices if index is not None})
     visible = len(torch_info["gpus"])
     missing = [index for index in wanted if index >= visible]
     if not missing:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from retrain.data.base import ExampleData
 from retrain.errors import ConfigError
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Example
 
 PROMPT_TEMPLATE = "What is {a}+{b}?"
@@ -61,6 +62,7 @@ def draw_problems(count: int, min_value: int, max_value: int, task_seed: int) ->
 
 
 @built_in
+@takes_settings(ArithmeticDataConfig)
 class ArithmeticData(ExampleData):
     """Addition problems served in a seeded, resumable order, plus a disjoint held-out set."""
 

@@ -1,8 +1,8 @@
 """Schemas of the `data` config group (conf/data/*.yaml).
 
-A built-in source is built as `Source(<its schema's object>, seed=seed)` (retrain.run.build_part), a plugin as
-`instantiate(cfg.data, seed=seed)`: the seed only orders the examples. Each schema owns its fields and checks
-them; this module stays light (no `datasets` import), since the CLI imports it before it knows which source
+Every source is built as `instantiate(cfg.data, seed=seed)` (retrain.run.build_part): the seed only orders the
+examples. Each schema owns its fields and checks them (a built-in converts its keys through it,
+retrain.settings_object); this module stays light (no `datasets` import), since the CLI imports it before it knows which source
 it needs.
 """
 

@@ -12,6 +12,7 @@ from retrain.data.jsonl import load_records, require_fields
 from retrain.data.prompts import check_template, fill_template
 from retrain.data.records import InvalidRows, SplitRecords
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Example
 
 ANSWER_MARKER = "####"
@@ -25,6 +26,7 @@ def gsm8k_reference(answer: str) -> str:
 
 
 @built_in
+@takes_settings(Gsm8kDataConfig)
 class Gsm8kData(ExampleData):
     """GSM8K's train split for training and its test split as the held-out set."""
 

@@ -21,6 +21,7 @@ from retrain.data.records import InvalidRows, SplitRecords, file_problem, split_
 from retrain.errors import ConfigError, DataError, UserError
 from retrain.hub import hub_fetch, local_path
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Example
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
@@ -147,6 +148,7 @@ def require_fields(dataset: datasets.Dataset, fields: dict[str, str], source: st
 
 # ---- the generic source ---------------------------------------------------------------------
 @built_in
+@takes_settings(JsonlDataConfig)
 class JsonlData(ExampleData):
     """Prompts and references from any jsonl/json/parquet/csv file, data set directory or Hub id."""
 

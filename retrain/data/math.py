@@ -21,6 +21,7 @@ from retrain.data.records import InvalidRows, SplitRecords
 from retrain.errors import ConfigError
 from retrain.plugins import built_in
 from retrain.reward.extract import last_boxed
+from retrain.settings_object import takes_settings
 from retrain.types import Example
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def math_reference(record: dict[str, Any]) -> str | None:
 
 
 @built_in
+@takes_settings(MathDataConfig)
 class MathData(ExampleData):
     """MATH problems of the chosen subjects; the reference is the final boxed answer."""
 

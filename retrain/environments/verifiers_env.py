@@ -33,6 +33,7 @@ from retrain.errors import ConfigError, UserError
 from retrain.inference.completions import request_seed
 from retrain.inference.endpoint import SERVED_MODEL
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Example, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ def ensure_installed(env_id: str, auto_install: bool) -> None:
 
 
 @built_in
+@takes_settings(VerifiersDataConfig)
 class VerifiersEnvironment(ExampleData):
     """The taskset's tasks in a seeded, resumable order (ExampleData), sampled and scored by the environment."""
 

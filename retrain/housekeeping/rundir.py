@@ -48,6 +48,7 @@ from typing import Any
 import yaml
 
 from retrain.errors import CheckpointError
+from retrain.housekeeping.digits import whole_number
 from retrain.housekeeping.file_modes import follow_umask
 from retrain.housekeeping.trainer_state import TrainerState
 from retrain.model.peft_files import ADAPTER_WEIGHTS
@@ -128,7 +129,7 @@ def checksum_mismatch(directory: Path) -> str | None:
 def _step_number(name: str) -> int | None:
     """N of a `step_N` dir name; None for any other name."""
     digits = name.removeprefix(STEP_PREFIX)
-    return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
+    return whole_number(digits) if name.startswith(STEP_PREFIX) else None
 
 
 def _read_safetensors(path: Path) -> None:

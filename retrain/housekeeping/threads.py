@@ -129,7 +129,7 @@ def cpu_ticks(stat: str) -> dict[int, tuple[int, int]]:
     ticks = {}
     for line in stat.splitlines():
         name, *fields = line.split()
-        if not (name.startswith("cpu") and name[3:].isdigit()):
+        if not (name.startswith("cpu") and whole_number(name[3:]) is not None):
             continue
         counts = [int(field) for field in fields[:8]]  # guest time is counted in user time already
         idle = sum(counts[3:5])

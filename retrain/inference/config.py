@@ -1,8 +1,8 @@
 """Schemas of the `inference` config group (conf/inference/*.yaml).
 
-The composition root (retrain.run.build_part) builds a built-in engine as
-`Engine(<its schema's object>, tokenizer=<the run's tokenizer>, resources=backend.engine_resources())`, a
-plugin as the partial `instantiate(cfg.inference)` completed with the same two. Each schema checks its
+The composition root (retrain.run.build_part) builds every engine as the partial `instantiate(cfg.inference)`
+completed with `tokenizer=<the run's tokenizer>, resources=backend.engine_resources()`; a built-in converts its
+keys through its schema here (retrain.settings_object). Each schema checks its
 values when the config is checked (retrain/config_checks/validation.py), before data, a tokenizer or a model loads;
 what depends on the device (an attention kernel on CPU) is checked when the engine starts.
 """

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import httpx
 
 from retrain.errors import UserError
+from retrain.housekeeping.digits import whole_number
 from retrain.inference.base import SamplingInterrupted
 from retrain.inference.config import HttpEngineConfig, check_request_limits
 
@@ -218,7 +219,7 @@ class HttpClient:
         async with asyncio.timeout(self.timeout_s):
             async with self._client.stream(method, path, json=body) as response:
                 declared = response.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > self.max_reply_bytes:
+                if (whole_number(declared) or 0) > self.max_reply_bytes:
                     raise ReplyTooLarge
                 chunks, size = [], 0
                 async for chunk in response.aiter_bytes():  # decoded: a gzip bomb counts as what it inflates to

@@ -38,6 +38,7 @@ from retrain.inference.server_engine import Server, ServerEngine
 from retrain.model.probe import Probe, StaleWeightsError
 from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class ServerFeatures:
 
 
 @built_in
+@takes_settings(OpenAIEngineConfig)
 class OpenAIEngine(ServerEngine):
     """Samples on an OpenAI-compatible server; see the module docstring."""
 

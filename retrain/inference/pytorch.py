@@ -49,12 +49,14 @@ from retrain.model.probe import Probe, StaleWeightsError
 from retrain.model.resources import EngineResources
 from retrain.model.train_mode import set_training
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
 
 
 @built_in
+@takes_settings(PytorchEngineConfig)
 class PytorchEngine:
     """Samples with the (PEFT-wrapped) model the backend trains; see the module docstring."""
 

@@ -35,6 +35,7 @@ from retrain.inference.server_engine import ServerEngine
 from retrain.model.probe import Probe
 from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
 GENERATE = "/generate"
@@ -54,6 +55,7 @@ NEUTRAL_SAMPLING = {
 
 
 @built_in
+@takes_settings(SglangEngineConfig)
 class SglangEngine(ServerEngine):
     """Samples on an SGLang server; see the module docstring."""
 

@@ -52,6 +52,7 @@ from retrain.model.merged_lora import mergeable_adapter, merged_checkpoint
 from retrain.model.probe import PROBE_TOLERANCE_FP32, PROBE_TOLERANCE_HALF, Probe, StaleWeightsError
 from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ def _max_lora_rank(configured: int, adapter_rank: int) -> int:
 
 
 @built_in
+@takes_settings(VllmEngineConfig)
 class VllmEngine:
     """Satisfies retrain.inference.base.InferenceEngine; see the module docstring."""
 

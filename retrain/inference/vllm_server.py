@@ -44,6 +44,7 @@ from retrain.inference.server_engine import Server, ServerEngine
 from retrain.model.probe import Probe
 from retrain.model.resources import EngineResources
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import Rollouts, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ MODE_CHECK_TEMPERATURE = 0.5  # processed log-probs at T = 0.5 double the gaps b
 
 
 @built_in
+@takes_settings(VllmServerEngineConfig)
 class VllmServerEngine(ServerEngine):
     """Samples on a vLLM server; see the module docstring."""
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from retrain.housekeeping.digits import whole_number
+
 MEMINFO = Path("/proc/meminfo")
 CGROUP_FILES = (  # (limit, usage): cgroup v2, then v1
     (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")),
@@ -69,4 +71,4 @@ def _read_int(path: Path) -> int | None:
         text = path.read_text().strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None  # "max": no limit
+    return whole_number(text)  # "max": no limit

@@ -20,9 +20,11 @@ from typing import Any
 import httpx
 
 from retrain.data.prompts import fill_template
+from retrain.housekeeping.digits import whole_number
 from retrain.plugins import built_in
 from retrain.reward.checks import NoVerdict
 from retrain.reward.config import JudgeRewardConfig
+from retrain.settings_object import takes_settings
 
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 _VERDICT = re.compile(r"\W*(yes|no)\b")
@@ -38,6 +40,7 @@ def parse_verdict(reply: str) -> float:
 
 
 @built_in
+@takes_settings(JudgeRewardConfig)
 class JudgeReward:
     """Asks `config.model` at `config.base_url` (e.g. http://127.0.0.1:8000/v1) whether the response is correct.
 
@@ -110,7 +113,7 @@ class JudgeReward:
         client = self._client_for_this_loop()
         async with client.stream("POST", self.url, json=payload, headers=self._headers()) as reply:
             declared = reply.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > self.config.max_reply_bytes:
+            if (whole_number(declared) or 0) > self.config.max_reply_bytes:
                 raise NoVerdict(self._too_large(f"announces {declared} bytes"))
             body = bytearray()
             async for piece in reply.aiter_bytes():

@@ -28,6 +28,7 @@ from math_verify.errors import TimeoutException
 from retrain.plugins import built_in
 from retrain.reward.config import MathRewardConfig
 from retrain.reward.extract import last_boxed
+from retrain.settings_object import takes_settings
 
 _EXTRACTION = (LatexExtractionConfig(),)
 
@@ -49,6 +50,7 @@ def _within(bound_s: int, call: Callable[[int | None], _T], failure: str) -> _T:
 
 
 @built_in
+@takes_settings(MathRewardConfig)
 class MathReward:
     """Callable reward; configured by instance attributes, so it pickles into scoring workers.
 

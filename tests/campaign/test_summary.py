@@ -203,6 +203,32 @@ def test_a_sweep_without_the_baseline_tests_against_its_first_condition(tmp_path
     assert second["welch_vs_baseline"]["p_value"] == pytest.approx(welch.pvalue)
 
 
+def test_a_baseline_naming_a_whole_condition_is_every_conditions(tmp_path: Path) -> None:
+    """`+campaign=recipes` sweeps a setting, not the algorithm: its baseline is the condition `grpo_std_none
+    recipe=grpo`, which each recipe is tested against, though it is not the sweep's first."""
+    advantage = {"gspo": "grpo_std_none", "dr_grpo": "grpo_none", "grpo": "grpo_std_none"}
+    p_correct = {"gspo": 0.5, "dr_grpo": 0.4, "grpo": 0.3}
+    plan = expand(["recipe=gspo,dr_grpo,grpo", "training.seed=1,2,3"])
+    baseline = "grpo_std_none recipe=grpo"
+    start_manifest(tmp_path, plan, CampaignSettings(baseline=baseline, last_k=LAST_K), "BasicLauncher", None)
+    last_k: dict[str, list[float]] = {}
+    for job in plan:
+        recipe = overrides_by_key(job.overrides)["recipe"]
+        name = f"{recipe}_s{job.seed}"
+        run = simulate_run(tmp_path, advantage[recipe], job.seed, p_correct[recipe], num=job.num, name=name)
+        last_k.setdefault(recipe, []).append(float(run.draws[-LAST_K:].mean()))
+    summary = build_summary(collect(tmp_path), plot=None)
+    rows = {row["condition"]: row for row in summary["conditions"]}
+    assert sorted(rows) == sorted(f"{advantage[r]} recipe={r}" for r in advantage)
+    assert summary["baseline"] == baseline and summary["baseline_note"] is None
+    assert all(row["baseline"] == baseline for row in rows.values()) and rows[baseline]["is_baseline"]
+    for recipe in ("gspo", "dr_grpo"):
+        welch = scipy_stats.ttest_ind(last_k[recipe], last_k["grpo"], equal_var=False)
+        assert rows[f"{advantage[recipe]} recipe={recipe}"]["welch_vs_baseline"]["p_value"] == pytest.approx(
+            welch.pvalue
+        )
+
+
 @pytest.mark.parametrize(
     ("setting", "named"),
     [

@@ -36,6 +36,7 @@ from retrain.model.probe import PROBE_TOLERANCE_HALF, Probe
 from retrain.model.resources import EngineResources
 from retrain.model.spec import ModelSpec
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ STATE_FILE = "prime_rl_state.json"
 
 
 @built_in
+@takes_settings(PrimeRlBackendConfig)
 class PrimeRlBackend:
     """Satisfies retrain.backend.base.Backend; see the module docstring."""
 

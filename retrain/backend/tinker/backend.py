@@ -48,6 +48,7 @@ from retrain.model.probe import PROBE_TOLERANCE_HALF, Probe
 from retrain.model.resources import EngineResources
 from retrain.model.spec import ModelSpec
 from retrain.plugins import built_in
+from retrain.settings_object import takes_settings
 from retrain.types import TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ def check_reachable(url: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
 
 
 @built_in
+@takes_settings(TinkerBackendConfig)
 class TinkerBackend:
     """Satisfies retrain.backend.base.Backend; see the module docstring."""
 
