@@ -2,11 +2,13 @@
 
 The inference engine is built beside it from `engine_resources()`, which include the live model
 (the in-process engine therefore samples with the very weights it trains). Training computes the loss of docs/loss.md
-(retrain/objective): the sampler's log-probs are the old log-probs, new log-probs use the sampler's
-temperature, the token losses are aggregated over the whole step (`training.loss_agg`, exact across
-micro-batches and ranks), one AdamW step per `train` at the LR schedule's rate,
-and a non-finite loss or gradient skips the step without touching the adapter. A step's
-WeightUpdate names the adapter's live parameters; its version counts the optimizer steps taken.
+(retrain/objective): the old log-probs are the sampler's, or the trainer's own (one no-grad forward per batch)
+under a mismatch correction (`training.mismatch_mode`) or several optimizer steps per batch; new log-probs use
+the sampler's temperature, the token losses are aggregated over each optimizer step's (mini-)batch
+(`training.loss_agg`, exact across micro-batches and ranks), `updates_per_batch` × `mini_batches` AdamW steps
+per `train` at the LR schedule's rate, and a non-finite loss or gradient skips that step without touching the
+adapter. A batch's WeightUpdate names the adapter's live parameters; its version counts the batches that
+took at least one optimizer step.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ class LocalBackend:
     )
     checkpoint_files = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_FILE)
     kl_to_base = True  # training.kl_coef: the base model is this model with its adapter disabled
-    objective_keys = ALL_KEYS  # every objective, aggregation, entropy bonus and LR schedule (retrain/objective)
+    objective_keys = (
+        ALL_KEYS  # every objective, aggregation, entropy bonus, LR schedule, correction (retrain/objective)
+    )
     data_parallel = True  # trains its share of a step's rows on each rank of a torch.distributed run
 
     def __init__(
