@@ -134,9 +134,9 @@ class LocalBackend:
         lr = self.optimizer.param_groups[0]["lr"]  # the batch's first step's, from the schedule
         sums = _StepSums()
         metrics: dict[str, float] = {}
+        # the base model's log-probs first, through PEFT's own forward (which honours the disabled adapter)
+        base = self._no_grad_logprobs(rollouts, rows, adapter=False) if settings.kl_coef > 0 else None
         with lean_lora(self.plain_lora_layers):  # routed once per batch, for every micro-batch
-            # the base model's log-probs first, through PEFT's own forward (which honours the disabled adapter)
-            base = self._no_grad_logprobs(rollouts, rows, adapter=False) if settings.kl_coef > 0 else None
             old = rollouts.logprobs
             if self._recomputes_old:  # π_old: the trainer's own log-probs at the rollout's weights, once per batch
                 old = self._no_grad_logprobs(rollouts, rows, adapter=True)
