@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from retrain.backend.settings import LossSettings
+from retrain.commands.explain import composed
 from retrain.config import TrainingConfig
 from retrain.errors import ConfigError
 from retrain.objective.aggregation import aggregation
 from retrain.objective.mismatch import correction, log_weights, mismatch_sums
 from retrain.objective.policy import policy_token_loss
+from retrain.run import plan_parts, sampler_is_trainer
 from tests.backend.test_local_training import batch_for, sample
 from tests.backend.tiny_model import make_backend
 
@@ -166,3 +168,9 @@ def _zero_first(batch) -> torch.Tensor:
     advantages = batch.advantages.clone()
     advantages[:4] = 0.0
     return advantages
+
+
+def test_the_run_resolves_the_default_by_engine() -> None:
+    assert sampler_is_trainer(plan_parts(composed(["experiment=quickstart"])))
+    server = composed(["experiment=quickstart", "inference=vllm_server", "inference.url=http://127.0.0.1:9"])
+    assert not sampler_is_trainer(plan_parts(server))
