@@ -84,6 +84,14 @@ class TrainingConfig:
     loss_agg_constant: float | None = None  # seq_sum_norm's divisor; null: batch_size * group_size * max_tokens
     kl_coef: float = 0.0  # > 0: adds kl_coef * k3 KL to the base model (adapter disabled) to the loss; docs/loss.md
     entropy_coef: float = 0.0  # > 0: subtracts entropy_coef * the token's entropy from its loss; docs/loss.md
+    # sampler–trainer mismatch correction (docs/loss.md): none | tis | mask; null: none for inference=pytorch, else tis
+    mismatch_mode: str | None = None
+    mismatch_level: str = "token"  # token | sequence: the weight per token, or one per row (product of its tokens')
+    mismatch_cap: float = 2.0  # tis: weight min(π_old_trainer / π_sampler, cap) (Yao et al. 2025's C)
+    mismatch_lower: float = 0.5  # mask: tokens (rows) whose weight leaves [lower, upper] leave the loss (IcePop)
+    mismatch_upper: float = 5.0
+    updates_per_batch: int = 1  # passes over each batch (GRPO's μ, TRL num_iterations, verl ppo_epochs)
+    mini_batches: int = 1  # optimizer steps per pass, the rows split by group (TRL steps_per_generation)
     save_every: int = 20  # checkpoint every N steps (and always at the end)
     keep_checkpoints: int = 0  # keep the newest N checkpoints/step_N (final/ always); 0 = keep all
     deterministic: bool = False  # also bit-exact on GPU: deterministic kernels, slower (docs/reproducibility.md)

@@ -59,6 +59,7 @@ from retrain.housekeeping.secrets import shown_config
 from retrain.housekeeping.threads import fitted_threads, ignored_settings
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
+from retrain.inference.pytorch import PytorchEngine
 from retrain.inference.reachable import check_server_answers
 from retrain.model.memory_plan import MemoryPlan, plan_on_this_machine, plans_local_memory
 from retrain.model.probe import Probe
@@ -216,7 +217,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World
             "backend",
             model=model,
             optim=OptimSettings.from_config(training),
-            loss=LossSettings.from_config(training),
+            loss=LossSettings.from_config(training, sampler_is_trainer=sampler_is_trainer(plan)),
             seed=seed,
         ),
         BACKEND_CHECKS,
@@ -254,6 +255,13 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World
         world=world,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0,
     )
+
+
+def sampler_is_trainer(plan: PartsPlan) -> bool:
+    """Whether the rollouts' log-probs come from the trainer's own model (inference=pytorch: the mismatch
+    correction is off by default) or from another engine (vLLM, SGLang, a server: tis by default); a backend that
+    samples itself corrects nothing (docs/loss.md)."""
+    return plan.backend.capabilities.samples_itself or issubclass(plan.engine_cls, PytorchEngine)
 
 
 def check_data_parallel(cfg: DictConfig, plan: PartsPlan, world: World) -> None:

@@ -130,6 +130,9 @@ VLLM_SERVER = [
         ([*TINKER, "training.objective=gspo"], r"training.objective=gspo: backend \S+TinkerBackend computes only"),
         ([*PRIME_RL, "training.lr_schedule=cosine"], r"training.lr_schedule=cosine: backend \S+PrimeRlBackend"),
         ([*TINKER, "training.entropy_coef=0.01"], r"training.entropy_coef=0.01: backend \S+TinkerBackend"),
+        ([*TINKER, "training.mismatch_mode=tis"], r"training.mismatch_mode=tis: backend \S+TinkerBackend"),
+        ([*PRIME_RL, "training.updates_per_batch=2"], r"training.updates_per_batch=2: backend \S+PrimeRlBackend"),
+        ([*TINKER, "training.mini_batches=2"], r"training.mini_batches=2: backend \S+TinkerBackend"),
         ([DEMO, "training.loss_agg=sum"], r"training.loss_agg='sum' is not one of: token_mean"),
         # the parts built after the data (scoring), or after the model too (an engine): their schemas check first
         ([DEMO, "scoring.timeout_s=0"], "scoring.timeout_s must be positive, got 0.0"),

@@ -2,19 +2,22 @@
 
 The inference engine is built beside it from `engine_resources()`, which include the live model
 (the in-process engine therefore samples with the very weights it trains). Training computes the loss of docs/loss.md
-(retrain/objective): the sampler's log-probs are the old log-probs, new log-probs use the sampler's
-temperature, the token losses are aggregated over the whole step (`training.loss_agg`, exact across
-micro-batches and ranks), one AdamW step per `train` at the LR schedule's rate,
-and a non-finite loss or gradient skips the step without touching the adapter. A step's
-WeightUpdate names the adapter's live parameters; its version counts the optimizer steps taken.
+(retrain/objective): the old log-probs are the sampler's, or the trainer's own (one no-grad forward per batch)
+under a mismatch correction (`training.mismatch_mode`) or several optimizer steps per batch; new log-probs use
+the sampler's temperature, the token losses are aggregated over each optimizer step's (mini-)batch
+(`training.loss_agg`, exact across micro-batches and ranks), `updates_per_batch` × `mini_batches` AdamW steps
+per `train` at the LR schedule's rate, and a non-finite loss or gradient skips that step without touching the
+adapter. A batch's WeightUpdate names the adapter's live parameters; its version counts the batches that
+took at least one optimizer step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ from retrain.model.resources import EngineResources
 from retrain.model.spec import ModelSpec
 from retrain.model.train_mode import set_training
 from retrain.objective.aggregation import aggregation
+from retrain.objective.mismatch import correction, log_weights, mismatch_sums
 from retrain.objective.policy import TokenLoss, policy_token_loss
 from retrain.objective.support import ALL_KEYS
 from retrain.plugins import built_in
@@ -65,7 +69,9 @@ class LocalBackend:
     )
     checkpoint_files = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, OPTIMIZER_FILE)
     kl_to_base = True  # training.kl_coef: the base model is this model with its adapter disabled
-    objective_keys = ALL_KEYS  # every objective, aggregation, entropy bonus and LR schedule (retrain/objective)
+    objective_keys = (
+        ALL_KEYS  # every objective, aggregation, entropy bonus, LR schedule, correction (retrain/objective)
+    )
     data_parallel = True  # trains its share of a step's rows on each rank of a torch.distributed run
 
     def __init__(
@@ -125,51 +131,99 @@ class LocalBackend:
         if num_tokens == 0:
             return TrainResult(loss=0.0, grad_norm=0.0, skipped_nonfinite=False, num_tokens=0)
         settings = self.loss_settings
-        weights, divisor = self._aggregation(contributing, num_tokens)
-
         rows = contributing.any(dim=1).nonzero().squeeze(-1)
-        micro_batches = row_micro_batches(rollouts, rows, self.micro_batch_tokens)
         set_training(self.model, True)  # the engine leaves the shared model in eval mode
-        self.optimizer.zero_grad(set_to_none=True)
-        lr = self.optimizer.param_groups[0]["lr"]  # this step's, from the schedule
-        loss_total = 0.0
-        ratio_sum, ratio_max, clipped, logprob_gap = 0.0, -math.inf, 0.0, 0.0
+        lr = self.optimizer.param_groups[0]["lr"]  # the batch's first step's, from the schedule
+        sums = _StepSums()
+        metrics: dict[str, float] = {}
         # the base model's log-probs first, through PEFT's own forward (which honours the disabled adapter)
-        base = [self._base_logprobs(rollouts, rows) for rows in micro_batches] if settings.kl_coef > 0 else None
-        kl_sum, entropy_sum = 0.0, 0.0
-        with lean_lora(self.plain_lora_layers):  # routed once per step, for every micro-batch
-            for index, micro_batch in enumerate(micro_batches):
-                token_loss, mask = self._micro_batch_loss(
-                    rollouts, advantages, contributing, micro_batch, None if base is None else base[index]
-                )
-                micro_loss = (token_loss.loss * weights[micro_batch, : mask.shape[1]]).sum() / divisor
-                micro_loss.backward()
-                loss_total += float(micro_loss.detach())
-                ratio_sum += float(token_loss.ratio[mask].sum())
-                ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
-                clipped += float(token_loss.clipped[mask].sum())
-                logprob_gap += float(token_loss.token_ratio[mask].log().abs().sum())
-                if token_loss.kl is not None:
-                    kl_sum += float(token_loss.kl[mask].sum())
-                if token_loss.entropy is not None:
-                    entropy_sum += float(token_loss.entropy[mask].sum())
-        sums = all_sum(
+        base = self._no_grad_logprobs(rollouts, rows, adapter=False) if settings.kl_coef > 0 else None
+        with lean_lora(self.plain_lora_layers):  # routed once per batch, for every micro-batch
+            old = rollouts.logprobs
+            if self._recomputes_old:  # π_old: the trainer's own log-probs at the rollout's weights, once per batch
+                old = self._no_grad_logprobs(rollouts, rows, adapter=True)
+                metrics.update(self._mismatch_metrics(rollouts.logprobs, old, contributing))
+            factor = None
+            if settings.corrects_mismatch:
+                log_w = log_weights(rollouts.logprobs, old, contributing, settings.mismatch_level)
+                factor = correction(log_w, settings)
+            for _ in range(self.optim_settings.updates_per_batch):
+                for part in self._mini_batches(rollouts, contributing):
+                    self._optimizer_step(rollouts, advantages, old, base, factor, part, sums, metrics)
+        gap = (
+            sums.logprob_gap
+            if old is rollouts.logprobs
+            else float(all_sum((old - rollouts.logprobs)[contributing].abs().sum()))
+        )
+        metrics.update(
+            {
+                "policy/ratio_mean": sums.ratio / max(1, sums.tokens),
+                "policy/ratio_max": sums.ratio_max,
+                "policy/clip_frac": sums.clipped / max(1, sums.tokens),
+                # mean |trainer − sampler| log-prob of the trained tokens before the update: ~0 for a fresh engine
+                "engine/logprob_abs_diff": gap / num_tokens,
+                # mean k3 KL to the base model over the trained tokens, over the batch's updates
+                **({"policy/kl": sums.kl / max(1, sums.tokens)} if base is not None else {}),
+                # mean entropy of the trained tokens' distributions, over the batch's updates
+                **({"policy/entropy": sums.entropy / max(1, sums.tokens)} if settings.entropy_coef > 0 else {}),
+                **({"optim/lr": lr} if self._scheduled else {}),
+                **({"optim/steps": float(sums.steps)} if self.optim_settings.steps_per_batch > 1 else {}),
+            }
+        )
+        update = None
+        if sums.taken:
+            self.weights_version += 1
+            update = WeightUpdate(version=self.weights_version, tensors=self.adapter)
+        return TrainResult(
+            loss=sums.loss / max(1, sums.steps),
+            grad_norm=sums.grad_norm / max(1, sums.steps),
+            skipped_nonfinite=sums.skipped > 0,
+            num_tokens=num_tokens,
+            metrics=metrics,
+            update=update,
+        )
+
+    def _optimizer_step(
+        self,
+        rollouts: Rollouts,
+        advantages: torch.Tensor,
+        old: torch.Tensor,
+        base: torch.Tensor | None,
+        factor: torch.Tensor | None,
+        contributing: torch.Tensor,
+        sums: _StepSums,
+        metrics: dict[str, float],
+    ) -> None:
+        """One optimizer step on the trained tokens `contributing` (a mini-batch's), its loss aggregated over them
+        alone; adds its sums to `sums`. A non-finite loss or gradient skips the step without touching the adapter."""
+        num_tokens = int(all_sum(contributing.sum()))
+        if num_tokens == 0:  # an empty mini-batch (on every rank: the count is the step's)
+            return
+        weights, divisor = self._aggregation(contributing, num_tokens)
+        if factor is not None:
+            weights = weights * factor
+        rows = contributing.any(dim=1).nonzero().squeeze(-1)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_total = 0.0
+        ratio_sum, ratio_max, clipped, logprob_gap, kl_sum, entropy_sum = 0.0, -math.inf, 0.0, 0.0, 0.0, 0.0
+        for micro_batch in row_micro_batches(rollouts, rows, self.micro_batch_tokens):
+            token_loss, mask = self._micro_batch_loss(rollouts, advantages, old, base, contributing, micro_batch)
+            micro_loss = (token_loss.loss * weights[micro_batch, : mask.shape[1]]).sum() / divisor
+            micro_loss.backward()
+            loss_total += float(micro_loss.detach())
+            ratio_sum += float(token_loss.ratio[mask].sum())
+            ratio_max = max(ratio_max, float(token_loss.ratio[mask].max()))
+            clipped += float(token_loss.clipped[mask].sum())
+            logprob_gap += float(token_loss.token_ratio[mask].log().abs().sum())
+            if token_loss.kl is not None:
+                kl_sum += float(token_loss.kl[mask].sum())
+            if token_loss.entropy is not None:
+                entropy_sum += float(token_loss.entropy[mask].sum())
+        reduced = all_sum(
             torch.tensor([loss_total, ratio_sum, clipped, logprob_gap, kl_sum, entropy_sum], dtype=torch.float64)
         )
-        loss_total, ratio_sum, clipped, logprob_gap, kl_sum, entropy_sum = (float(value) for value in sums)
+        loss_total, ratio_sum, clipped, logprob_gap, kl_sum, entropy_sum = (float(value) for value in reduced)
         ratio_max = float(all_max(torch.tensor(ratio_max, dtype=torch.float64)))
-        metrics = {
-            "policy/ratio_mean": ratio_sum / num_tokens,
-            "policy/ratio_max": ratio_max,
-            "policy/clip_frac": clipped / num_tokens,
-            # mean |trainer − sampler| log-prob of the trained tokens before the update: ~0 for a fresh engine
-            "engine/logprob_abs_diff": logprob_gap / num_tokens,
-            # mean k3 KL to the base model over the trained tokens, before the update
-            **({"policy/kl": kl_sum / num_tokens} if base is not None else {}),
-            # mean entropy of the trained tokens' distributions, before the update
-            **({"policy/entropy": entropy_sum / num_tokens} if settings.entropy_coef > 0 else {}),
-            **({"optim/lr": lr} if self._scheduled else {}),
-        }
 
         metrics.update(all_reduce_gradients(self.trainable))  # every rank now holds the whole step's gradient
         grad_norm = self._clip_gradients()
@@ -180,18 +234,66 @@ class LocalBackend:
             self.optimizer.step()
             self.scheduler.step()  # the schedule counts optimizer steps
         self.optimizer.zero_grad(set_to_none=True)
-        update = None
-        if not skipped:
-            self.weights_version += 1
-            update = WeightUpdate(version=self.weights_version, tensors=self.adapter)
-        return TrainResult(
-            loss=loss_total,
-            grad_norm=grad_norm,
-            skipped_nonfinite=skipped,
-            num_tokens=num_tokens,
-            metrics=metrics,
-            update=update,
+        if sums.steps == 0:  # before any update of the batch: the trainer's current log-probs against the sampler's
+            sums.logprob_gap = logprob_gap
+        sums.add(loss_total, grad_norm, skipped, num_tokens, ratio_sum, ratio_max, clipped, kl_sum, entropy_sum)
+
+    @property
+    def _recomputes_old(self) -> bool:
+        """Whether π_old is the trainer's own log-probs: for a mismatch correction, or for more than one optimizer
+        step per batch (clipping against the policy that sampled, not the one a step ago)."""
+        return self.loss_settings.corrects_mismatch or self.optim_settings.steps_per_batch > 1
+
+    def _mini_batches(self, rollouts: Rollouts, contributing: torch.Tensor) -> list[torch.Tensor]:
+        """The trained tokens of each of `training.mini_batches` mini-batches: the batch's groups split in order
+        into that many runs of (nearly) equal size, the same on every rank."""
+        if self.optim_settings.mini_batches == 1:
+            return [contributing]
+        groups = torch.arange(rollouts.num_rows, device=contributing.device) // rollouts.group_size
+        chunks = torch.arange(int(groups.max()) + 1, device=contributing.device).tensor_split(
+            self.optim_settings.mini_batches
         )
+        return [contributing & torch.isin(groups, chunk).unsqueeze(1) for chunk in chunks]
+
+    def _no_grad_logprobs(self, rollouts: Rollouts, rows: torch.Tensor, adapter: bool) -> torch.Tensor:
+        """[N, T] log-probs of the chosen rows (0 elsewhere) before any update, micro-batch by micro-batch (the
+        head chunked as in training): with the adapter as the engine samples (no dropout), or the base model."""
+        out = torch.zeros_like(rollouts.logprobs)
+        set_training(self.model, False)
+        try:
+            for micro_batch in row_micro_batches(rollouts, rows, self.micro_batch_tokens):
+                with torch.no_grad(), contextlib.nullcontext() if adapter else self.model.disable_adapter():
+                    values = self._rows_logprobs(rollouts, micro_batch)
+                out[micro_batch, : values.shape[1]] = values
+        finally:
+            set_training(self.model, True)
+        return out
+
+    def _mismatch_metrics(
+        self, sampler: torch.Tensor, trainer: torch.Tensor, trained: torch.Tensor
+    ) -> dict[str, float]:
+        """`mismatch/*`: the sampler–trainer gap over the batch's trained tokens, before any update."""
+        settings = self.loss_settings
+        local = mismatch_sums(sampler, trainer, trained, settings)
+        count = float(all_sum(trained.sum()))
+        total = all_sum(
+            torch.tensor([local.kl, local.log_gap, local.ratio, local.truncated, local.masked], dtype=torch.float64)
+        )
+        kl, log_gap, ratio, truncated, masked = (float(value) / count for value in total)
+        ratio_min = -float(all_max(torch.tensor(-local.ratio_min, dtype=torch.float64)))
+        ratio_max = float(all_max(torch.tensor(local.ratio_max, dtype=torch.float64)))
+        metrics = {
+            "mismatch/kl": kl,
+            "mismatch/logprob_diff": log_gap,
+            "mismatch/ratio_mean": ratio,
+            "mismatch/ratio_min": ratio_min,
+            "mismatch/ratio_max": ratio_max,
+        }
+        if settings.mismatch_mode == "tis":
+            metrics["mismatch/truncated_frac"] = truncated
+        if settings.mismatch_mode == "mask":
+            metrics["mismatch/masked_frac"] = masked
+        return metrics
 
     def probe_logprobs(self, probe: Probe) -> torch.Tensor:
         set_training(self.model, False)  # as the engine samples: no dropout
@@ -215,28 +317,30 @@ class LocalBackend:
         self,
         rollouts: Rollouts,
         advantages: torch.Tensor,
+        old: torch.Tensor,
+        base: torch.Tensor | None,
         contributing: torch.Tensor,
         rows: torch.Tensor,
-        base_logprobs: torch.Tensor | None = None,
     ) -> tuple[TokenLoss, torch.Tensor]:
-        """Forward the chosen rows exactly as the sampler saw them (trimmed of all-padding columns)."""
+        """Forward the chosen rows exactly as the sampler saw them (trimmed of all-padding columns); `old` and
+        `base` are [N, T] log-probs of every row."""
         entropy = None
         if self.loss_settings.entropy_coef > 0:
             new_logprobs, entropy = self._rows_logprobs_and_entropy(rollouts, rows)
         else:
             new_logprobs = self._rows_logprobs(rollouts, rows)
         width = new_logprobs.shape[1]
-        old_logprobs = rollouts.logprobs[rows, :width]
         mask = contributing[rows, :width]
         token_loss = policy_token_loss(
-            new_logprobs, old_logprobs, advantages[rows, :width], self.loss_settings, base_logprobs, mask, entropy
+            new_logprobs,
+            old[rows, :width],
+            advantages[rows, :width],
+            self.loss_settings,
+            None if base is None else base[rows, :width],
+            mask,
+            entropy,
         )
         return token_loss, mask
-
-    def _base_logprobs(self, rollouts: Rollouts, rows: torch.Tensor) -> torch.Tensor:
-        """The chosen rows' log-probs under the base model: the same forward with the LoRA adapter disabled."""
-        with torch.no_grad(), self.model.disable_adapter():
-            return self._rows_logprobs(rollouts, rows)
 
     def _rows_logprobs(self, rollouts: Rollouts, rows: torch.Tensor) -> torch.Tensor:
         """[len(rows), width] log-probs of the rows' completions at the sampler's temperature (width: the
@@ -348,3 +452,48 @@ def enable_activation_checkpointing(model: Any) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
+@dataclass
+class _StepSums:
+    """A batch's optimizer steps, summed for its metrics (loss and grad norm: means over the steps taken or
+    skipped; ratio, clip, KL, entropy: over every step's trained tokens)."""
+
+    steps: int = 0
+    skipped: int = 0
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    tokens: int = 0
+    ratio: float = 0.0
+    ratio_max: float = -math.inf
+    clipped: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    logprob_gap: float = 0.0  # Σ |trainer − sampler| of the first step's tokens, before it updates
+
+    @property
+    def taken(self) -> bool:
+        return self.steps > self.skipped
+
+    def add(
+        self,
+        loss: float,
+        grad_norm: float,
+        skipped: bool,
+        tokens: int,
+        ratio: float,
+        ratio_max: float,
+        clipped: float,
+        kl: float,
+        entropy: float,
+    ) -> None:
+        self.steps += 1
+        self.skipped += int(skipped)
+        self.loss += loss
+        self.grad_norm += grad_norm
+        self.tokens += tokens
+        self.ratio += ratio
+        self.ratio_max = max(self.ratio_max, ratio_max)
+        self.clipped += clipped
+        self.kl += kl
+        self.entropy += entropy

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from retrain.errors import refuse_all
-from retrain.objective.choices import LOSS_AGGREGATIONS, LR_SCHEDULES, OBJECTIVES
+from retrain.objective.choices import LOSS_AGGREGATIONS, LR_SCHEDULES, MISMATCH_LEVELS, MISMATCH_MODES, OBJECTIVES
 
 if TYPE_CHECKING:
     from retrain.config import TrainingConfig
@@ -29,7 +29,9 @@ class OptimSettings:
     lr_schedule: str = "constant"  # constant | linear | cosine, after `warmup_steps` of linear warmup
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0  # where linear and cosine end, as a fraction of lr
-    max_steps: int = 1  # the optimizer steps the schedule spans (training.max_steps)
+    max_steps: int = 1  # the optimizer steps the schedule spans: training.max_steps × updates × mini-batches
+    updates_per_batch: int = 1  # passes over each batch (training.updates_per_batch)
+    mini_batches: int = 1  # optimizer steps per pass (training.mini_batches)
 
     @classmethod
     def from_config(cls, training: TrainingConfig) -> OptimSettings:
@@ -42,8 +44,15 @@ class OptimSettings:
             lr_schedule=training.lr_schedule,
             warmup_steps=training.warmup_steps,
             min_lr_ratio=training.min_lr_ratio,
-            max_steps=training.max_steps,
+            max_steps=training.max_steps * training.updates_per_batch * training.mini_batches,
+            updates_per_batch=training.updates_per_batch,
+            mini_batches=training.mini_batches,
         )
+
+    @property
+    def steps_per_batch(self) -> int:
+        """Optimizer steps one batch takes: each pass over it steps once per mini-batch."""
+        return self.updates_per_batch * self.mini_batches
 
     def __post_init__(self) -> None:
         rules = {
@@ -55,6 +64,8 @@ class OptimSettings:
             "lr_schedule": (self.lr_schedule in LR_SCHEDULES, f"one of: {', '.join(LR_SCHEDULES)}"),
             "warmup_steps": (self.warmup_steps >= 0, ">= 0"),
             "min_lr_ratio": (0.0 <= self.min_lr_ratio <= 1.0, "in [0, 1]"),
+            "updates_per_batch": (self.updates_per_batch >= 1, ">= 1"),
+            "mini_batches": (self.mini_batches >= 1, ">= 1"),
         }
         refuse_all(
             [f"training.{key} must be {rule}, got {getattr(self, key)}" for key, (ok, rule) in rules.items() if not ok]
@@ -78,9 +89,16 @@ class LossSettings:
     loss_agg: str = "token_mean"
     loss_agg_constant: float = 0.0  # seq_sum_norm's divisor (0: none set, for the other aggregations)
     entropy_coef: float = 0.0
+    mismatch_mode: str = "none"  # none | tis | mask (retrain/objective/mismatch.py)
+    mismatch_level: str = "token"
+    mismatch_cap: float = 2.0
+    mismatch_lower: float = 0.5
+    mismatch_upper: float = 5.0
 
     @classmethod
-    def from_config(cls, training: TrainingConfig) -> LossSettings:
+    def from_config(cls, training: TrainingConfig, sampler_is_trainer: bool = True) -> LossSettings:
+        """`sampler_is_trainer`: the engine samples with the trainer's own model (inference=pytorch), so a null
+        `training.mismatch_mode` is none; any other engine (vLLM, SGLang, a server) gets tis (docs/loss.md)."""
         paper = OBJECTIVES.get(training.objective, OBJECTIVES["ppo"])  # an unknown one is refused below
         clip_eps = paper.clip_eps if training.clip_eps is None else training.clip_eps
         clip_eps_high = training.clip_eps_high
@@ -97,6 +115,11 @@ class LossSettings:
                 training.batch_size * training.group_size * training.max_tokens if constant is None else constant
             ),
             entropy_coef=training.entropy_coef,
+            mismatch_mode=training.mismatch_mode or ("none" if sampler_is_trainer else "tis"),
+            mismatch_level=training.mismatch_level,
+            mismatch_cap=training.mismatch_cap,
+            mismatch_lower=training.mismatch_lower,
+            mismatch_upper=training.mismatch_upper,
         )
 
     def __post_init__(self) -> None:
@@ -123,7 +146,29 @@ class LossSettings:
                 f"training.loss_agg_constant must be > 0 (null = batch_size·group_size·max_tokens), "
                 f"got {self.loss_agg_constant}"
             )
+        problems += self._mismatch_problems()
         refuse_all(problems)
+
+    def _mismatch_problems(self) -> list[str]:
+        problems = []
+        if self.mismatch_mode not in MISMATCH_MODES:
+            problems.append(f"training.mismatch_mode={self.mismatch_mode!r} is not one of: {', '.join(MISMATCH_MODES)}")
+        if self.mismatch_level not in MISMATCH_LEVELS:
+            problems.append(
+                f"training.mismatch_level={self.mismatch_level!r} is not one of: {', '.join(MISMATCH_LEVELS)}"
+            )
+        if not self.mismatch_cap >= 1:
+            problems.append(f"training.mismatch_cap must be >= 1, got {self.mismatch_cap}")
+        if not 0 <= self.mismatch_lower <= 1 <= self.mismatch_upper:
+            problems.append(
+                f"training.mismatch_lower/mismatch_upper must satisfy 0 <= lower <= 1 <= upper, "
+                f"got {self.mismatch_lower} / {self.mismatch_upper}"
+            )
+        return problems
+
+    @property
+    def corrects_mismatch(self) -> bool:
+        return self.mismatch_mode != "none"
 
     @property
     def clipped(self) -> bool:

@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_sum_norm")
 LR_SCHEDULES = ("constant", "linear", "cosine")
+MISMATCH_MODES = ("none", "tis", "mask")  # training.mismatch_mode (retrain/objective/mismatch.py)
+MISMATCH_LEVELS = ("token", "sequence")
 
 
 class ObjectiveDefaults(NamedTuple):

@@ -23,6 +23,9 @@ CHOICES: dict[str, tuple[Callable[[TrainingConfig], bool], Any]] = {
     "entropy_coef": (lambda training: training.entropy_coef != 0, 0.0),
     "lr_schedule": (lambda training: training.lr_schedule != "constant", "constant"),
     "warmup_steps": (lambda training: training.warmup_steps != 0, 0),
+    "mismatch_mode": (lambda training: training.mismatch_mode not in (None, "none"), "none"),
+    "updates_per_batch": (lambda training: training.updates_per_batch != 1, 1),
+    "mini_batches": (lambda training: training.mini_batches != 1, 1),
 }
 ALL_KEYS = frozenset(CHOICES)
 
