@@ -276,14 +276,12 @@ def check_data_parallel(cfg: DictConfig, plan: PartsPlan, world: World) -> None:
         raise ConfigError(
             f"backend {plugin_name(plan.backend_cls)} cannot train data-parallel: {where} needs backend=local"
         )
-    generate = getattr(plan.engine_cls, "generate", None)
-    if generate is None or "row_offset" not in inspect.signature(generate).parameters:
+    if not _takes_row_offset(plan.engine_cls):
         raise ConfigError(
             f"inference engine {plan.engine_cls.__name__} cannot sample a share of a batch: {where} needs an engine "
             "whose generate takes row_offset (pytorch, vllm, vllm_server, sglang, openai)"
         )
-    data = target_object(cfg, "data")
-    if isinstance(data, type) and issubclass(data, RolloutEnvironment):
+    if _runs_own_episodes(cfg):
         raise ConfigError(f"data={cfg.data._target_} runs its own episodes, which cannot yet be split: {where}")
     batch_size, samples = int(cfg.training.batch_size), int(cfg.eval.num_examples)
     if batch_size < world.size or 0 < samples % batch_size < world.size:
@@ -302,15 +300,25 @@ def check_dynamic_sampling(cfg: DictConfig, plan: PartsPlan, world: World) -> No
     key = "training.dynamic_sampling.enabled"
     if world.distributed:
         raise ConfigError(f"{key}: dynamic sampling is not supported on {world.size} ranks yet; run it on one process")
-    generate = getattr(plan.engine_cls, "generate", None)
-    if generate is None or "row_offset" not in inspect.signature(generate).parameters:
+    if not _takes_row_offset(plan.engine_cls):
         raise ConfigError(
             f"{key}: inference engine {plan.engine_cls.__name__} cannot number a refill round's rows (row_offset); "
             "use pytorch, vllm, vllm_server, sglang or openai"
         )
-    data = target_object(cfg, "data")
-    if isinstance(data, type) and issubclass(data, RolloutEnvironment):
+    if _runs_own_episodes(cfg):
         raise ConfigError(f"{key}: data={cfg.data._target_} runs its own episodes, which refill rounds cannot seed")
+
+
+def _takes_row_offset(engine_cls: type) -> bool:
+    """Whether the engine can sample rows numbered from an offset: a rank's share, or a refill round."""
+    generate = getattr(engine_cls, "generate", None)
+    return generate is not None and "row_offset" in inspect.signature(generate).parameters
+
+
+def _runs_own_episodes(cfg: DictConfig) -> bool:
+    """Whether the data source is an environment that samples its own episodes (not the trainer's prompts)."""
+    data = target_object(cfg, "data")
+    return isinstance(data, type) and issubclass(data, RolloutEnvironment)
 
 
 def with_rank_devices(cfg: DictConfig, world: World) -> DictConfig:
