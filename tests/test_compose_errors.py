@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from retrain.config import compose
+from retrain.config import TrainingConfig, compose
 from retrain.config_checks.compose_errors import compose_error_line
 
-TRAINING_KEYS = (
-    "batch_size, betas, clip_eps, clip_eps_high, deterministic, entropy_coef, eps, group_size, keep_checkpoints, "
-    "kl_coef, logprob_diff_tolerance, loss_agg, loss_agg_constant, lr, lr_schedule, max_grad_norm, max_skipped_steps, "
-    "max_steps, max_tokens, min_lr_ratio, objective, save_every, seed, temperature, threads, top_p, warmup_steps, "
-    "weight_decay"
-)
+TRAINING_KEYS = ", ".join(sorted(field.name for field in fields(TrainingConfig)))  # the schema's, sorted
 
 
 def composed_mistake(*overrides: str) -> str:

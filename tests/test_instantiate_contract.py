@@ -41,6 +41,8 @@ from tests.inference.loopback import serve
 SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 ENVIRONMENTS = Path(__file__).parent / "environments" / "envs"
 PART_GROUPS = ["model", "algorithm", "reward", "data", "backend", "inference"]  # the composed config's parts
+# groups packaged `_global_`: the parts each sets (a recipe picks its paper's advantage, the rest are training keys)
+GLOBAL_GROUPS = {"experiment": PART_GROUPS, "recipe": ["algorithm"]}
 HYDRA_GROUPS = {"hydra/launcher"}  # Hydra's own plugins (submitit), built by Hydra: not parts of a run
 TINY = "model=tiny"
 # where nothing answers (a closed loopback port), so a served engine is built until it first asks its server
@@ -338,7 +340,7 @@ def test_plain_instantiate_builds_what_the_composition_root_builds(group: str, o
         assert {type(c).__name__ for c in callbacks.values()} == {"CampaignCallback"}
         assert callbacks["campaign"].settings.baseline == cfg.hydra.callbacks.campaign.baseline
         return
-    keys = PART_GROUPS if group == "experiment" else [group.split("/")[0]]
+    keys = GLOBAL_GROUPS.get(group, [group.split("/")[0]])
     if group == "inference" and option in NOT_WHOLE:
         with pytest.raises(Exception, match=NOT_WHOLE[option]) as raised:
             plain(cfg, group, run_objects(cfg, group))

@@ -218,7 +218,8 @@ def test_a_thread_setting_that_is_no_ascii_number_is_ignored_or_refused_naming_i
     refused = run_cli(["experiment=quickstart", "training.threads=²", "--cfg", "job"], tmp_path, check=False)
     assert refused.returncode == 1 and "training.threads" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
-    fails_early = ["experiment=quickstart", "data=jsonl", "data.path=missing.jsonl", f"hydra.run.dir={tmp_path}/r"]
+    # fails once threads are set (a missing file would be refused before: start-up checks come first)
+    fails_early = ["experiment=quickstart", "reward._target_=no_such_module.reward", f"hydra.run.dir={tmp_path}/r"]
     run = subprocess.run(
         [sys.executable, "-m", "retrain", *fails_early], cwd=tmp_path, env=env, capture_output=True, text=True
     )
