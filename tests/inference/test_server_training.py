@@ -58,30 +58,52 @@ def is_probe(body: dict) -> bool:
     return body.get("logprob_start_len") is not None
 
 
+def absurd_logprobs(generate: Route) -> Route:
+    """A server that samples as it should but reports each sampled token's log-prob as -1e30 (finite, absurd)."""
+
+    def route(body):
+        status, answers, headers = generate(body)
+        if not is_probe(body):
+            for answer in answers:
+                for triple in answer["meta_info"]["output_token_logprobs"]:
+                    triple[0] = -1e30
+        return status, answers, headers
+
+    return route
+
+
 @pytest.mark.slow
 def test_consecutive_skipped_steps_stop_the_run(served_model, tmp_path):
     """A server whose log-probs are finite but absurd (-1e30) makes every step's loss non-finite: the run
     fails after training.max_skipped_steps instead of ending `done` with an untrained adapter."""
 
-    def absurd(generate: Route) -> Route:
-        def route(body):
-            status, answers, headers = generate(body)
-            if not is_probe(body):
-                for answer in answers:
-                    for triple in answer["meta_info"]["output_token_logprobs"]:
-                        triple[0] = -1e30
-            return status, answers, headers
-
-        return route
-
-    with sglang_server(served_model, absurd) as url, pytest.raises(UserError) as caught:
+    with sglang_server(served_model, absurd_logprobs) as url, pytest.raises(UserError) as caught:
         train(
-            tmp_path, url, "training.max_steps=6", "training.max_skipped_steps=2", "training.logprob_diff_tolerance=inf"
+            tmp_path,
+            url,
+            "training.max_steps=6",
+            "training.max_skipped_steps=2",
+            "training.logprob_diff_tolerance=inf",
+            "training.mismatch_mode=none",  # uncorrected: a server's default, truncated IS, caps the absurd ratio
         )
     assert "2 optimizer steps in a row were skipped" in str(caught.value)
     assert "training.max_skipped_steps=2" in str(caught.value)
     assert RunDir(tmp_path).read_status()["state"] == "failed"
     assert not any(record["grad_norm"] for record in read_metrics(tmp_path) if not record["skipped_nonfinite"])
+
+
+@pytest.mark.slow
+def test_truncated_is_trains_through_a_servers_absurd_logprobs(served_model, tmp_path):
+    """The same absurd server under a server engine's default correction (truncated IS, cap 2): the ratio
+    against the trainer's own old log-probs stays finite, every token's weight is the cap, and the run trains."""
+
+    with sglang_server(served_model, absurd_logprobs) as url:
+        train(tmp_path, url, "training.max_steps=3", "training.logprob_diff_tolerance=inf")
+    assert RunDir(tmp_path).read_status()["state"] == "done"
+    records = read_metrics(tmp_path)
+    trained = [record for record in records if record["num_tokens"]]
+    assert trained and not any(record["skipped_nonfinite"] for record in records)
+    assert all(record["mismatch/truncated_frac"] == 1.0 for record in trained)
 
 
 @pytest.mark.slow
