@@ -190,7 +190,9 @@ def test_watch_refreshes_a_live_run_until_its_count_and_a_finished_one_once(
 def test_watch_follows_a_real_run_to_its_end(tmp_path: Path) -> None:
     """A training process of its own; `retrain status --watch` started once its run dir reports, as a user would."""
     run_dir = tmp_path / "run"
-    args = ["experiment=quickstart", "training.max_steps=8", "eval.num_examples=0", "logging.progress_bar=false"]
+    # 40 steps (several seconds): the watch, a second Python starting on a possibly busy machine, must attach while
+    # the run still trains (8 steps could end before it read its first frame)
+    args = ["experiment=quickstart", "training.max_steps=40", "eval.num_examples=0", "logging.progress_bar=false"]
     training = subprocess.Popen(
         [sys.executable, "-m", "retrain", *args, f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
@@ -214,7 +216,7 @@ def test_watch_follows_a_real_run_to_its_end(tmp_path: Path) -> None:
     assert watched.returncode == 0, watched.stderr
     frames = watched.stdout.split(f"retrain status {run_dir}  (")[1:]
     assert len(frames) >= 2 and "state: running" in frames[0]
-    assert "state: done  (steps 8/8" in frames[-1] and all("state: done" not in frame for frame in frames[:-1])
+    assert "state: done  (steps 40/40" in frames[-1] and all("state: done" not in frame for frame in frames[:-1])
 
 
 def test_a_stopped_run_names_the_command_that_resumes_it(tmp_path: Path) -> None:
