@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -48,6 +49,15 @@ def series(run: RunInfo, metric: str, window: int) -> dict[int, float]:
     return dict(zip(steps, smooth(list(values), window) if metric in SMOOTHED else list(values)))
 
 
+def draw_band(axis: Any, curves: list[dict[int, float]], color: Any, label: str, **line: Any) -> None:
+    """The seeds' mean curve, and ± one standard deviation shaded around it."""
+    steps, means, stds = band(curves)
+    axis.plot(steps, means, color=color, label=label, **line)
+    lower = [m - s for m, s in zip(means, stds)]
+    upper = [m + s for m, s in zip(means, stds)]
+    axis.fill_between(steps, lower, upper, color=color, alpha=0.12, linewidth=0)
+
+
 def band(curves: list[dict[int, float]]) -> tuple[list[int], list[float], list[float]]:
     """Mean and std over the seeds that reached each step."""
     steps = sorted(set().union(*curves))
@@ -75,17 +85,7 @@ def plot_learning_curves(runs: list[RunInfo], conditions: list[str], path: Path,
             curves = [c for c in (series(r, metric, window) for r in with_metrics if r.condition == condition) if c]
             if not curves:
                 continue
-            steps, means, stds = band(curves)
-            color = colors(index % 10)
-            axis.plot(steps, means, color=color, label=f"{condition} (n={len(curves)})")
-            axis.fill_between(
-                steps,
-                [m - s for m, s in zip(means, stds)],
-                [m + s for m, s in zip(means, stds)],
-                color=color,
-                alpha=0.12,
-                linewidth=0,
-            )
+            draw_band(axis, curves, colors(index % 10), f"{condition} (n={len(curves)})")
         axis.set_xlabel("step")
         axis.set_title(label + (f", window {window}" if metric in SMOOTHED and window > 1 else ""), fontsize=10)
         axis.grid(alpha=0.3)
@@ -126,18 +126,8 @@ def plot_held_out(runs: list[RunInfo], conditions: list[str], path: Path, title:
         for index, condition in enumerate(conditions):
             if not curves[(condition, kind)]:
                 continue
-            steps, means, stds = band(curves[(condition, kind)])
-            color = colors(index % 10)
             label = f"{condition} (n={len(curves[(condition, kind)])})"
-            axis.plot(steps, means, color=color, marker="o", label=label)
-            axis.fill_between(
-                steps,
-                [m - s for m, s in zip(means, stds)],
-                [m + s for m, s in zip(means, stds)],
-                color=color,
-                alpha=0.12,
-                linewidth=0,
-            )
+            draw_band(axis, curves[(condition, kind)], colors(index % 10), label, marker="o")
         axis.set(
             xlabel="step (0: before training)",
             ylabel="held-out accuracy",
