@@ -50,7 +50,7 @@ def series(run: RunInfo, metric: str, window: int) -> dict[int, float]:
 
 
 def draw_band(axis: Any, curves: list[dict[int, float]], color: Any, label: str, **line: Any) -> None:
-    """The seeds' mean curve, and ± one standard deviation shaded around it."""
+    """The mean curve over seeds, and ± one standard deviation shaded around it."""
     steps, means, stds = band(curves)
     axis.plot(steps, means, color=color, label=label, **line)
     lower = [m - s for m, s in zip(means, stds)]
