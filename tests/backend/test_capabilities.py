@@ -16,10 +16,12 @@ from retrain.backend.capabilities import (
 from retrain.errors import ConfigError
 from tests.conftest import REPO, CliHere
 
-SEEDS_TABLE = {  # reports_sync_loss, preserves_token_advantages, supports_checkpoint_resume, resume_runtime_dependent
+# reports_sync_loss, preserves_token_advantages, supports_checkpoint_resume, resume_runtime_dependent, as
+# docs/backends.md's capability table says (PRIME-RL's loss takes advantages per token)
+BUILTIN_TABLE = {
     "local": (True, True, True, False),
     "tinker": (True, True, True, True),
-    "prime_rl": (False, False, True, False),
+    "prime_rl": (False, True, True, False),
 }
 HOOKS = "tests.plugins.backend_hooks"
 
@@ -33,9 +35,9 @@ def flags(caps: Capabilities) -> tuple[bool, bool, bool, bool]:
     )
 
 
-def test_every_builtin_declares_the_seeds_capabilities_and_its_options():
+def test_every_builtin_declares_its_capabilities_and_its_options():
     infos = {info.name: info for info in builtin_backends()}
-    assert {name: flags(info.capabilities) for name, info in infos.items()} == SEEDS_TABLE
+    assert {name: flags(info.capabilities) for name, info in infos.items()} == BUILTIN_TABLE
     assert all(info.source == "builtin" for info in infos.values())
     assert infos["local"].extra is None and infos["local"].extra_installed
     assert (infos["tinker"].extra, infos["prime_rl"].extra) == ("tinker", "prime_rl")
@@ -100,7 +102,7 @@ def test_a_subclass_of_a_builtin_is_a_plugin_and_must_declare_its_own():
 
 def test_backends_command_prints_the_table_and_json(tmp_path, cli_here: CliHere):
     text = cli_here(["backends"], cwd=tmp_path).stdout
-    for name in SEEDS_TABLE:
+    for name in BUILTIN_TABLE:
         assert f"\n{name}  (" in f"\n{text}"
     assert "backend.transport: str = 'filesystem' {filesystem|zmq}" in text
     assert all(hook in text for hook in HOOK_NAMES)
@@ -116,8 +118,8 @@ def test_backends_command_prints_the_table_and_json(tmp_path, cli_here: CliHere)
                 "resume_runtime_dependent",
             )
         )
-        for name in SEEDS_TABLE
-    } == SEEDS_TABLE
+        for name in BUILTIN_TABLE
+    } == BUILTIN_TABLE
     assert by_name["tinker"]["install"] == "pip install 'retrain[tinker]'"
     assert isinstance(by_name["tinker"]["extra_installed"], bool)
     assert by_name["local"]["options"]["micro_batch_tokens"] == {

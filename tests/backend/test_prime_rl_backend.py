@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM
 
 from retrain.backend.capabilities import describe_backend
 from retrain.backend.prime_rl.messages import MicroBatch, decode_rank
-from retrain.backend.prime_rl.packing import TokenVaryingAdvantagesError
 from retrain.backend.prime_rl.weights import STABLE, broadcast_dir, wait_for_broadcast
 from retrain.errors import ConfigError, UserError
 from retrain.model.logprobs import completion_logprobs
@@ -53,7 +52,7 @@ def test_wait_for_broadcast_gives_up_naming_the_directory(tmp_path):
     [
         (
             {"strict_advantages": False},
-            "backend.strict_advantages=False: must stay true: PRIME-RL trains on one scalar",
+            "backend.strict_advantages=False: must stay true: retrain never averages a row's token-level advantages",
         ),
         ({"transport": "nfs"}, "backend.transport='nfs' is not one of: filesystem, zmq"),
         ({"sync_poll_s": 0.0}, "backend.sync_poll_s"),
@@ -112,13 +111,6 @@ def test_a_step_goes_to_prime_rl_and_its_broadcast_comes_back(tmp_path):
          "batch_size": 2, "group_size": 2, "step_time_s": 1.0}, "maxrl+none", placeholder_loss=True,
     )  # fmt: skip
     backend.close()
-
-
-def test_token_varying_rows_are_refused_before_anything_is_sent(tmp_path):
-    backend = make_backend(tmp_path)
-    with pytest.raises(TokenVaryingAdvantagesError):
-        backend.train(train_batch([[0.5, 0.25, 0.0], [0.0] * 3, [0.0] * 3, [0.0] * 3]))
-    assert not (tmp_path / "rollouts").exists()
 
 
 def test_a_batch_without_rows_takes_no_step(tmp_path):

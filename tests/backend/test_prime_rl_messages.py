@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from retrain.backend.prime_rl.messages import MicroBatch, TrainingSample, decode_rank, encode_rank
-from retrain.backend.prime_rl.packing import TokenVaryingAdvantagesError, pack, row_samples
+from retrain.backend.prime_rl.packing import pack, row_samples
 from retrain.errors import ConfigError
 from tests.backend.prime_rl_helpers import train_batch
 
@@ -75,7 +75,7 @@ def test_micro_batches_round_trip_and_sit_at_prime_rls_positions():
     assert decode_rank(payload)[0].rl_weights is None and decode_rank(payload)[0].routed_experts is None
 
 
-def test_rows_become_samples_with_one_scalar_advantage():
+def test_rows_become_samples_with_their_completion_tokens_advantages():
     samples = row_samples(train_batch())
     assert len(samples) == 3  # row 3 is not in row_mask
     first = samples[0]
@@ -88,10 +88,16 @@ def test_rows_become_samples_with_one_scalar_advantage():
     assert samples[2].token_ids == [21, 22, 23, 51]
 
 
-def test_token_varying_rows_are_refused():
-    varying = [[0.5, 0.25, 0.0], [-0.5, -0.5, -0.5], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
-    with pytest.raises(TokenVaryingAdvantagesError, match="row 0.*one scalar advantage per sample"):
-        row_samples(train_batch(varying))
+def test_token_varying_advantages_travel_token_by_token():
+    """GTPO/HICRA/SEPA credit reaches PRIME-RL's per-token loss as computed, nothing averaged (row 1's padding
+    position carries 0 in the batch and is not sent)."""
+    varying = [[0.5, 0.25, 0.0], [-0.75, 0.125, -0.5], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    samples = row_samples(train_batch(varying))
+    assert [sample.advantages for sample in samples] == [
+        [0.0, 0.0, 0.5, 0.25],
+        [0.0, 0.0, -0.75, 0.125, -0.5],
+        [0.0, 0.0, 0.0, 1.0],
+    ]
 
 
 def test_packing_fills_micro_batches_and_gives_every_rank_as_many():

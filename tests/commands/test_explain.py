@@ -27,7 +27,7 @@ from retrain.commands.explain import main as explain_main
 from retrain.config import TrainingConfig, compose
 from retrain.errors import ConfigError
 from retrain.model.config_files import params_from_config
-from tests.conftest import REPO, CliHere, run_cli
+from tests.conftest import CliHere, run_cli
 
 # Qwen3-4B's config.json (the architecture fields the parameter count reads)
 QWEN3_4B = {
@@ -149,12 +149,14 @@ def test_a_pilot_that_is_no_run_dir_is_named(tmp_path: Path) -> None:
         read_pilot(tmp_path / "sweep")
 
 
-@pytest.mark.skipif(not (REPO / "conf" / "backend" / "prime_rl.yaml").is_file(), reason="no prime_rl backend yet")
 def test_a_failing_preflight_exits_1_with_its_message(tmp_path: Path, cli_here: CliHere) -> None:
-    result = cli_here(["explain", "backend=prime_rl", "algorithm=maxrl_gtpo_sepa"], cwd=tmp_path, check=False)
+    backend = "tests.plugins.training_plugins.ScalarAdvantageBackend"
+    result = cli_here(
+        ["explain", f"backend._target_={backend}", "algorithm=maxrl_gtpo_sepa"], cwd=tmp_path, check=False
+    )
     assert result.returncode == 1
-    assert "preflight: FAILED" in result.stdout and "backend prime_rl (source=builtin)" in result.stdout
-    assert "preflight failed: algorithm 'maxrl_gtpo_sepa' cannot run on backend 'prime_rl'" in result.stderr
+    assert "preflight: FAILED" in result.stdout and f"backend {backend} (source=plugin/hook)" in result.stdout
+    assert f"preflight failed: algorithm 'maxrl_gtpo_sepa' cannot run on backend '{backend}'" in result.stderr
     assert "preserves_token_advantages=false" in result.stderr
 
 

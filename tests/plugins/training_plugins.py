@@ -33,7 +33,7 @@ def flaky_reward(response: str, reference: str, **extra: object) -> float:
 
 
 class ScalarAdvantageBackend:
-    """A user's backend that ships one advantage per completion (like PRIME-RL's transport).
+    """A user's backend that ships one advantage per completion (a service that trains on one scalar per sample).
 
     It declares so; preflight must then refuse token-varying algorithms before anything loads.
     """

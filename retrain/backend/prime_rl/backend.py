@@ -1,6 +1,6 @@
 """backend=prime_rl: each step's rows go to an external PRIME-RL trainer; its broadcasts come back as the new weights.
 
-`train(batch)` packs the kept rows (one scalar advantage each) into PRIME-RL micro-batches, sends
+`train(batch)` packs the kept rows (each token with its own advantage) into PRIME-RL micro-batches, sends
 them as step N through the configured transport, and waits for the trainer's broadcast of step N
 (weights.py); that directory is the step's WeightUpdate, which the engine (engine.py) has the
 PRIME-RL inference server load. The optimizer, its settings and the loss run inside PRIME-RL (its
@@ -51,7 +51,7 @@ class PrimeRlBackend:
 
     capabilities = Capabilities(
         reports_sync_loss=False,
-        preserves_token_advantages=False,
+        preserves_token_advantages=True,  # its loss takes advantages per token (packing.py)
         supports_checkpoint_resume=True,
         resume_runtime_dependent=False,
         samples_itself=True,

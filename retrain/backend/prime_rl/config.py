@@ -46,11 +46,10 @@ class PrimeRlBackendConfig:
     strict_advantages: bool = field(
         default=True,
         metadata={
-            "help": "must stay true: PRIME-RL takes one scalar advantage per sample; false is rejected",
+            "help": "must stay true: each token's advantage is sent as computed, never averaged; false is rejected",
             "validator": must_be_true(
-                "PRIME-RL trains on one scalar advantage per sample, so token-level advantages would be averaged "
-                "away silently; keep it true and use an algorithm without token-level credit (e.g. "
-                "algorithm=maxrl_none)"
+                "retrain never averages a row's token-level advantages into one (PRIME-RL's loss takes them per "
+                "token, and each is sent as computed); keep it true or leave it out"
             ),
         },
     )

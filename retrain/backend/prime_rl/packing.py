@@ -3,7 +3,8 @@
 This is the work PRIME-RL's orchestrator does before it sends (its train sink builds the samples,
 `prime_rl.trainer.batch.prepare_batch` packs them): a row becomes prompt + completion tokens, the loss
 mask and the sampler's log-probs on the completion only, the sampling temperature on every token, and
-the row's ONE scalar advantage broadcast over its completion (PRIME-RL trains on nothing finer).
+and each completion token's own advantage (PRIME-RL's loss takes advantages per token, so token-level
+credit such as GTPO, HICRA or SEPA arrives intact).
 Samples are packed first-fit-decreasing into micro-batches of at most `seq_len` tokens (position ids
 restart per sample); every rank gets the same number of micro-batches (zero-loss copies fill the
 gap, as PRIME-RL pads), balanced by token count. Rows longer than `seq_len` are refused rather than
@@ -21,10 +22,6 @@ from retrain.types import TrainBatch
 ENV_NAME = "retrain"  # the env name PRIME-RL's metrics group the samples under
 
 
-class TokenVaryingAdvantagesError(ValueError):
-    """A row's advantages differ between its tokens: PRIME-RL would have to average them away."""
-
-
 def row_samples(batch: TrainBatch) -> list[TrainingSample]:
     """The rows of `row_mask` as PRIME-RL TrainingSamples (rows without completion tokens are left out)."""
     rollouts = batch.rollouts
@@ -39,13 +36,7 @@ def row_samples(batch: TrainBatch) -> list[TrainingSample]:
         completion = rollouts.completion_ids[row][completion_mask].tolist()
         if not completion:
             continue
-        advantages = batch.advantages[row][completion_mask]
-        if not bool((advantages == advantages[0]).all()):
-            raise TokenVaryingAdvantagesError(
-                f"row {row}: its advantages vary over its tokens ({float(advantages.min()):.4g} to "
-                f"{float(advantages.max()):.4g}), but PRIME-RL takes one scalar advantage per sample "
-                "(backend=prime_rl has preserves_token_advantages=false; preflight refuses token-varying algorithms)"
-            )
+        advantages = batch.advantages[row][completion_mask].float().tolist()
         n_prompt, n_completion = len(prompt), len(completion)
         samples.append(
             TrainingSample(
@@ -54,7 +45,7 @@ def row_samples(batch: TrainBatch) -> list[TrainingSample]:
                 logprobs=[0.0] * n_prompt + rollouts.logprobs[row][completion_mask].float().tolist(),
                 temperatures=[temperature] * (n_prompt + n_completion),
                 env_name=ENV_NAME,
-                advantages=[0.0] * n_prompt + [float(advantages[0])] * n_completion,
+                advantages=[0.0] * n_prompt + advantages,
             )
         )
     return samples
