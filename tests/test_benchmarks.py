@@ -83,6 +83,35 @@ def test_step_benchmark_splits_the_whole_step() -> None:
     assert lines[-2].startswith("not model compute (reward + advantages + other): ")
 
 
+@pytest.mark.slow  # three retrain processes of 7 steps: ~40 s on 2 cores
+def test_recipes_benchmark_prints_each_conditions_cost_against_token_mean() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/recipes.py", "--steps", "7", "--rounds", "1", "--conditions", "dapo,upb2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = result.stdout.split("\n\n", 1)[1].splitlines()
+    assert table[0].split() == [
+        "condition",
+        "step",
+        "ms",
+        "step",
+        "/",
+        "token_mean",
+        "train",
+        "/",
+        "token_mean",
+        "draws",
+    ]
+    rows = {line.split()[0]: line.split() for line in table[1:]}
+    assert list(rows) == ["token_mean", "dapo", "upb2"]
+    assert rows["token_mean"][2:6] == ["1.00", "(1.00–1.00)", "1.00", "(1.00–1.00)"]  # the baseline against itself
+    assert float(rows["dapo"][-1]) >= 1.0 and rows["upb2"][-1] == "1.00"  # only dynamic sampling draws again
+
+
 @pytest.mark.slow  # four retrain processes of 7 steps: ~40 s on 2 cores
 def test_deterministic_cost_runs_both_modes_twice_and_on_cpu_each_repeats_itself() -> None:
     result = subprocess.run(
