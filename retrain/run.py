@@ -444,7 +444,7 @@ def connect_environment(
     """Serve the engine on a loopback OpenAI-compatible endpoint for the environment's episodes, for the whole run."""
     endpoint = EngineEndpoint(engine)
     parts.callback(endpoint.close)
-    environment.connect(endpoint.url, tokenizer, model.source()[0])
+    environment.connect(endpoint, tokenizer, model.source()[0])
 
 
 def planning_detection(algorithm: Algorithm, tokenizer: Any) -> PlanningDetection | None:

@@ -22,7 +22,7 @@ class VerifiersDataConfig:
     auto_install: bool = False  # a missing environment is installed with `prime env install <id>`
     runtime: str = "subprocess"  # where the agents' harness programs run (verifiers runtime type)
     held_out_size: int = 0  # the last N tasks are held out from training for eval.num_examples
-    max_concurrent: int = 16  # rollouts in flight at once (the engine still samples one request at a time)
+    max_concurrent: int = 16  # rollouts in flight at once (their requests are sampled in shared engine batches)
 
     def __post_init__(self) -> None:
         if not self.id:

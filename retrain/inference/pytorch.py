@@ -9,7 +9,9 @@ pool that grows with the live tokens; rows that do not fit wait and enter as oth
 must give way re-enters later by prefilling what it had (retrain/inference/sampler/). Each token is drawn
 with a uniform that is a hash of (seed, row, position), so the budget, the batching and preemption never
 change what is sampled. With `prefix_caching` each prompt is prefilled once and its blocks shared by its G rows.
-A row stops at a stop token or after max_tokens.
+A row stops at a stop token or after max_tokens. `generate_requests` samples the single-completion requests that
+the loopback endpoint gathered (retrain.inference.request_batcher) in one such batch, each with its own seed and
+max_tokens.
 
 Log-prob semantics: the recorded log-prob of a sampled token is log_softmax(logits / T) of the full
 temperature-scaled distribution, before top-p truncation — the quantity the trainer recomputes, so
@@ -38,6 +40,7 @@ from peft.utils import load_peft_weights
 from retrain.errors import ConfigError
 from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
+from retrain.inference.requests import TokenCompletion, TokenRequest, completions_of
 from retrain.inference.sampler.counter_random import CounterUniforms
 from retrain.inference.sampler.decode import Decoded, Prompts, decode
 from retrain.inference.sampler.kv_budget import budget_blocks, kv_budget
@@ -109,6 +112,42 @@ class PytorchEngine:
         `row_offset`: the global index of this call's first row, when a data-parallel rank samples its share of a
         batch (its rows then draw what one process sampling the whole batch draws for them)."""
         _check_sampling(group_size, sampling)
+        uniforms = None
+        if sampling.temperature > 0:
+            seed = generator_seed if generator_seed is not None else _drawn_seed()
+            uniforms = CounterUniforms(seed, row_offset).table(
+                len(prompt_ids) * group_size, sampling.max_tokens, self.device
+            )
+        return self._sample(prompt_ids, group_size, sampling, uniforms, None)
+
+    def generate_requests(self, requests: list[TokenRequest]) -> list[TokenCompletion]:
+        """One completion per request, all sampled in one continuous batch (the request batcher's call; the
+        requests share temperature and top_p, each has its own max_tokens and seed). Request i draws its token at
+        position p with the uniform of (its seed, row 0, p): what `generate([prompt], 1, ...)` draws for it alone,
+        so its tokens do not depend on which requests share the batch."""
+        first = requests[0].sampling
+        for request in requests:
+            _check_sampling(1, request.sampling)
+            if (request.sampling.temperature, request.sampling.top_p) != (first.temperature, first.top_p):
+                raise ValueError("the requests of one batch must share temperature and top_p")
+        limits = [request.sampling.max_tokens for request in requests]
+        sampling = SamplingParams(max_tokens=max(limits), temperature=first.temperature, top_p=first.top_p)
+        uniforms = None
+        if sampling.temperature > 0:
+            seeds = [request.seed if request.seed is not None else _drawn_seed() for request in requests]
+            uniforms = torch.cat([CounterUniforms(seed).table(1, sampling.max_tokens, self.device) for seed in seeds])
+        rollouts = self._sample([request.prompt_ids for request in requests], 1, sampling, uniforms, limits)
+        return completions_of(rollouts)
+
+    def _sample(
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        sampling: SamplingParams,
+        uniforms: torch.Tensor | None,
+        limits: list[int] | None,
+    ) -> Rollouts:
+        """Decode every row under the KV budget with the rows' `uniforms` ([N, max_tokens]; None at T = 0)."""
         prompts, prompt_mask = left_pad(prompt_ids, self.pad_id, self.device)
         lengths = prompt_mask.sum(dim=1).tolist()
         blocks = budget_blocks(
@@ -116,12 +155,6 @@ class PytorchEngine:
             self.kv_shape,
             max(lengths) + sampling.max_tokens,
         )
-        uniforms = None
-        if sampling.temperature > 0:
-            seed = generator_seed if generator_seed is not None else int(torch.randint(2**63 - 1, ()))
-            uniforms = CounterUniforms(seed, row_offset).table(
-                len(prompt_ids) * group_size, sampling.max_tokens, self.device
-            )
         set_training(self.model, False)  # no dropout; it stays so until the backend trains
         with torch.inference_mode(), self._serving():
             decoded = decode(
@@ -134,6 +167,7 @@ class PytorchEngine:
                 self.eos_ids,
                 self.pad_id,
                 self.prefix_caching,
+                limits,
             )
         return self._rollouts(prompts, prompt_mask, group_size, sampling, decoded)
 
@@ -235,6 +269,11 @@ def _check_sampling(group_size: int, sampling: SamplingParams) -> None:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {sampling.temperature}")
     if not 0 < sampling.top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+
+
+def _drawn_seed() -> int:
+    """A seed from torch's RNG, for a call that names none."""
+    return int(torch.randint(2**63 - 1, ()))
 
 
 def _trainable_copy(model: Any) -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ import torch
 
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.pytorch import PytorchEngine
+from retrain.inference.requests import TokenRequest, completions_of
 from retrain.inference.sampler.tokens import draw
 from retrain.model.logprobs import left_pad
 from retrain.model.probe import StaleWeightsError
@@ -222,3 +223,25 @@ def test_draw_follows_the_weights_and_never_picks_a_zero_weight():
 def test_draw_inverts_the_cdf_at_the_edges_of_the_unit_interval():
     weights = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0]])
     assert draw(weights, torch.tensor([0.0, 1.0 - 2**-24])).tolist() == [1, 2]
+
+
+def test_requests_sampled_together_draw_what_each_draws_alone(engine, prompt_ids):
+    """The endpoint's batches: each request's tokens depend on its own seed and max_tokens, not on its batch."""
+    requests = [
+        TokenRequest(prompt_ids[n % len(prompt_ids)], SamplingParams(max_tokens=3 + n, temperature=1.0), seed)
+        for n, seed in enumerate([5, 9, 5, 1234, 77, 3])
+    ]
+    together = engine.generate_requests(requests)
+    for request, completion in zip(requests, together, strict=True):
+        (alone,) = completions_of(engine.generate([request.prompt_ids], 1, request.sampling, request.seed))
+        assert completion.token_ids == alone.token_ids
+        assert completion.hit_max_tokens == alone.hit_max_tokens
+        assert torch.allclose(torch.tensor(completion.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
+        assert len(completion.token_ids) <= request.sampling.max_tokens
+    assert any(c.hit_max_tokens and len(c.token_ids) == r.sampling.max_tokens for r, c in zip(requests, together))
+
+
+def test_a_batch_of_requests_shares_temperature_and_top_p(engine, prompt_ids):
+    hot, cold = SamplingParams(max_tokens=2, temperature=1.0), SamplingParams(max_tokens=2, temperature=0.5)
+    with pytest.raises(ValueError, match="share temperature and top_p"):
+        engine.generate_requests([TokenRequest(prompt_ids[0], hot, 1), TokenRequest(prompt_ids[1], cold, 1)])

@@ -60,10 +60,13 @@ def decode(
     stop_ids: torch.Tensor,
     pad_id: int,
     prefix_caching: bool,
+    limits: list[int] | None = None,
 ) -> Decoded:
-    """Sample every row of the call; `uniforms`: [N, max_tokens] (None at T = 0)."""
+    """Sample every row of the call; `uniforms`: [N, max_tokens] (None at T = 0). `limits`: each row's own
+    max_tokens, at most sampling.max_tokens (the requests of a batch each ask their own; None: all the same)."""
     device = prompts.ids.device
     rows, steps = len(prompts.lengths) * prompts.group_size, sampling.max_tokens
+    limit = limits if limits is not None else [steps] * rows
     ids = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((rows, steps), dtype=torch.bool, device=device)
     logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=device)
@@ -111,7 +114,7 @@ def decode(
         going_at: list[int] = []
         for at, (row, stop) in enumerate(zip(running, stopped.tolist(), strict=True)):  # the step's one host sync
             row.generated += 1
-            if stop or row.generated == steps:
+            if stop or row.generated == limit[row.table_row]:
                 scheduler.finish(row)
             else:
                 going.append(row)
