@@ -44,6 +44,7 @@ class ScoredRollouts:
     excluded: torch.Tensor  # [B, G] bool: no verdict (failed episode)
     errors: int = 0  # failed episodes
     timeouts: int = 0  # episodes ended by a deadline
+    answers: list[str] | None = None  # each row's last reply, for the run's `reward=` to score; None: rewards are final
 
 
 @runtime_checkable
