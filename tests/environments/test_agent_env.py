@@ -162,3 +162,10 @@ def test_the_example_agent_trains_end_to_end(tmp_path):
     assert [r["step"] for r in records] == [0, 1]
     assert all(r["env/mean_turns"] == 2.0 and r["reward/excluded"] == 0 for r in records)
     assert (run_dir / "final").is_dir()
+
+
+def test_the_docs_show_the_example_agent_as_shipped():
+    from tests.conftest import REPO
+
+    shipped = (REPO / "retrain" / "environments" / "example_agent.py").read_text()
+    assert f"```python\n{shipped}```" in (REPO / "docs" / "agents.md").read_text()
