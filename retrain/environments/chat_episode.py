@@ -11,8 +11,8 @@ once, here, and never to the model's own turns again:
   (what the template writes after the reply's text, less the stop token the model sampled), and the template's
   rendering of the new messages with the generation prompt (the text the full conversation renders to, after
   the text of the conversation up to the reply: chat templates append);
-- a call that does not extend it (the agent edited, dropped or re-ordered earlier turns, or sent calls of one
-  episode in parallel) branches the episode, which retrain refuses: that call is answered 400 saying so and the
+- a call that does not extend it (the agent edited, dropped or re-ordered earlier turns, changed the tools, or
+  sent calls of one episode in parallel) branches the episode, which retrain refuses: that call is answered 400 saying so and the
   episode is excluded from training (one row per episode; see docs/agents.md).
 
 The model's tokens are marked sampled (trained), with the sampler's log-probs; the rest (messages, tool results,
@@ -66,6 +66,7 @@ class ChatEpisode:
         self.logprobs: list[float] = []
         self._prompt_length = 0
         self._conversation: list[dict[str, Any]] = []  # the last call's messages and our reply
+        self._tools: list[Any] | None = None  # the first call's: the row's prompt renders them
         self._last: TokenCompletion | None = None
         self._lock = threading.Lock()  # one call at a time: a row grows in call order
 
@@ -124,7 +125,13 @@ class ChatEpisode:
     def _prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
         """This call's prompt ids: the template over the first call's messages, else the row so far and the new turns."""
         if not self.calls:
+            self._tools = tools
             return self._encode(self._render(messages, tools, generation=True))
+        if tools != self._tools:
+            self._refuse(
+                f"call {self.calls + 1} of this episode offers other tools than call 1, whose prompt (in the row) "
+                "renders them: the episode branches, and retrain trains one row per episode, so it is excluded"
+            )
         known = len(self._conversation)
         if len(messages) <= known or [_turn(m) for m in messages[:known]] != [_turn(m) for m in self._conversation]:
             self._refuse(

@@ -91,6 +91,16 @@ def test_an_episode_that_rewrites_its_history_is_refused(served):
     assert episode.trajectory(reward=1.0).reward is None
 
 
+def test_an_episode_that_changes_its_tools_is_refused(served):
+    episode, client = episode_of(served)
+    messages: list[dict] = [{"role": "user", "content": "What is 7+8?"}]
+    reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0].message
+    messages += [reply.model_dump(exclude_none=True), {"role": "user", "content": "?"}]
+    with pytest.raises(openai.BadRequestError, match="offers other tools than call 1"):
+        client.chat.completions.create(model="policy", messages=messages)
+    assert episode.refused is not None
+
+
 def test_malformed_requests_and_ended_episodes_are_answered_not_sampled(served):
     endpoint, _, _ = served
     episode, client = episode_of(served)
