@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -42,7 +42,7 @@ from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.requests import TokenCompletion, TokenRequest, completions_of
 from retrain.inference.sampler.counter_random import CounterUniforms
-from retrain.inference.sampler.decode import Decoded, Prompts, decode
+from retrain.inference.sampler.decode import Decoded, Finished, Prompts, decode
 from retrain.inference.sampler.kv_budget import budget_blocks, kv_budget
 from retrain.inference.sampler.kv_pool import KvPool, KvShape
 from retrain.model.attention_kernels import attending_with, attention_implementation
@@ -120,11 +120,14 @@ class PytorchEngine:
             )
         return self._sample(prompt_ids, group_size, sampling, uniforms, None)
 
-    def generate_requests(self, requests: list[TokenRequest]) -> list[TokenCompletion]:
+    def generate_requests(
+        self, requests: list[TokenRequest], on_done: Callable[[int, TokenCompletion], None] | None = None
+    ) -> list[TokenCompletion]:
         """One completion per request, all sampled in one continuous batch (the request batcher's call; the
         requests share temperature and top_p, each has its own max_tokens and seed). Request i draws its token at
         position p with the uniform of (its seed, row 0, p): what `generate([prompt], 1, ...)` draws for it alone,
-        so its tokens do not depend on which requests share the batch."""
+        so its tokens do not depend on which requests share the batch. `on_done(i, completion)` is called as
+        request i finishes, before the batch does."""
         first = requests[0].sampling
         for request in requests:
             _check_sampling(1, request.sampling)
@@ -136,7 +139,13 @@ class PytorchEngine:
         if sampling.temperature > 0:
             seeds = [request.seed if request.seed is not None else _drawn_seed() for request in requests]
             uniforms = torch.cat([CounterUniforms(seed).table(1, sampling.max_tokens, self.device) for seed in seeds])
-        rollouts = self._sample([request.prompt_ids for request in requests], 1, sampling, uniforms, limits)
+        finished = None
+        if on_done is not None:
+
+            def finished(row: int, ids: torch.Tensor, logprobs: torch.Tensor, stopped: bool) -> None:
+                on_done(row, TokenCompletion(ids.tolist(), logprobs.tolist(), hit_max_tokens=not stopped))
+
+        rollouts = self._sample([request.prompt_ids for request in requests], 1, sampling, uniforms, limits, finished)
         return completions_of(rollouts)
 
     def _sample(
@@ -146,6 +155,7 @@ class PytorchEngine:
         sampling: SamplingParams,
         uniforms: torch.Tensor | None,
         limits: list[int] | None,
+        on_finish: Finished | None = None,
     ) -> Rollouts:
         """Decode every row under the KV budget with the rows' `uniforms` ([N, max_tokens]; None at T = 0)."""
         prompts, prompt_mask = left_pad(prompt_ids, self.pad_id, self.device)
@@ -168,6 +178,7 @@ class PytorchEngine:
                 self.pad_id,
                 self.prefix_caching,
                 limits,
+                on_finish,
             )
         return self._rollouts(prompts, prompt_mask, group_size, sampling, decoded)
 

@@ -4,8 +4,9 @@ The loopback endpoint (retrain.inference.endpoint) answers each request on its o
 TokenRequest to one batcher, whose worker thread owns the engine. When the engine is free, the worker waits a
 short gathering window (`GATHER_S`) after the first request, then takes every queued request that shares its
 temperature and top_p and samples them together (`engine.generate_requests`; the pytorch engine decodes them as
-one continuous batch). Requests that arrive while a batch decodes wait for the next one: with episodes whose turns
-fall out of step, each batch still holds whatever is waiting, so the engine decodes as many rows as are in flight.
+one continuous batch, and answers each request as soon as its row finishes). Requests that arrive while a batch
+decodes wait for the next one: with episodes whose turns fall out of step, each batch still holds whatever is
+waiting, so the engine decodes as many rows as are in flight.
 
 Why batches at a boundary rather than admitting rows into the running decode: both keep reproducibility (a
 request's tokens are drawn with the uniforms of its own seed, row 0 and position, whatever shares its batch), and
@@ -88,17 +89,18 @@ class RequestBatcher:
     def _sample(self, batch: list[tuple[TokenRequest, Future[TokenCompletion]]]) -> None:
         requests = [request for request, _ in batch]
         self.largest_batch = max(self.largest_batch, len(requests))
-        try:
-            completions = self._completions(requests)
-        except Exception as error:  # every waiting request answers with it; the worker serves the next batch
-            for _, done in batch:
-                done.set_exception(error)
-            return
-        for (_, done), completion in zip(batch, completions, strict=True):
-            done.set_result(completion)
 
-    def _completions(self, requests: list[TokenRequest]) -> list[TokenCompletion]:
-        generate_requests = getattr(self.engine, "generate_requests", None)
-        if generate_requests is not None:
-            return list(generate_requests(requests))
-        return [completions_of(self.engine.generate([r.prompt_ids], 1, r.sampling, r.seed))[0] for r in requests]
+        def answer(index: int, completion: TokenCompletion) -> None:
+            batch[index][1].set_result(completion)
+
+        try:
+            generate_requests = getattr(self.engine, "generate_requests", None)
+            if generate_requests is not None:
+                generate_requests(requests, answer)  # each request is answered as it finishes
+            else:
+                for index, r in enumerate(requests):
+                    answer(index, completions_of(self.engine.generate([r.prompt_ids], 1, r.sampling, r.seed))[0])
+        except Exception as error:  # every request still waiting answers with it; the worker serves the next batch
+            for _, done in batch:
+                if not done.done():
+                    done.set_exception(error)

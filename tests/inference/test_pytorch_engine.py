@@ -245,3 +245,12 @@ def test_a_batch_of_requests_shares_temperature_and_top_p(engine, prompt_ids):
     hot, cold = SamplingParams(max_tokens=2, temperature=1.0), SamplingParams(max_tokens=2, temperature=0.5)
     with pytest.raises(ValueError, match="share temperature and top_p"):
         engine.generate_requests([TokenRequest(prompt_ids[0], hot, 1), TokenRequest(prompt_ids[1], cold, 1)])
+
+
+def test_each_request_is_answered_as_its_row_finishes(engine, prompt_ids):
+    """The endpoint answers a short request while the long ones of its batch still decode."""
+    requests = [TokenRequest(prompt_ids[0], SamplingParams(max_tokens=n, temperature=1.0), 4) for n in (12, 1, 6)]
+    answered: list[tuple[int, object]] = []
+    completions = engine.generate_requests(requests, lambda index, completion: answered.append((index, completion)))
+    assert answered[0] == (1, completions[1])  # one token: done at the first step
+    assert sorted(answered, key=lambda pair: pair[0]) == list(enumerate(completions))

@@ -9,7 +9,7 @@ pool), and runs one decode forward over the rest. A row's token at position p is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -24,6 +24,9 @@ from retrain.model.lean_decoder import causal_lm_logits
 from retrain.types import SamplingParams
 
 PREFILL_TOKENS = 8192  # padded tokens per prefill forward: bounds its activations whatever the prompts
+
+# a finished row's index, its sampled ids and their log-probs ([generated] each), and whether it met a stop token
+Finished = Callable[[int, torch.Tensor, torch.Tensor, bool], None]
 
 
 class Decoded(NamedTuple):
@@ -61,9 +64,12 @@ def decode(
     pad_id: int,
     prefix_caching: bool,
     limits: list[int] | None = None,
+    on_finish: Finished | None = None,
 ) -> Decoded:
     """Sample every row of the call; `uniforms`: [N, max_tokens] (None at T = 0). `limits`: each row's own
-    max_tokens, at most sampling.max_tokens (the requests of a batch each ask their own; None: all the same)."""
+    max_tokens, at most sampling.max_tokens (the requests of a batch each ask their own; None: all the same).
+    `on_finish(row, ids, logprobs, stopped)` is called as each row finishes, while the others still decode (the
+    endpoint answers a request then, not when its whole batch is done)."""
     device = prompts.ids.device
     rows, steps = len(prompts.lengths) * prompts.group_size, sampling.max_tokens
     limit = limits if limits is not None else [steps] * rows
@@ -116,6 +122,9 @@ def decode(
             row.generated += 1
             if stop or row.generated == limit[row.table_row]:
                 scheduler.finish(row)
+                if on_finish is not None:
+                    at_row = row.table_row
+                    on_finish(at_row, ids[at_row, : row.generated], logprobs[at_row, : row.generated], stop)
             else:
                 going.append(row)
                 going_at.append(at)
