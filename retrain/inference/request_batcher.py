@@ -1,32 +1,31 @@
-"""Many HTTP requests, one engine batch: requests that arrive together are sampled in one engine call.
+"""Many HTTP requests, one engine batch: requests in flight together are sampled in one engine call.
 
 The loopback endpoint (retrain.inference.endpoint) answers each request on its own thread; they all hand their
-TokenRequest to one batcher, whose worker thread owns the engine. When the engine is free, the worker waits a
-short gathering window (`GATHER_S`) after the first request, then takes every queued request that shares its
-temperature and top_p and samples them together (`engine.generate_requests`; the pytorch engine decodes them as
-one continuous batch, and answers each request as soon as its row finishes). Requests that arrive while a batch
-decodes wait for the next one: with episodes whose turns fall out of step, each batch still holds whatever is
-waiting, so the engine decodes as many rows as are in flight.
+TokenRequest to one batcher, whose worker thread owns the engine. When the engine is idle, the worker waits a short
+gathering window (`GATHER_S`) after the first request, then takes every queued request that shares its temperature
+and top_p and samples them together (`engine.generate_requests`). The pytorch engine decodes them as one continuous
+batch, answers each request as soon as its row finishes, and before every decode step admits the requests that
+arrived since (same temperature and top_p, max_tokens and prompt within the call's limits) into the running batch:
+an agent's next turn joins the decode its episode's siblings are still in, instead of waiting for it to end. A
+request that does not fit waits for the next call.
 
-Why batches at a boundary rather than admitting rows into the running decode: both keep reproducibility (a
-request's tokens are drawn with the uniforms of its own seed, row 0 and position, whatever shares its batch), and
-this one leaves the engine's decode loop as it is; admitting mid-decode saves the wait of a request that arrives
-while a batch decodes, and is the next step (docs/agents.md).
+Reproducibility: a request's row draws its tokens with the uniforms of its own seed, row 0 and positions, whatever
+shares its batch and whenever it joined; only the log-probs' last bits may differ (other batch shapes), so
+`data.max_concurrent` 1 and 16 give the same rollouts.
 
 An engine without `generate_requests` (vLLM, the server engines) is called once per request, in arrival order.
 """
 
 from __future__ import annotations
 
-import logging
+import functools
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from retrain.inference.base import InferenceEngine
 from retrain.inference.requests import TokenCompletion, TokenRequest, completions_of
-
-log = logging.getLogger(__name__)
 
 GATHER_S = 0.005  # after the first request reaches an idle engine, wait this long for the others sent with it
 
@@ -72,35 +71,45 @@ class RequestBatcher:
                     return
             time.sleep(GATHER_S)
             with self._ready:
-                batch = self._take()
+                batch = self._take(functools.partial(_samples_like, self._queue[0][0]))
             self._sample(batch)
 
-    def _take(self) -> list[tuple[TokenRequest, Future[TokenCompletion]]]:
-        """Every queued request that samples like the first (temperature, top_p), in arrival order."""
-        first = self._queue[0][0].sampling
-        kind = (first.temperature, first.top_p)
-        batch: list[tuple[TokenRequest, Future[TokenCompletion]]] = []
+    def _take(self, fits: Callable[[TokenRequest], bool]) -> list[tuple[TokenRequest, Future[TokenCompletion]]]:
+        """The queued requests `fits` accepts, in arrival order, out of the queue (the caller holds the lock)."""
+        taken: list[tuple[TokenRequest, Future[TokenCompletion]]] = []
         rest: list[tuple[TokenRequest, Future[TokenCompletion]]] = []
         for item in self._queue:
-            (batch if (item[0].sampling.temperature, item[0].sampling.top_p) == kind else rest).append(item)
+            (taken if fits(item[0]) else rest).append(item)
         self._queue = rest
-        return batch
+        return taken
 
     def _sample(self, batch: list[tuple[TokenRequest, Future[TokenCompletion]]]) -> None:
-        requests = [request for request, _ in batch]
-        self.largest_batch = max(self.largest_batch, len(requests))
+        """Sample `batch` in one engine call; requests that arrive meanwhile and fit join it (numbered after it)."""
 
         def answer(index: int, completion: TokenCompletion) -> None:
             batch[index][1].set_result(completion)
 
+        def more(fits: Callable[[TokenRequest], bool]) -> list[TokenRequest]:
+            with self._ready:
+                joined = [] if self._closed else self._take(fits)
+            batch.extend(joined)
+            self.largest_batch = max(self.largest_batch, len(batch))
+            return [request for request, _ in joined]
+
+        self.largest_batch = max(self.largest_batch, len(batch))
         try:
             generate_requests = getattr(self.engine, "generate_requests", None)
             if generate_requests is not None:
-                generate_requests(requests, answer)  # each request is answered as it finishes
+                generate_requests([request for request, _ in batch], answer, more)  # answered as each finishes
             else:
-                for index, r in enumerate(requests):
+                for index, (r, _) in enumerate(batch):
                     answer(index, completions_of(self.engine.generate([r.prompt_ids], 1, r.sampling, r.seed))[0])
         except Exception as error:  # every request still waiting answers with it; the worker serves the next batch
             for _, done in batch:
                 if not done.done():
                     done.set_exception(error)
+
+
+def _samples_like(first: TokenRequest, request: TokenRequest) -> bool:
+    """Whether `request` samples from the same distribution as `first` (temperature and top_p)."""
+    return (request.sampling.temperature, request.sampling.top_p) == (first.sampling.temperature, first.sampling.top_p)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from retrain.types import Rollouts, SamplingParams
@@ -24,6 +25,10 @@ class TokenCompletion:
     token_ids: list[int]
     logprobs: list[float]
     hit_max_tokens: bool
+
+
+# more(fits): the requests that arrived since last asked and that `fits` accepts, handed over to join a running batch
+MoreRequests = Callable[[Callable[[TokenRequest], bool]], list[TokenRequest]]
 
 
 def completions_of(rollouts: Rollouts) -> list[TokenCompletion]:

@@ -254,3 +254,39 @@ def test_each_request_is_answered_as_its_row_finishes(engine, prompt_ids):
     completions = engine.generate_requests(requests, lambda index, completion: answered.append((index, completion)))
     assert answered[0] == (1, completions[1])  # one token: done at the first step
     assert sorted(answered, key=lambda pair: pair[0]) == list(enumerate(completions))
+
+
+def test_requests_that_arrive_join_the_running_batch_and_draw_what_they_draw_alone(engine, prompt_ids):
+    """Continuous admission: requests handed over while a batch decodes join it, if they fit (same temperature and
+    top_p, max_tokens within the call's), and sample exactly what they sample alone."""
+    hot = SamplingParams(max_tokens=10, temperature=1.0)
+    first = TokenRequest(prompt_ids[0], hot, 4)
+    later = [
+        TokenRequest(prompt_ids[1], SamplingParams(max_tokens=5, temperature=1.0), 8),
+        TokenRequest(prompt_ids[2] + prompt_ids[3], hot, None),  # a longer prompt than the batch's; a drawn seed
+    ]
+    misfits = [
+        TokenRequest(prompt_ids[1], SamplingParams(max_tokens=5, temperature=0.5), 1),  # another temperature
+        TokenRequest(prompt_ids[1], SamplingParams(max_tokens=11, temperature=1.0), 1),  # more than the call's
+    ]
+    asked = 0
+    left: list[TokenRequest] = []
+    answered_at: dict[int, int] = {}  # request -> how many times `more` had been asked when it was answered
+
+    def more(fits) -> list[TokenRequest]:
+        nonlocal asked
+        asked += 1
+        if asked != 3:  # the batch has run two decode steps when they arrive
+            return []
+        left.extend(request for request in misfits if not fits(request))
+        return [request for request in later if fits(request)]
+
+    completions = engine.generate_requests([first], lambda index, _: answered_at.setdefault(index, asked), more)
+    assert len(completions) == 3 and left == misfits
+    assert len(completions[0].token_ids) > 2 and answered_at[0] > 3  # the first still decoded when the others joined
+    assert sorted(answered_at) == [0, 1, 2]
+    for request, completion in zip([first, later[0]], completions, strict=False):
+        (alone,) = completions_of(engine.generate([request.prompt_ids], 1, request.sampling, request.seed))
+        assert completion.token_ids == alone.token_ids
+        assert torch.allclose(torch.tensor(completion.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
+    assert len(completions[1].token_ids) <= 5 and 1 <= len(completions[2].token_ids) <= 10
