@@ -14,7 +14,7 @@ from retrain.environments.agent_env import AgentEnvironment
 from retrain.environments.config import AgentDataConfig
 from retrain.errors import ConfigError, UserError
 from retrain.inference.endpoint import EngineEndpoint
-from retrain.types import SamplingParams
+from retrain.types import SamplingParams, TrainBatch
 from tests.backend.tiny_model import make_backend, make_engine, tokenizer_of
 from tests.conftest import read_metrics, run_cli
 from tests.environments import agents
@@ -33,8 +33,13 @@ def sums(n: int) -> list[dict]:
 
 
 @pytest.fixture
-def served(tiny_spec):
-    endpoint = EngineEndpoint(make_engine(make_backend(tiny_spec)), max_model_len=128)
+def backend(tiny_spec):
+    return make_backend(tiny_spec)
+
+
+@pytest.fixture
+def served(backend, tiny_spec):
+    endpoint = EngineEndpoint(make_engine(backend), max_model_len=128)
     yield endpoint, tokenizer_of(tiny_spec.name_or_path)
     endpoint.close()
 
@@ -46,7 +51,7 @@ def environment(served, tasks: str, agent: str = EXAMPLE, **options) -> AgentEnv
     return data
 
 
-def test_example_agent_episodes_are_the_same_rows_whatever_max_concurrent(served, tmp_path):
+def test_example_agent_episodes_are_the_same_rows_whatever_max_concurrent(served, backend, tmp_path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", sums(6))
     scored = []
     for max_concurrent in (1, 16):
@@ -69,6 +74,10 @@ def test_example_agent_episodes_are_the_same_rows_whatever_max_concurrent(served
         assert (rollouts.logprobs[n][~rollouts.sampled_mask[n]] == 0).all()
         assert "Sure? Answer again." in rollouts.texts[n]
     assert one.answers is None  # the agent's rewards are final
+
+    advantages = torch.where(rollouts.trained_mask, 1.0, 0.0)  # every token offered: only the model's may train
+    result = backend.train(TrainBatch(rollouts, advantages, torch.ones(rollouts.num_rows, dtype=torch.bool)))
+    assert result.num_tokens == int(rollouts.trained_mask.sum()) < int(rollouts.completion_mask.sum())
 
 
 def test_reward_from_reward_leaves_the_last_replies_to_the_scorer(served, tmp_path):
