@@ -7,10 +7,8 @@ once, here, and never to the model's own turns again:
 - the first call's prompt is the template over its messages (and tools), with the generation prompt;
 - a later call must extend the conversation: its messages start with the previous call's messages and the reply
   we sent (role and text; tool-call ids and other fields are not compared). Its prompt is then the row so far
-  (the previous prompt and the sampled tokens, exactly), the rest of the template's end of the assistant turn
-  (what the template writes after the reply's text, less the stop token the model sampled), and the template's
-  rendering of the new messages with the generation prompt (the text the full conversation renders to, after
-  the text of the conversation up to the reply: chat templates append);
+  (the previous prompt and the sampled tokens, exactly) and what the template writes after the reply: the rest of
+  the reply's turn (less the stop token the model sampled), the new messages and the generation prompt;
 - a call that does not extend it (the agent edited, dropped or re-ordered earlier turns, changed the tools, or
   sent calls of one episode in parallel) branches the episode, which retrain refuses: that call is answered 400 saying so and the
   episode is excluded from training (one row per episode; see docs/agents.md).
@@ -139,25 +137,25 @@ class ChatEpisode:
                 "reply (earlier turns were edited, dropped or re-ordered, or calls were sent in parallel): the "
                 "episode branches, and retrain trains one row per episode, so it is excluded"
             )
-        whole = self._render(messages, tools, generation=True)
-        before = self._render(messages[:known], tools, generation=False)
-        if not whole.startswith(before):
-            self._refuse(
-                "the chat template renders the earlier turns differently once new messages follow (it rewrites "
-                "history, e.g. drops earlier reasoning): the episode cannot be one row, so it is excluded"
-            )
-        return [*self.tokens, *self._encode(self._after_reply(messages[: known - 1], tools) + whole[len(before) :])]
+        return [*self.tokens, *self._encode(self._after_reply(messages, known, tools))]
 
-    def _after_reply(self, history: list[dict[str, Any]], tools: list[Any] | None) -> str:
-        """What the template writes after a reply's text (its end of turn), less the stop token the model sampled."""
-        rendered = self._render([*history, {"role": "assistant", "content": MARK}], tools, generation=False)
-        closing = rendered[rendered.index(MARK) + len(MARK) :]
+    def _after_reply(self, messages: list[dict[str, Any]], known: int, tools: list[Any] | None) -> str:
+        """The text that follows the last reply (message `known` - 1) in the template's rendering of `messages` with
+        the generation prompt: the end of the reply's turn, the new messages and the prompt for the next reply, less
+        the stop token the model sampled. The reply is rendered as a mark, so what the template writes for it and
+        for the turns before it (which some templates rewrite once later turns follow, e.g. Qwen3 drops earlier
+        reasoning) never matters: the row keeps the tokens the model saw and sampled."""
+        marked = [*messages[: known - 1], {"role": "assistant", "content": MARK}, *messages[known:]]
+        rendered = self._render(marked, tools, generation=True)
+        if MARK not in rendered:
+            self._refuse("the chat template does not render an assistant message's content, so no turn can follow it")
+        after = rendered[rendered.index(MARK) + len(MARK) :]
         assert self._last is not None
         if self._last.token_ids and not self._last.hit_max_tokens:
             stop = self.tokenizer.decode(self._last.token_ids[-1:])
-            if closing.startswith(stop):
-                closing = closing[len(stop) :]
-        return closing
+            if after.startswith(stop):
+                after = after[len(stop) :]
+        return after
 
     def _record(self, prompt: list[int], completion: TokenCompletion) -> None:
         new = prompt[len(self.tokens) :]

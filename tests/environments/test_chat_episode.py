@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import openai
 import pytest
 
@@ -120,3 +122,30 @@ def test_malformed_requests_and_ended_episodes_are_answered_not_sampled(served):
     endpoint.end_episode("e1")
     with pytest.raises(openai.NotFoundError, match="not in flight"):
         client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_template_that_rewrites_earlier_turns_keeps_the_tokens_the_model_sampled(served):
+    """Like Qwen3's, this template writes a reasoning block into the last assistant turn only: once a later turn
+    follows, the template would render the reply differently, but the row (and the next prompt) keeps the reply's
+    tokens as sampled and appends only what follows it."""
+    endpoint, _, tokenizer = served
+    rewriting = copy.deepcopy(tokenizer)
+    rewriting.chat_template = (
+        "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{%- if message['role'] == 'assistant' and loop.last %}{{ '<think></think>' }}{%- endif %}"
+        "{{ message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    episode = ChatEpisode(rewriting, SAMPLING, 5, endpoint.complete, endpoint.max_model_len)
+    client = openai.OpenAI(base_url=endpoint.serve_episode("e2", episode), api_key="unused", max_retries=0)
+    messages: list[dict] = [{"role": "user", "content": "What is 1+2?"}]
+    reply = client.chat.completions.create(model="policy", messages=messages).choices[0]
+    first_row = list(episode.tokens)
+    messages += [reply.message.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}]
+    second = client.chat.completions.create(model="policy", messages=messages)
+    row = episode.trajectory(reward=0.0)
+    tokens = row.prompt_ids + row.completion_ids
+    assert tokens[: len(first_row)] == first_row  # the first call's prompt and its sampled reply, unchanged
+    closing = "" if reply.finish_reason == "stop" else "<|im_end|>"
+    bridge = tokenizer.encode(closing + "\n<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n")
+    assert tokens[len(first_row) : second.usage.prompt_tokens] == bridge
