@@ -35,7 +35,8 @@ class RequestBatcher:
 
     def __init__(self, engine: InferenceEngine) -> None:
         self.engine = engine
-        self.largest_batch = 0  # the most requests sampled in one engine call so far
+        self.most_in_flight = 0  # the most requests waiting or decoding at once so far
+        self._in_flight = 0
         self._queue: list[tuple[TokenRequest, Future[TokenCompletion]]] = []
         self._ready = threading.Condition()
         self._closed = False
@@ -49,8 +50,14 @@ class RequestBatcher:
             if self._closed:
                 raise RuntimeError("the endpoint is closed")
             self._queue.append((request, done))
+            self._in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self._in_flight)
             self._ready.notify()
-        return done.result()
+        try:
+            return done.result()
+        finally:
+            with self._ready:
+                self._in_flight -= 1
 
     def close(self) -> None:
         """Stop the worker after the batch in flight; requests still queued fail."""
@@ -93,10 +100,8 @@ class RequestBatcher:
             with self._ready:
                 joined = [] if self._closed else self._take(fits)
             batch.extend(joined)
-            self.largest_batch = max(self.largest_batch, len(batch))
             return [request for request, _ in joined]
 
-        self.largest_batch = max(self.largest_batch, len(batch))
         try:
             generate_requests = getattr(self.engine, "generate_requests", None)
             if generate_requests is not None:

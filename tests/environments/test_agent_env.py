@@ -58,8 +58,8 @@ def test_example_agent_episodes_are_the_same_rows_whatever_max_concurrent(served
         data = environment(served, tasks, max_concurrent=max_concurrent)
         scored.append(data.sample(data.next_batch(2), 4, SAMPLING, seed=9))
         if max_concurrent == 1:
-            assert served[0].batcher.largest_batch == 1
-    assert served[0].batcher.largest_batch > 1  # 8 episodes' calls shared engine batches
+            assert served[0].batcher.most_in_flight == 1
+    assert served[0].batcher.most_in_flight > 1  # 8 episodes' calls were in flight together, in shared batches
     one, many = scored
     assert torch.equal(one.rollouts.completion_ids, many.rollouts.completion_ids)
     assert torch.equal(one.rollouts.sampled_mask, many.rollouts.sampled_mask)

@@ -105,10 +105,10 @@ def test_episodes_sampled_together_are_those_sampled_one_at_a_time(test_envs, ti
             environment.connect(endpoint, tokenizer, tiny_spec.source()[0])
             results.append(environment.sample(environment.next_batch(4), 4, sampling, seed=5))
             if max_concurrent == 1:
-                assert endpoint.batcher.largest_batch == 1
+                assert endpoint.batcher.most_in_flight == 1
     finally:
         endpoint.close()
-    assert endpoint.batcher.largest_batch > 1
+    assert endpoint.batcher.most_in_flight > 1
     one, many = (scored.rollouts for scored in results)
     assert torch.equal(one.completion_ids, many.completion_ids)
     assert torch.equal(one.sampled_mask, many.sampled_mask)
