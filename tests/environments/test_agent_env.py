@@ -145,31 +145,37 @@ def test_bad_settings_are_named(tmp_path, options, message):
         AgentEnvironment(AgentDataConfig(**settings), seed=0)
 
 
-@pytest.mark.slow  # ~30 s: a 2-step run of the example agent on the tiny model
-def test_the_example_agent_trains_end_to_end(tmp_path):
+@pytest.mark.slow  # ~50 s: a 2-step run of the example agent on the tiny model, resumed for a third
+def test_the_example_agent_trains_end_to_end_and_resumes(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.jsonl", sums(8))
     run_dir = tmp_path / "run"
-    args = [
-        "data=agent",
-        f"data.tasks={tasks}",
-        f"data.agent={EXAMPLE}",
-        "data.reward_from=reward",
-        "model=tiny",
-        "backend.devices=cpu",
-        "algorithm=grpo_none",
-        "training.seed=0",
-        "training.max_steps=2",
-        "training.batch_size=2",
-        "training.group_size=4",
-        "training.max_tokens=8",
-        "logging.progress_bar=false",
-        f"hydra.run.dir={run_dir}",
-    ]
-    result = run_cli(args, tmp_path)
+
+    def args(steps: int) -> list[str]:
+        return [
+            "data=agent",
+            f"data.tasks={tasks}",
+            f"data.agent={EXAMPLE}",
+            "data.reward_from=reward",
+            "model=tiny",
+            "backend.devices=cpu",
+            "algorithm=grpo_none",
+            "training.seed=0",
+            f"training.max_steps={steps}",
+            "training.batch_size=2",
+            "training.group_size=4",
+            "training.max_tokens=8",
+            "training.save_every=1",
+            "logging.progress_bar=false",
+            f"hydra.run.dir={run_dir}",
+        ]
+
+    result = run_cli(args(2), tmp_path)
     assert "scores their last replies" in result.stdout + result.stderr
+    run_cli(args(3), tmp_path)
     records = read_metrics(run_dir)
-    assert [r["step"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == [0, 1, 2]
     assert all(r["env/mean_turns"] == 2.0 and r["reward/excluded"] == 0 for r in records)
+    assert "Resumed from" in (run_dir / "run.log").read_text()
     assert (run_dir / "final").is_dir()
 
 
