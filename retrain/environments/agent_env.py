@@ -79,7 +79,6 @@ class AgentEnvironment(ExampleData):
     def __init__(self, config: AgentDataConfig, seed: int) -> None:
         self.agent_name = config.agent
         self.run_episode = load_agent(config.agent)
-        self.is_async = inspect.iscoroutinefunction(self.run_episode)
         self.max_concurrent = config.max_concurrent
         self.timeout_s = config.timeout_s
         self.uses_reward = config.reward_from == "reward"
@@ -199,10 +198,9 @@ class AgentEnvironment(ExampleData):
 
         def episode() -> None:
             try:
-                if self.is_async:
-                    value = asyncio.run(self.run_episode(dict(task), url, SERVED_MODEL))
-                else:
-                    value = self.run_episode(dict(task), url, SERVED_MODEL)
+                value = self.run_episode(dict(task), url, SERVED_MODEL)
+                if inspect.isawaitable(value):  # an async def, or a function that returns a coroutine
+                    value = asyncio.run(_awaited(value))
                 result.set_result(value)
             except BaseException as error:  # the agent's failure is the episode's outcome
                 result.set_exception(error)
@@ -228,6 +226,10 @@ class AgentEnvironment(ExampleData):
             kinds,
             detail,
         )
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def _outcome(future: Future[float]) -> Outcome:

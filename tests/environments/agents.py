@@ -39,3 +39,10 @@ async def branching(task: dict, base_url: str, model: str) -> float:
         rewritten = [{"role": "user", "content": "Again: " + task["question"]}, reply.model_dump(exclude_none=True)]
         await client.chat.completions.create(model=model, messages=[*rewritten, {"role": "user", "content": "?"}])
     return 1.0
+
+
+def returns_a_coroutine(task: dict, base_url: str, model: str):
+    """A plain function that hands back a coroutine (e.g. a wrapper around an async agent): awaited like one."""
+    from retrain.environments.example_agent import run_episode
+
+    return run_episode(task, base_url, model)

@@ -80,6 +80,14 @@ def test_example_agent_episodes_are_the_same_rows_whatever_max_concurrent(served
     assert result.num_tokens == int(rollouts.trained_mask.sum()) < int(rollouts.completion_mask.sum())
 
 
+def test_an_agent_that_returns_a_coroutine_is_awaited(served, tmp_path):
+    data = environment(
+        served, write_tasks(tmp_path / "tasks.jsonl", sums(2)), agent="tests.environments.agents:returns_a_coroutine"
+    )
+    scored = data.sample(data.next_batch(1), 2, SAMPLING, seed=1)
+    assert not scored.excluded.any() and scored.rollouts.metrics["env/mean_turns"] == 2.0
+
+
 def test_reward_from_reward_leaves_the_last_replies_to_the_scorer(served, tmp_path):
     data = environment(served, write_tasks(tmp_path / "tasks.jsonl", sums(3)), reward_from="reward")
     scored = data.sample(data.next_batch(1), 2, SAMPLING, seed=1)
