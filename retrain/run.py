@@ -41,7 +41,7 @@ from retrain.config import (
     TrainingConfig,
     container_dict,
 )
-from retrain.config_checks.validation import check_prompt_lengths, check_run_config, warn_if_untrainable
+from retrain.config_checks.validation import check_prompt_lengths, check_run_config, model_context, warn_if_untrainable
 from retrain.data.prompts import template_line
 from retrain.distributed.agreement import check_same_data, check_same_settings
 from retrain.distributed.failures import clear_earlier_notes, rank_failures_recorded
@@ -229,9 +229,18 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World
     parts.callback(engine.close)
     if isinstance(data, RolloutEnvironment):
         connect_environment(data, engine, tokenizer, model, parts)
-        log.info(
-            "data %s samples and scores its own episodes; reward=%s is not used", plugin_name(data), cfg.reward._target_
-        )
+        if getattr(data, "uses_reward", False):
+            log.info(
+                "data %s samples its own episodes; reward=%s scores their last replies",
+                plugin_name(data),
+                cfg.reward._target_,
+            )
+        else:
+            log.info(
+                "data %s samples and scores its own episodes; reward=%s is not used",
+                plugin_name(data),
+                cfg.reward._target_,
+            )
     output: LoggingConfig = OmegaConf.to_object(cfg.logging)  # type: ignore[assignment]
     run_config = shown_config(cfg)  # what wandb records: no environment value, no secret
     return Trainer(
@@ -441,10 +450,11 @@ def build_engine(
 def connect_environment(
     environment: RolloutEnvironment, engine: InferenceEngine, tokenizer: Any, model: ModelSpec, parts: ExitStack
 ) -> None:
-    """Serve the engine on a loopback OpenAI-compatible endpoint for the environment's episodes, for the whole run."""
-    endpoint = EngineEndpoint(engine)
+    """Serve the engine on a loopback OpenAI-compatible endpoint for the environment's episodes, for the whole run
+    (it refuses a conversation that fills the model's context)."""
+    endpoint = EngineEndpoint(engine, max_model_len=model_context(model))
     parts.callback(endpoint.close)
-    environment.connect(endpoint.url, tokenizer, model.source()[0])
+    environment.connect(endpoint, tokenizer, model.source()[0])
 
 
 def planning_detection(algorithm: Algorithm, tokenizer: Any) -> PlanningDetection | None:

@@ -107,6 +107,7 @@ START_UP_MISTAKES = [
     (["data=gsm8k", "data.path=/nope.jsonl"], "data.path='/nope.jsonl': no such file or directory"),
     (["data=jsonl", "data.path=nope.jsonl"], "data.path='nope.jsonl': no such file or directory"),
     (["data=math", "data.path=./nope"], "data.path='./nope': no such file or directory"),
+    (["data=agent", "data.tasks=/nope.jsonl", "data.agent=a:b"], "data.tasks='/nope.jsonl': no such file or directory"),
     (["model.name_or_path=/nope"], "model.name_or_path='/nope': no such file or directory"),
     (["model.name_or_path=../nope"], "model.name_or_path='../nope': no such file or directory"),
     (["training.kl_coef=-1"], "training.kl_coef must be >= 0"),

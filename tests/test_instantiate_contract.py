@@ -92,6 +92,12 @@ class Local:
                 "data.held_out_split=",
                 "data.prompt_template='Q: {question}'",
             ],
+            ("data", "agent"): lambda: [
+                f"data.tasks={squares(tmp)}",
+                "data.agent=retrain.environments.example_agent:run_episode",
+                "data.held_out_size=2",
+                "data.timeout_s=30",
+            ],
             ("data", "verifiers"): lambda: [
                 "data.id=retrain_arith_single",
                 "data.args={num_tasks: 12}",

@@ -28,6 +28,7 @@ from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig, check_known_keys
 from retrain.config_checks.compose_errors import unresolvable
 from retrain.data.config import LOCAL_OR_HUB_PATHS
+from retrain.environments.config import AgentDataConfig
 from retrain.errors import ConfigError, ConfigErrors, DataError, refuse_all
 from retrain.housekeeping.console import PROGRESS_BAR_CHOICES
 from retrain.housekeeping.secrets import check_env_names
@@ -73,7 +74,7 @@ def check_run_config(cfg: DictConfig) -> None:
 
 
 def check_local_paths(cfg: DictConfig) -> None:
-    """ConfigError naming `model.name_or_path` or `data.path` when it looks like a local path (absolute, relative, a
+    """ConfigError naming `model.name_or_path`, `data.path` or `data.tasks` when it looks like a local path (absolute, relative, a
     data file's name) and does not exist (retrain.hub.local_path); a Hub id is looked up where it loads, as before.
     Only the built-in schemas': a plugin's `path` may mean anything."""
     model = OmegaConf.to_object(cfg.model)
@@ -82,6 +83,8 @@ def check_local_paths(cfg: DictConfig) -> None:
     data = OmegaConf.to_object(cfg.data)
     if isinstance(data, LOCAL_OR_HUB_PATHS) and data.path:
         local_path(data.path, "data.path")
+    if isinstance(data, AgentDataConfig):
+        local_path(data.tasks, "data.tasks")
 
 
 def check_config(cfg: DictConfig) -> None:

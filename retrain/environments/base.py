@@ -11,12 +11,15 @@ the only ones trained (the environment's stay in the attention context with log-
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from retrain.model.logprobs import left_pad
 from retrain.types import Example, Rollouts, SamplingParams
+
+if TYPE_CHECKING:
+    from retrain.inference.endpoint import EngineEndpoint
 
 
 @dataclass
@@ -41,15 +44,16 @@ class ScoredRollouts:
     excluded: torch.Tensor  # [B, G] bool: no verdict (failed episode)
     errors: int = 0  # failed episodes
     timeouts: int = 0  # episodes ended by a deadline
+    answers: list[str] | None = None  # each row's last reply, for the run's `reward=` to score; None: rewards are final
 
 
 @runtime_checkable
 class RolloutEnvironment(Protocol):
     """A DataSource that also samples and scores: `connect` once per run, then `sample` every step."""
 
-    def connect(self, url: str, tokenizer: Any, tokenizer_path: str) -> None:
-        """Sample from the OpenAI-compatible endpoint at `url` (the run's policy); prompts are rendered with
-        the tokenizer at `tokenizer_path` (the policy's), rows padded with `tokenizer`'s pad id."""
+    def connect(self, endpoint: EngineEndpoint, tokenizer: Any, tokenizer_path: str) -> None:
+        """Sample from the OpenAI-compatible `endpoint` (the run's policy, at `endpoint.url`); prompts are rendered
+        with the tokenizer at `tokenizer_path` (the policy's), rows padded with `tokenizer`'s pad id."""
 
     def sample(
         self, examples: list[Example], group_size: int, sampling: SamplingParams, seed: int | None

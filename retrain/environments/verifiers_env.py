@@ -31,7 +31,7 @@ from retrain.environments.base import ScoredRollouts, Trajectory, rollouts_from_
 from retrain.environments.config import VERIFIERS_VERSION, VerifiersDataConfig
 from retrain.errors import ConfigError, UserError
 from retrain.inference.completions import request_seed
-from retrain.inference.endpoint import SERVED_MODEL
+from retrain.inference.endpoint import SERVED_MODEL, EngineEndpoint
 from retrain.plugins import built_in
 from retrain.settings_object import takes_settings
 from retrain.types import Example, SamplingParams
@@ -134,10 +134,12 @@ class VerifiersEnvironment(ExampleData):
             raise ConfigError(f"environment {self.env_id!r} holds no tasks out: set data.held_out_size (e.g. 50)")
         return super().held_out(n)
 
-    def connect(self, url: str, tokenizer: Any, tokenizer_path: str) -> None:
+    def connect(self, endpoint: EngineEndpoint, tokenizer: Any, tokenizer_path: str) -> None:
         vf = _verifiers()
         self._tokenizer = tokenizer
-        self._client = vf.TrainClientConfig(base_url=url, api_key_var=API_KEY_VAR, renderer_model_name=tokenizer_path)
+        self._client = vf.TrainClientConfig(
+            base_url=endpoint.url, api_key_var=API_KEY_VAR, renderer_model_name=tokenizer_path
+        )
 
     def sample(
         self, examples: list[Example], group_size: int, sampling: SamplingParams, seed: int | None

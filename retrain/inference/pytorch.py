@@ -9,7 +9,9 @@ pool that grows with the live tokens; rows that do not fit wait and enter as oth
 must give way re-enters later by prefilling what it had (retrain/inference/sampler/). Each token is drawn
 with a uniform that is a hash of (seed, row, position), so the budget, the batching and preemption never
 change what is sampled. With `prefix_caching` each prompt is prefilled once and its blocks shared by its G rows.
-A row stops at a stop token or after max_tokens.
+A row stops at a stop token or after max_tokens. `generate_requests` samples the single-completion requests of the
+loopback endpoint (retrain.inference.request_batcher) in one such batch, each with its own seed and max_tokens,
+answers each as its row finishes, and admits the requests that arrive while it decodes.
 
 Log-prob semantics: the recorded log-prob of a sampled token is log_softmax(logits / T) of the full
 temperature-scaled distribution, before top-p truncation — the quantity the trainer recomputes, so
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -38,10 +40,11 @@ from peft.utils import load_peft_weights
 from retrain.errors import ConfigError
 from retrain.inference.completions import stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
+from retrain.inference.requests import MoreRequests, TokenCompletion, TokenRequest
 from retrain.inference.sampler.counter_random import CounterUniforms
-from retrain.inference.sampler.decode import Decoded, Prompts, decode
+from retrain.inference.sampler.decode import Arrival, Arrivals, Decoded, Finished, Prompts, decode
 from retrain.inference.sampler.kv_budget import budget_blocks, kv_budget
-from retrain.inference.sampler.kv_pool import KvPool, KvShape
+from retrain.inference.sampler.kv_pool import KvPool, KvShape, blocks_for
 from retrain.model.attention_kernels import attending_with, attention_implementation
 from retrain.model.logprobs import left_pad
 from retrain.model.merged_lora import lean_lora, merged_lora, plain_lora_layers
@@ -109,6 +112,68 @@ class PytorchEngine:
         `row_offset`: the global index of this call's first row, when a data-parallel rank samples its share of a
         batch (its rows then draw what one process sampling the whole batch draws for them)."""
         _check_sampling(group_size, sampling)
+        uniforms = None
+        if sampling.temperature > 0:
+            seed = generator_seed if generator_seed is not None else _drawn_seed()
+            uniforms = CounterUniforms(seed, row_offset).table(
+                len(prompt_ids) * group_size, sampling.max_tokens, self.device
+            )
+        prompts, prompt_mask, decoded = self._sample(prompt_ids, group_size, sampling, uniforms, None)
+        return self._rollouts(prompts, prompt_mask, group_size, sampling, decoded)
+
+    def generate_requests(
+        self,
+        requests: list[TokenRequest],
+        on_done: Callable[[int, TokenCompletion], None] | None = None,
+        more: MoreRequests | None = None,
+    ) -> list[TokenCompletion]:
+        """One completion per request, all sampled in one continuous batch (the request batcher's call; the
+        requests share temperature and top_p, each has its own max_tokens and seed). Request i draws its token at
+        position p with the uniform of (its seed, row 0, p): what `generate([prompt], 1, ...)` draws for it alone,
+        so its tokens do not depend on which requests share the batch. `on_done(i, completion)` is called as
+        request i finishes, before the batch does.
+
+        `more(fits)`, when given, is asked before every decode step for requests that arrived since: it hands over
+        those `fits` accepts (the batch's temperature and top_p, at most its max_tokens, within the KV budget), which
+        join the running batch numbered after the requests so far (the returned list and `on_done` number them so);
+        the call ends when no request runs, waits or arrives. Prefix caching is off for such a call."""
+        first = requests[0].sampling
+        for request in requests:
+            _check_sampling(1, request.sampling)
+            if (request.sampling.temperature, request.sampling.top_p) != (first.temperature, first.top_p):
+                raise ValueError("the requests of one batch must share temperature and top_p")
+        limits = [request.sampling.max_tokens for request in requests]
+        sampling = SamplingParams(max_tokens=max(limits), temperature=first.temperature, top_p=first.top_p)
+        uniforms = None
+        if sampling.temperature > 0:
+            uniforms = torch.cat([self._request_uniforms(request, sampling.max_tokens) for request in requests])
+        finished = None
+        if on_done is not None:
+
+            def finished(row: int, ids: torch.Tensor, logprobs: torch.Tensor, stopped: bool) -> None:
+                on_done(row, TokenCompletion(ids.tolist(), logprobs.tolist(), hit_max_tokens=not stopped))
+
+        prompt_ids = [request.prompt_ids for request in requests]
+        _, _, decoded = self._sample(prompt_ids, 1, sampling, uniforms, limits, finished, more)
+        return _completions(decoded)
+
+    def _request_uniforms(self, request: TokenRequest, max_tokens: int) -> torch.Tensor:
+        """[1, max_tokens]: the uniforms request draws alone (its seed, row 0); a seed drawn when it names none."""
+        seed = request.seed if request.seed is not None else _drawn_seed()
+        return CounterUniforms(seed).table(1, max_tokens, self.device)
+
+    def _sample(
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        sampling: SamplingParams,
+        uniforms: torch.Tensor | None,
+        limits: list[int] | None,
+        on_finish: Finished | None = None,
+        more: MoreRequests | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, Decoded]:
+        """Decode every row under the KV budget with the rows' `uniforms` ([N, max_tokens]; None at T = 0): the
+        left-padded prompts, their mask, and what the loop sampled (rows that joined it included)."""
         prompts, prompt_mask = left_pad(prompt_ids, self.pad_id, self.device)
         lengths = prompt_mask.sum(dim=1).tolist()
         blocks = budget_blocks(
@@ -116,12 +181,6 @@ class PytorchEngine:
             self.kv_shape,
             max(lengths) + sampling.max_tokens,
         )
-        uniforms = None
-        if sampling.temperature > 0:
-            seed = generator_seed if generator_seed is not None else int(torch.randint(2**63 - 1, ()))
-            uniforms = CounterUniforms(seed, row_offset).table(
-                len(prompt_ids) * group_size, sampling.max_tokens, self.device
-            )
         set_training(self.model, False)  # no dropout; it stays so until the backend trains
         with torch.inference_mode(), self._serving():
             decoded = decode(
@@ -133,9 +192,36 @@ class PytorchEngine:
                 uniforms,
                 self.eos_ids,
                 self.pad_id,
-                self.prefix_caching,
+                self.prefix_caching and more is None,
+                limits,
+                on_finish,
+                None if more is None else self._arrivals(more, sampling, blocks),
             )
-        return self._rollouts(prompts, prompt_mask, group_size, sampling, decoded)
+        return prompts, prompt_mask, decoded
+
+    def _arrivals(self, more: MoreRequests, sampling: SamplingParams, blocks: int) -> Arrivals:
+        """The rows of the requests `more` hands over, for decode to admit into the running call."""
+
+        def fits(request: TokenRequest) -> bool:
+            asked = request.sampling
+            return (
+                (asked.temperature, asked.top_p) == (sampling.temperature, sampling.top_p)
+                and 1 <= asked.max_tokens <= sampling.max_tokens
+                and 0 < len(request.prompt_ids)
+                and blocks_for(len(request.prompt_ids) + asked.max_tokens) + 1 <= blocks  # as budget_blocks checks
+            )
+
+        def arrivals() -> list[Arrival]:
+            return [
+                Arrival(
+                    torch.tensor(request.prompt_ids, dtype=torch.long, device=self.device),
+                    request.sampling.max_tokens,
+                    None if sampling.temperature == 0 else self._request_uniforms(request, sampling.max_tokens)[0],
+                )
+                for request in more(fits)
+            ]
+
+        return arrivals
 
     def _rollouts(
         self,
@@ -235,6 +321,21 @@ def _check_sampling(group_size: int, sampling: SamplingParams) -> None:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {sampling.temperature}")
     if not 0 < sampling.top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+
+
+def _completions(decoded: Decoded) -> list[TokenCompletion]:
+    """Each row's sampled ids and log-probs, and whether max_tokens cut it, from the decode loop's tensors."""
+    lengths = decoded.mask.sum(dim=1).tolist()
+    ids, logprobs, finished = decoded.ids.cpu(), decoded.logprobs.cpu(), decoded.finished.cpu()
+    return [
+        TokenCompletion(ids[n, :length].tolist(), logprobs[n, :length].tolist(), hit_max_tokens=not bool(finished[n]))
+        for n, length in enumerate(lengths)
+    ]
+
+
+def _drawn_seed() -> int:
+    """A seed from torch's RNG, for a call that names none."""
+    return int(torch.randint(2**63 - 1, ()))
 
 
 def _trainable_copy(model: Any) -> dict[str, torch.Tensor]:

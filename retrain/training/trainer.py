@@ -456,6 +456,11 @@ class Trainer:
         if isinstance(sampled, ScoredRollouts):
             rollouts, raw, excluded = sampled.rollouts, sampled.rewards, sampled.excluded
             errors, timeouts = sampled.errors, sampled.timeouts
+            if sampled.answers is not None:  # the environment leaves scoring its rows' answers to `reward=`
+                answered = self.scorer.score(sampled.answers, [e for e in examples for _ in range(group_size)])
+                raw = answered.rewards.view(-1, group_size)
+                excluded = excluded | answered.excluded_mask().view(-1, group_size)
+                errors, timeouts = errors + answered.errors, timeouts + answered.timeouts
         else:
             scored = self.scorer.score(sampled.texts, [example for example in examples for _ in range(group_size)])
             rollouts, raw, excluded = (

@@ -130,7 +130,9 @@ def test_interactive_takes_every_answer_from_piped_stdin(tmp_path: Path) -> None
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert "data (arithmetic, gsm8k, jsonl, math, verifiers) [math]: arithmetic" in result.stdout  # defaults shown
+    assert (
+        "data (agent, arithmetic, gsm8k, jsonl, math, verifiers) [math]: arithmetic" in result.stdout
+    )  # defaults shown
     assert "training.max_tokens (new tokens per completion) [64]: \n" in result.stdout  # half the tiny model's 128
     assert result.stdout.endswith("run it with:\n  python -m retrain --config-dir conf experiment=first\n")
     cfg = composed(["experiment=first"], tmp_path / "conf")  # as `python -m retrain --config-dir conf` composes it
@@ -173,7 +175,10 @@ def test_interactive_takes_a_model_that_is_no_option_as_its_path(
 @pytest.mark.parametrize(
     ("answers", "message"),
     [
-        (answered("tiny", "arithmetc"), "data: 'arithmetc' is not one of: arithmetic, gsm8k, jsonl, math, verifiers"),
+        (
+            answered("tiny", "arithmetc"),
+            "data: 'arithmetc' is not one of: agent, arithmetic, gsm8k, jsonl, math, verifiers",
+        ),
         (answered("tiny", "arithmetic", "match", "", "local", "cpu", "", "zero"), "'zero' is not a whole number"),
         (
             answered("tiny", "jsonl", ""),

@@ -95,3 +95,39 @@ def test_every_connection_opened_at_once_is_answered(backend, endpoint):
         return [answer.status_code for answer in answers]
 
     assert asyncio.run(burst()) == [200] * 64
+
+
+def test_requests_in_flight_together_are_sampled_in_one_batch_as_each_alone(backend, endpoint):
+    """16 concurrent requests share engine batches, and each gets the tokens it gets when sent alone."""
+    prompts = encode(backend, ["What is 7+8?", "What is 12+35?"])
+    bodies = [body(prompts[n % 2], seed=n, max_tokens=2 + n % 5) for n in range(16)]
+    with httpx.Client(base_url=endpoint.url.removesuffix("/v1")) as client:
+        alone = [client.post("/inference/v1/generate", json=b).json()["choices"] for b in bodies]
+    assert endpoint.batcher.most_in_flight == 1
+
+    async def together() -> list[dict]:
+        async with httpx.AsyncClient(base_url=endpoint.url.removesuffix("/v1")) as client:
+            answers = await asyncio.gather(*(client.post("/inference/v1/generate", json=b) for b in bodies))
+        return [answer.json()["choices"] for answer in answers]
+
+    batched = asyncio.run(together())
+    assert endpoint.batcher.most_in_flight > 1
+    for one, other in zip(alone, batched, strict=True):
+        assert one[0]["token_ids"] == other[0]["token_ids"]
+        assert one[0]["finish_reason"] == other[0]["finish_reason"]
+        ours = [entry["logprob"] for entry in one[0]["logprobs"]["content"]]
+        theirs = [entry["logprob"] for entry in other[0]["logprobs"]["content"]]
+        assert ours == pytest.approx(theirs, abs=1e-5)
+
+
+def test_a_request_with_bad_sampling_is_refused_alone(endpoint):
+    """A malformed request is answered 400 before it reaches the engine, so it cannot fail the batch it would join."""
+    with httpx.Client(base_url=endpoint.url.removesuffix("/v1")) as client:
+        cold = client.post(
+            "/inference/v1/generate", json={"token_ids": [1], "sampling_params": {"max_tokens": 2, "temperature": -1}}
+        )
+        wide = client.post(
+            "/inference/v1/generate", json={"token_ids": [1], "sampling_params": {"max_tokens": 2, "top_p": 0}}
+        )
+    assert cold.status_code == 400 and "temperature" in cold.json()["error"]["message"]
+    assert wide.status_code == 400 and "top_p" in wide.json()["error"]["message"]

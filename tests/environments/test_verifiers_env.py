@@ -54,7 +54,7 @@ def test_multi_turn_rows_train_only_the_model_tokens(test_envs, tiny_spec):
     )
     endpoint = EngineEndpoint(make_engine(backend))
     try:
-        environment.connect(endpoint.url, tokenizer, tiny_spec.source()[0])
+        environment.connect(endpoint, tokenizer, tiny_spec.source()[0])
         examples = environment.next_batch(4)
         sampling = SamplingParams(max_tokens=8, temperature=1.0)
         scored = environment.sample(examples, 4, sampling, seed=5)
@@ -83,6 +83,37 @@ def test_multi_turn_rows_train_only_the_model_tokens(test_envs, tiny_spec):
     advantages = torch.where(rollouts.trained_mask, 1.0, 0.0)  # every row, every token: only sampled ones may train
     result = backend.train(TrainBatch(rollouts, advantages, torch.ones(rollouts.num_rows, dtype=torch.bool)))
     assert result.num_tokens == int(rollouts.trained_mask.sum()) < int(rollouts.completion_mask.sum())
+
+
+@pytest.mark.slow  # ~30 s: 2 x 16 multi-turn episodes on the tiny model
+def test_episodes_sampled_together_are_those_sampled_one_at_a_time(test_envs, tiny_spec):
+    """max_concurrent 1 (one request at a time) and 16 (the requests of 16 episodes in shared engine batches) give the
+    same rollouts: a request's tokens depend on its own seed and positions, not on which requests share its batch."""
+    backend = make_backend(tiny_spec)
+    tokenizer = tokenizer_of(tiny_spec.name_or_path)
+    sampling = SamplingParams(max_tokens=8, temperature=1.0)
+    endpoint = EngineEndpoint(make_engine(backend))
+    results = []
+    try:
+        for max_concurrent in (1, 16):
+            environment = VerifiersEnvironment(
+                VerifiersDataConfig(
+                    id="retrain_arith_multi", args={"num_tasks": 8}, max_turns=3, max_concurrent=max_concurrent
+                ),
+                seed=0,
+            )
+            environment.connect(endpoint, tokenizer, tiny_spec.source()[0])
+            results.append(environment.sample(environment.next_batch(4), 4, sampling, seed=5))
+            if max_concurrent == 1:
+                assert endpoint.batcher.most_in_flight == 1
+    finally:
+        endpoint.close()
+    assert endpoint.batcher.most_in_flight > 1
+    one, many = (scored.rollouts for scored in results)
+    assert torch.equal(one.completion_ids, many.completion_ids)
+    assert torch.equal(one.sampled_mask, many.sampled_mask)
+    torch.testing.assert_close(one.logprobs, many.logprobs, atol=1e-5, rtol=0)
+    assert torch.equal(results[0].rewards, results[1].rewards)
 
 
 def run_args(env_id: str, run_dir, steps: int, *extra: str) -> list[str]:

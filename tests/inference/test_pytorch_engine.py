@@ -7,6 +7,7 @@ import torch
 
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.pytorch import PytorchEngine
+from retrain.inference.requests import TokenRequest, completions_of
 from retrain.inference.sampler.tokens import draw
 from retrain.model.logprobs import left_pad
 from retrain.model.probe import StaleWeightsError
@@ -222,3 +223,70 @@ def test_draw_follows_the_weights_and_never_picks_a_zero_weight():
 def test_draw_inverts_the_cdf_at_the_edges_of_the_unit_interval():
     weights = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0]])
     assert draw(weights, torch.tensor([0.0, 1.0 - 2**-24])).tolist() == [1, 2]
+
+
+def test_requests_sampled_together_draw_what_each_draws_alone(engine, prompt_ids):
+    """The endpoint's batches: each request's tokens depend on its own seed and max_tokens, not on its batch."""
+    requests = [
+        TokenRequest(prompt_ids[n % len(prompt_ids)], SamplingParams(max_tokens=3 + n, temperature=1.0), seed)
+        for n, seed in enumerate([5, 9, 5, 1234, 77, 3])
+    ]
+    together = engine.generate_requests(requests)
+    for request, completion in zip(requests, together, strict=True):
+        (alone,) = completions_of(engine.generate([request.prompt_ids], 1, request.sampling, request.seed))
+        assert completion.token_ids == alone.token_ids
+        assert completion.hit_max_tokens == alone.hit_max_tokens
+        assert torch.allclose(torch.tensor(completion.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
+        assert len(completion.token_ids) <= request.sampling.max_tokens
+    assert any(c.hit_max_tokens and len(c.token_ids) == r.sampling.max_tokens for r, c in zip(requests, together))
+
+
+def test_a_batch_of_requests_shares_temperature_and_top_p(engine, prompt_ids):
+    hot, cold = SamplingParams(max_tokens=2, temperature=1.0), SamplingParams(max_tokens=2, temperature=0.5)
+    with pytest.raises(ValueError, match="share temperature and top_p"):
+        engine.generate_requests([TokenRequest(prompt_ids[0], hot, 1), TokenRequest(prompt_ids[1], cold, 1)])
+
+
+def test_each_request_is_answered_as_its_row_finishes(engine, prompt_ids):
+    """The endpoint answers a short request while the long ones of its batch still decode."""
+    requests = [TokenRequest(prompt_ids[0], SamplingParams(max_tokens=n, temperature=1.0), 4) for n in (12, 1, 6)]
+    answered: list[tuple[int, object]] = []
+    completions = engine.generate_requests(requests, lambda index, completion: answered.append((index, completion)))
+    assert answered[0] == (1, completions[1])  # one token: done at the first step
+    assert sorted(answered, key=lambda pair: pair[0]) == list(enumerate(completions))
+
+
+def test_requests_that_arrive_join_the_running_batch_and_draw_what_they_draw_alone(engine, prompt_ids):
+    """Continuous admission: requests handed over while a batch decodes join it, if they fit (same temperature and
+    top_p, max_tokens within the call's), and sample exactly what they sample alone."""
+    hot = SamplingParams(max_tokens=10, temperature=1.0)
+    first = TokenRequest(prompt_ids[0], hot, 4)
+    later = [
+        TokenRequest(prompt_ids[1], SamplingParams(max_tokens=5, temperature=1.0), 8),
+        TokenRequest(prompt_ids[2] + prompt_ids[3], hot, None),  # a longer prompt than the batch's; a drawn seed
+    ]
+    misfits = [
+        TokenRequest(prompt_ids[1], SamplingParams(max_tokens=5, temperature=0.5), 1),  # another temperature
+        TokenRequest(prompt_ids[1], SamplingParams(max_tokens=11, temperature=1.0), 1),  # more than the call's
+    ]
+    asked = 0
+    left: list[TokenRequest] = []
+    answered_at: dict[int, int] = {}  # request -> how many times `more` had been asked when it was answered
+
+    def more(fits) -> list[TokenRequest]:
+        nonlocal asked
+        asked += 1
+        if asked != 3:  # the batch has run two decode steps when they arrive
+            return []
+        left.extend(request for request in misfits if not fits(request))
+        return [request for request in later if fits(request)]
+
+    completions = engine.generate_requests([first], lambda index, _: answered_at.setdefault(index, asked), more)
+    assert len(completions) == 3 and left == misfits
+    assert len(completions[0].token_ids) > 2 and answered_at[0] > 3  # the first still decoded when the others joined
+    assert sorted(answered_at) == [0, 1, 2]
+    for request, completion in zip([first, later[0]], completions, strict=False):
+        (alone,) = completions_of(engine.generate([request.prompt_ids], 1, request.sampling, request.seed))
+        assert completion.token_ids == alone.token_ids
+        assert torch.allclose(torch.tensor(completion.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
+    assert len(completions[1].token_ids) <= 5 and 1 <= len(completions[2].token_ids) <= 10

@@ -4,13 +4,14 @@ Each iteration admits the rows the scheduler lets in (prefilled in forwards of a
 tokens: a long prompt batch, or one long prompt, goes in pieces), draws one token for every running row from
 its logits, retires the rows that emitted a stop token or reached max_tokens (their blocks return to the
 pool), and runs one decode forward over the rest. A row's token at position p is drawn with the uniform of
-(seed, row, p), so what it samples never depends on which rows share its forwards.
+(seed, row, p), so what it samples never depends on which rows share its forwards. Rows may also join a running
+call (the endpoint's requests, `arrivals`), and each finished row can be reported at once (`on_finish`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -24,6 +25,9 @@ from retrain.model.lean_decoder import causal_lm_logits
 from retrain.types import SamplingParams
 
 PREFILL_TOKENS = 8192  # padded tokens per prefill forward: bounds its activations whatever the prompts
+
+# a finished row's index, its sampled ids and their log-probs ([generated] each), and whether it met a stop token
+Finished = Callable[[int, torch.Tensor, torch.Tensor, bool], None]
 
 
 class Decoded(NamedTuple):
@@ -40,14 +44,31 @@ class Decoded(NamedTuple):
 
 @dataclass
 class Prompts:
-    """The call's left-padded [B, P] prompts and what the loop needs of them."""
+    """The call's left-padded [B, P] prompts and what the loop needs of them; `arrived`: the prompts of rows that
+    joined the running call (one row each), numbered after the B."""
 
     ids: torch.Tensor
     lengths: list[int]
     group_size: int
+    arrived: list[torch.Tensor] = field(default_factory=list)
 
     def tokens(self, row: Row | PromptEntry) -> torch.Tensor:
+        if row.prompt >= len(self.ids):
+            return self.arrived[row.prompt - len(self.ids)]
         return self.ids[row.prompt, self.ids.shape[1] - self.lengths[row.prompt] :]
+
+
+@dataclass
+class Arrival:
+    """A row that joins a running call (a request that came while it decodes): its prompt ([P] on the device), its
+    max_tokens (at most the call's) and its uniforms ([call's max_tokens]; None at T = 0)."""
+
+    prompt: torch.Tensor
+    limit: int
+    uniforms: torch.Tensor | None
+
+
+Arrivals = Callable[[], list[Arrival]]  # the rows that arrived since the last call (none: [])
 
 
 def decode(
@@ -60,10 +81,19 @@ def decode(
     stop_ids: torch.Tensor,
     pad_id: int,
     prefix_caching: bool,
+    limits: list[int] | None = None,
+    on_finish: Finished | None = None,
+    arrivals: Arrivals | None = None,
 ) -> Decoded:
-    """Sample every row of the call; `uniforms`: [N, max_tokens] (None at T = 0)."""
+    """Sample every row of the call; `uniforms`: [N, max_tokens] (None at T = 0). `limits`: each row's own
+    max_tokens, at most sampling.max_tokens (the requests of a batch each ask their own; None: all the same).
+    `on_finish(row, ids, logprobs, stopped)` is called as each row finishes, while the others still decode (the
+    endpoint answers a request then, not when its whole batch is done). `arrivals()` is asked before every step
+    for rows that join the call (needs prefix caching off); they are numbered after the call's rows, wait behind
+    the rows waiting already, and the call ends when no row runs, waits or arrives."""
     device = prompts.ids.device
     rows, steps = len(prompts.lengths) * prompts.group_size, sampling.max_tokens
+    limit = list(limits) if limits is not None else [steps] * rows
     ids = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((rows, steps), dtype=torch.bool, device=device)
     logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=device)
@@ -76,6 +106,18 @@ def decode(
     running: list[Row] = []  # rows whose next-token logits are `logits`, in order
     logits: list[torch.Tensor] = []
     while True:
+        joined = arrivals() if arrivals is not None else []
+        if joined:
+            grown = len(joined)
+            ids, mask = _more_rows(ids, grown, pad_id), _more_rows(mask, grown, False)
+            logprobs, kept_mass = _more_rows(logprobs, grown, 0.0), _more_rows(kept_mass, grown, 1.0)
+            entropies = None if entropies is None else _more_rows(entropies, grown, 0.0)
+            finished = _more_rows(finished, grown, False)
+            if uniforms is not None:
+                uniforms = torch.cat([uniforms, *(_drawn(arrival).unsqueeze(0) for arrival in joined)])
+            prompts.arrived += [arrival.prompt for arrival in joined]
+            limit += [arrival.limit for arrival in joined]
+            scheduler.add_rows([len(arrival.prompt) for arrival in joined])
         admission = scheduler.admit()
         if admission:
             for entry, entry_logits in zip(
@@ -111,8 +153,11 @@ def decode(
         going_at: list[int] = []
         for at, (row, stop) in enumerate(zip(running, stopped.tolist(), strict=True)):  # the step's one host sync
             row.generated += 1
-            if stop or row.generated == steps:
+            if stop or row.generated == limit[row.table_row]:
                 scheduler.finish(row)
+                if on_finish is not None:
+                    at_row = row.table_row
+                    on_finish(at_row, ids[at_row, : row.generated], logprobs[at_row, : row.generated], stop)
             else:
                 going.append(row)
                 going_at.append(at)
@@ -131,6 +176,17 @@ def decode(
         "engine/preemptions": float(scheduler.preemptions),
     }
     return Decoded(ids, mask, logprobs, entropies, kept_mass, finished, metrics)
+
+
+def _more_rows(tensor: torch.Tensor, rows: int, fill: float | bool) -> torch.Tensor:
+    """`tensor` ([N, ...]) with `rows` more rows of `fill` at the end."""
+    return torch.cat([tensor, torch.full((rows, *tensor.shape[1:]), fill, dtype=tensor.dtype, device=tensor.device)])
+
+
+def _drawn(arrival: Arrival) -> torch.Tensor:
+    if arrival.uniforms is None:
+        raise ValueError("a row that joins a call at temperature > 0 needs its uniforms")
+    return arrival.uniforms
 
 
 def _logits_of(entry: PromptEntry) -> torch.Tensor:

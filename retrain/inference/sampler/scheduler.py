@@ -77,6 +77,7 @@ class Scheduler:
         self.pool = pool
         self.prompt_lengths = prompt_lengths
         self.prefix_caching = prefix_caching
+        self.max_tokens = max_tokens
         rows = len(prompt_lengths) * group_size
         self.rows = [Row(table_row=index, prompt=index // group_size) for index in range(rows)]
         self.entries: dict[int, PromptEntry] = {}
@@ -88,6 +89,24 @@ class Scheduler:
         self._table_updates: list[tuple[int, int, int]] = []  # (table row, position, block) not yet in `table`
         self.rows_waiting_max = 0
         self.preemptions = 0
+
+    def add_rows(self, prompt_lengths: list[int]) -> None:
+        """Rows of one completion each, for prompts that join the running call (requests that arrived while it
+        decodes); they wait behind the rows waiting now. Only without prefix caching: prompt entries take the
+        table rows after the call's rows, which more rows would overlap."""
+        if self.prefix_caching:
+            raise RuntimeError("rows cannot join a call that caches prompt prefixes")
+        first_row, first_prompt = len(self.rows), len(self.prompt_lengths)
+        self.prompt_lengths = [*self.prompt_lengths, *prompt_lengths]
+        self.fresh_waiting += [1] * len(prompt_lengths)
+        for index in range(len(prompt_lengths)):
+            row = Row(table_row=first_row + index, prompt=first_prompt + index)
+            self.rows.append(row)
+            heapq.heappush(self.waiting, row.table_row)
+        width = max(self.table.shape[1], blocks_for(max(prompt_lengths) + self.max_tokens))
+        table = torch.zeros((len(self.rows), width), dtype=self.table.dtype, device=self.table.device)
+        table[:first_row, : self.table.shape[1]] = self.table[:first_row]  # no prompt entries to keep
+        self.table = table
 
     def admit(self) -> Admission:
         """Take waiting rows in order while their prefill and one spare block per running row fit."""
