@@ -150,19 +150,7 @@ class VerifiersEnvironment(ExampleData):
         groups = [
             [self._trajectory(e) for e in episodes[b * group_size : (b + 1) * group_size]] for b in range(len(examples))
         ]
-        failed = [e for e in episodes if not e.ok]
-        if failed:
-            error = failed[0].last_error or next((t.last_error for t in failed[0].traces if t.last_error), None)
-            detail = f"{error.type}: {error.message}" if error else "no error recorded"
-            if len(failed) == len(episodes):
-                raise UserError(f"environment {self.env_id!r}: every episode of the step failed; the first: {detail}")
-            log.warning(
-                "environment %s: %d/%d episodes failed (excluded); the first: %s",
-                self.env_id,
-                len(failed),
-                len(episodes),
-                detail,
-            )
+        self._report_excluded(episodes)
         pad_id = (
             self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else self._tokenizer.eos_token_id
         )
@@ -194,16 +182,37 @@ class VerifiersEnvironment(ExampleData):
                     runs.append(self.env.run_slot(slot, context, gate))
             return list(await asyncio.gather(*runs))
 
-    def _trajectory(self, episode: Any) -> Trajectory:
-        """The episode's one trainable branch as a row; no verdict when the episode failed or was not scored."""
-        traces = [t for t in episode.traces if t.agent.trainable]
-        branches = [(t, b) for t in traces for b in t.branches if b.trainable]
-        if len(branches) > 1:
-            raise UserError(
-                f"environment {self.env_id!r}: an episode has {len(branches)} trainable branches (agents or "
-                "compactions); retrain trains one row per rollout"
+    def _report_excluded(self, episodes: list[Any]) -> None:
+        """One warning line for the step's excluded episodes (failed, or branched); all of them excluded: stop."""
+        failed = [e for e in episodes if not e.ok]
+        branched = [e for e in episodes if e.ok and len(_trainable_branches(e)) > 1]
+        if not failed and not branched:
+            return
+        if failed:
+            error = failed[0].last_error or next((t.last_error for t in failed[0].traces if t.last_error), None)
+            detail = f"{error.type}: {error.message}" if error else "no error recorded"
+        else:
+            detail = (
+                f"{len(_trainable_branches(branched[0]))} trainable branches (agents, compactions, or a later turn "
+                "whose tokens do not extend the earlier ones); retrain trains one row per rollout"
             )
-        if not branches or not episode.ok:
+        if len(failed) + len(branched) == len(episodes):
+            raise UserError(f"environment {self.env_id!r}: every episode of the step was excluded; the first: {detail}")
+        log.warning(
+            "environment %s: %d/%d episodes excluded (%d failed, %d branched); the first: %s",
+            self.env_id,
+            len(failed) + len(branched),
+            len(episodes),
+            len(failed),
+            len(branched),
+            detail,
+        )
+
+    def _trajectory(self, episode: Any) -> Trajectory:
+        """The episode's one trainable branch as a row; no verdict when the episode failed, branched or was not
+        scored."""
+        branches = _trainable_branches(episode)
+        if len(branches) != 1 or not episode.ok:
             return Trajectory([], [], [], [], reward=None, timed_out=episode.is_timeout)
         trace, branch = branches[0]
         mask = branch.sampled_mask
@@ -221,6 +230,12 @@ class VerifiersEnvironment(ExampleData):
             hit_max_tokens=trace.is_truncated,
             timed_out=trace.is_timeout,
         )
+
+
+def _trainable_branches(episode: Any) -> list[tuple[Any, Any]]:
+    """(trace, branch) for each trainable branch of the episode's trainable agents."""
+    traces = [t for t in episode.traces if t.agent.trainable]
+    return [(t, b) for t in traces for b in t.branches if b.trainable]
 
 
 def _verifiers() -> Any:
