@@ -23,6 +23,7 @@ import json
 import logging
 import shutil
 import subprocess
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -146,7 +147,12 @@ class VerifiersEnvironment(ExampleData):
     ) -> ScoredRollouts:
         if self._client is None:
             raise RuntimeError("VerifiersEnvironment.sample before connect(): the run wires the endpoint first")
-        episodes = asyncio.run(self._episodes(examples, group_size, sampling, seed))
+        future = asyncio.run_coroutine_threadsafe(self._episodes(examples, group_size, sampling, seed), _episode_loop())
+        try:
+            episodes = future.result()
+        except BaseException:  # a stop (KeyboardInterrupt) while waiting: the episodes end with the caller
+            future.cancel()
+            raise
         groups = [
             [self._trajectory(e) for e in episodes[b * group_size : (b + 1) * group_size]] for b in range(len(examples))
         ]
@@ -230,6 +236,22 @@ class VerifiersEnvironment(ExampleData):
             hit_max_tokens=trace.is_truncated,
             timed_out=trace.is_timeout,
         )
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_guard = threading.Lock()
+
+
+def _episode_loop() -> asyncio.AbstractEventLoop:
+    """The process's one event loop for verifiers episodes, run by a daemon thread. verifiers' renderers keep
+    module-level asyncio state (a lock that binds to the first loop that waits on it), so episodes on a second loop
+    in the same process (a second environment, the next job of an in-process sweep) would fail on it."""
+    global _loop
+    with _loop_guard:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="retrain-verifiers", daemon=True).start()
+        return _loop
 
 
 def _trainable_branches(episode: Any) -> list[tuple[Any, Any]]:

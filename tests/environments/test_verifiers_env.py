@@ -85,28 +85,35 @@ def test_multi_turn_rows_train_only_the_model_tokens(test_envs, tiny_spec):
     assert result.num_tokens == int(rollouts.trained_mask.sum()) < int(rollouts.completion_mask.sum())
 
 
-@pytest.mark.slow  # ~20 s: 16 multi-turn episodes on the tiny model
-def test_an_episode_that_branches_is_excluded_and_the_step_goes_on(test_envs, tiny_spec, caplog):
-    """Seed 11 on this environment gives an episode with two trainable branches (verifiers splits a trace whose
-    later turn does not extend the earlier tokens): it is excluded and counted, as a failed episode is, and the
-    step keeps the others."""
+@pytest.mark.slow  # ~25 s: 2 x 16 multi-turn episodes on the tiny model
+def test_a_second_environment_in_the_process_samples_and_a_branching_episode_is_excluded(test_envs, tiny_spec, caplog):
+    """Two environments one after the other in one process (an in-process sweep's jobs), each on its own endpoint,
+    16 episodes at once: verifiers' renderers bind a module-level lock to the event loop of the first step that
+    waits on it, so the second environment's episodes failed on it when each step had a loop of its own.
+    The second step, seed 11, has an episode with two trainable branches (verifiers splits a trace whose later
+    turn does not extend the earlier tokens): it is excluded and counted, and the step keeps the others."""
     backend = make_backend(tiny_spec)
-    environment = VerifiersEnvironment(
-        VerifiersDataConfig(id="retrain_arith_multi", args={"num_tasks": 8}, max_turns=3), seed=0
-    )
-    endpoint = EngineEndpoint(make_engine(backend))
-    try:
-        environment.connect(endpoint, tokenizer_of(tiny_spec.name_or_path), tiny_spec.source()[0])
-        with caplog.at_level("WARNING", logger="retrain.environments.verifiers_env"):
-            scored = environment.sample(environment.next_batch(4), 4, SamplingParams(max_tokens=8), seed=11)
-    finally:
-        endpoint.close()
-    excluded = int(scored.excluded.sum())
-    assert 0 < excluded < 16 and scored.errors == excluded
+    tokenizer = tokenizer_of(tiny_spec.name_or_path)
+    results = []
+    for seed in (5, 11):
+        environment = VerifiersEnvironment(
+            VerifiersDataConfig(id="retrain_arith_multi", args={"num_tasks": 8}, max_turns=3), seed=0
+        )
+        endpoint = EngineEndpoint(make_engine(backend))
+        try:
+            environment.connect(endpoint, tokenizer, tiny_spec.source()[0])
+            with caplog.at_level("WARNING", logger="retrain.environments.verifiers_env"):
+                results.append(environment.sample(environment.next_batch(4), 4, SamplingParams(max_tokens=8), seed))
+        finally:
+            endpoint.close()
+    assert not results[0].excluded.any()
+    excluded = int(results[1].excluded.sum())
+    assert 0 < excluded < 16 and results[1].errors == excluded
     assert (
         f"{excluded}/16 episodes excluded (0 failed, {excluded} branched); the first: 2 trainable branches"
         in caplog.text
     )
+    assert "different event loop" not in caplog.text
 
 
 @pytest.mark.slow  # ~30 s: 2 x 16 multi-turn episodes on the tiny model
