@@ -18,6 +18,7 @@ from retrain.types import SamplingParams, TrainBatch
 from tests.backend.tiny_model import make_backend, make_engine, tokenizer_of
 from tests.conftest import read_metrics, run_cli
 from tests.environments import agents
+from tests.environments.conftest import tiny_run_args
 
 EXAMPLE = "retrain.environments.example_agent:run_episode"
 SAMPLING = SamplingParams(max_tokens=6, temperature=1.0)
@@ -164,17 +165,7 @@ def test_the_example_agent_trains_end_to_end_and_resumes(tmp_path):
             f"data.tasks={tasks}",
             f"data.agent={EXAMPLE}",
             "data.reward_from=reward",
-            "model=tiny",
-            "backend.devices=cpu",
-            "algorithm=grpo_none",
-            "training.seed=0",
-            f"training.max_steps={steps}",
-            "training.batch_size=2",
-            "training.group_size=4",
-            "training.max_tokens=8",
-            "training.save_every=1",
-            "logging.progress_bar=false",
-            f"hydra.run.dir={run_dir}",
+            *tiny_run_args(run_dir, steps),
         ]
 
     result = run_cli(args(2), tmp_path)

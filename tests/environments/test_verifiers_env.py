@@ -15,7 +15,7 @@ from retrain.inference.endpoint import EngineEndpoint
 from retrain.types import SamplingParams, TrainBatch
 from tests.backend.tiny_model import make_backend, make_engine, tokenizer_of
 from tests.conftest import read_metrics, run_cli
-from tests.environments.conftest import ENVS
+from tests.environments.conftest import ENVS, tiny_run_args
 
 RETRY = "Wrong, try again."
 JSON_ARGS = """data.args='{"num_tasks": 12}'"""  # a JSON string, quoted for Hydra
@@ -148,22 +148,7 @@ def test_episodes_sampled_together_are_those_sampled_one_at_a_time(test_envs, ti
 
 
 def run_args(env_id: str, run_dir, steps: int, *extra: str) -> list[str]:
-    return [
-        "data=verifiers",
-        f"data.id={env_id}",
-        "model=tiny",
-        "backend.devices=cpu",
-        "algorithm=grpo_none",
-        "training.seed=0",  # the default -1 draws a seed per run, and a run of all-uniform groups trains nothing
-        f"training.max_steps={steps}",
-        "training.batch_size=2",
-        "training.group_size=4",
-        "training.max_tokens=8",
-        "training.save_every=1",
-        "logging.progress_bar=false",
-        f"hydra.run.dir={run_dir}",
-        *extra,
-    ]
+    return ["data=verifiers", f"data.id={env_id}", *tiny_run_args(run_dir, steps), *extra]
 
 
 def env_path() -> dict[str, str]:
