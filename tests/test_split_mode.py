@@ -1,4 +1,4 @@
-"""Split mode (`backend.devices='gpu:0,gpu:1'`): sampling of step s+1 overlaps training of step s.
+"""Split mode (`backend.devices='gpu:0,gpu:1'`): sampling of step s+1 overlaps training of step s (max_staleness 1).
 
 The overlap logic is device-agnostic; here it runs on two CPU "devices" (`cpu,cpu`): the engine
 samples with its own copy of the weights in a second thread while the backend trains.
