@@ -18,6 +18,7 @@ from retrain.inference.pytorch import PytorchEngine
 from retrain.inference.sglang import SglangEngine
 from retrain.inference.vllm import VllmEngine
 from retrain.inference.vllm_server import VllmServerEngine
+from retrain.model.probe import StaleWeightsError
 from retrain.run import build_trainer
 from retrain.training.dynamic_sampling import ScoredGroups
 from retrain.training.producer import PreparedBatch, Producer, Schedule
@@ -190,6 +191,9 @@ def test_split_mode_samples_one_step_ahead_with_the_correction_on_by_default(tmp
         trainer = build_trainer(compose(split), tmp_path / "ahead", parts)
         assert trainer.max_staleness == 1
         assert trainer.backend.loss_settings.mismatch_mode == "tis"  # type: ignore[attr-defined]
+        with pytest.raises(StaleWeightsError, match=r"step 5 .* 2 optimizer steps older .* training.max_staleness=1"):
+            trainer._check_staleness(5, 2)  # the bound is asserted on every step
+        trainer._check_staleness(5, 1)
     with ExitStack() as parts:
         trainer = build_trainer(compose([*split, "training.max_staleness=0"]), tmp_path / "on_policy", parts)
         assert trainer.max_staleness == 0
