@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from retrain.config import TrainingConfig, compose
+from retrain.distributed.world import World
 from retrain.errors import ConfigError
 from retrain.inference.openai_server import OpenAIEngine
 from retrain.inference.pytorch import PytorchEngine
@@ -19,7 +21,7 @@ from retrain.inference.sglang import SglangEngine
 from retrain.inference.vllm import VllmEngine
 from retrain.inference.vllm_server import VllmServerEngine
 from retrain.model.probe import StaleWeightsError
-from retrain.run import build_trainer
+from retrain.run import build_trainer, checked_max_staleness, plan_parts
 from retrain.training.dynamic_sampling import ScoredGroups
 from retrain.training.producer import PreparedBatch, Producer, Schedule
 from retrain.training.staleness import resolve_max_staleness
@@ -90,7 +92,7 @@ def test_the_producer_prepares_up_to_k_ahead_as_the_weights_are_released():
             producer.release(step)
             taken, _ = producer.take(step, no_stop)
             assert taken.step == step
-            producer.wait_through(producer.schedule.last_on(step))
+            producer.wait_through(producer.schedule.last_on(step), no_stop)
             assert max(started for started, _ in work.started) == min(step + 2, 5)
         # every batch started under the weights it is pinned to: k steps back, the first three under step 0's
         assert work.started == [(0, 0), (1, 0), (2, 0), (3, 1), (4, 2), (5, 3)]
@@ -106,7 +108,7 @@ def test_a_batch_that_failed_raises_in_the_trainer_when_it_needs_it():
         no_stop = threading.Event()
         assert producer.take(0, no_stop)[0].step == 0
         with pytest.raises(OSError, match="server down at batch 2"):
-            producer.wait_through(2)
+            producer.wait_through(2, no_stop)
         assert producer.take(1, no_stop)[0].step == 1  # prepared before the failure
         with pytest.raises(OSError, match="server down at batch 2"):
             producer.take(2, no_stop)
@@ -135,6 +137,34 @@ def test_a_stop_while_the_trainer_waits_interrupts_the_batch_in_flight():
         producer.close()
 
 
+def test_a_stop_lets_the_batches_ahead_finish_for_a_while_then_interrupts_them():
+    arrived, interrupted = threading.Event(), threading.Event()
+
+    def stalled_at_2(step: int) -> PreparedBatch:
+        if step == 2:
+            arrived.set()
+            if not interrupted.wait(30):
+                raise AssertionError("never interrupted")
+            raise InterruptedError(f"batch {step} cancelled")
+        return batch_of(step)
+
+    producer = Producer(stalled_at_2, schedule(2), [], interrupt=interrupted.set)
+    producer.STOP_GRACE_S = 0.5
+    stop = threading.Event()
+    try:
+        producer.release(0)
+        assert producer.take(0, stop)[0].step == 0
+        assert arrived.wait(30)
+        stop.set()
+        started = time.perf_counter()
+        with pytest.raises(InterruptedError, match="batch 2 cancelled"):
+            producer.wait_through(2, stop)
+        assert time.perf_counter() - started >= 0.5  # the grace first
+        assert [batch.step for batch in producer.ahead()] == [1]  # what the stop's checkpoint keeps
+    finally:
+        producer.close()
+
+
 def test_batches_a_checkpoint_kept_are_trained_first():
     work = Work()
     producer = Producer(work, schedule(2, first=3, max_steps=8), [batch_of(3), batch_of(4)])
@@ -143,7 +173,7 @@ def test_batches_a_checkpoint_kept_are_trained_first():
         no_stop = threading.Event()
         assert producer.take(3, no_stop)[0].step == 3
         assert producer.take(4, no_stop)[0].step == 4
-        producer.wait_through(5)
+        producer.wait_through(5, no_stop)
         assert work.started == [(5, -1)]  # the first batch it prepares itself
     finally:
         producer.close()
@@ -170,6 +200,15 @@ def test_data_parallel_ranks_and_self_sampling_backends_refuse_to_sample_ahead()
         resolve_max_staleness(1, devices="gpu:0", engine_cls=SglangEngine, samples_itself=False, ranks=2)
     with pytest.raises(ConfigError, match="training.max_staleness=1: backend .* samples itself"):
         resolve_max_staleness(1, devices="cpu", engine_cls=SglangEngine, samples_itself=True, ranks=1)
+
+
+def test_a_data_parallel_run_with_a_server_refuses_k_by_its_key():
+    """What the rank's build_trainer checks before any model loads, for a server engine a rank could sample ahead on."""
+    cfg = compose([*QUICK, "inference=sglang", "training.max_staleness=1"])
+    training = OmegaConf.to_object(cfg.training)
+    with pytest.raises(ConfigError, match=r"^training.max_staleness=1: .* 2 data-parallel ranks"):
+        checked_max_staleness(cfg, training, plan_parts(cfg), World(rank=1, size=2))  # type: ignore[arg-type]
+    assert checked_max_staleness(cfg, training, plan_parts(cfg), World()) == 1  # type: ignore[arg-type]
 
 
 def test_a_run_on_one_device_refuses_k_before_any_model_loads(tmp_path: Path):

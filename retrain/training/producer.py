@@ -73,6 +73,8 @@ class Producer:
     """Runs `prepare(step)` for each step in order on its own thread, as the schedule releases its weights."""
 
     POLL_S = 0.2  # how often a waiting trainer looks at the thread's liveness and at a stop request
+    # how long a stop lets the batches sampled ahead finish (so its checkpoint keeps them) before interrupting them
+    STOP_GRACE_S = 30.0
 
     def __init__(
         self,
@@ -117,13 +119,23 @@ class Producer:
                 self._cond.wait(self.POLL_S)
             return self._ready.pop(step), time.perf_counter() - started
 
-    def wait_through(self, step: int) -> float:
-        """Wait until every batch up to `step` is prepared (seconds waited); a failure among them is raised."""
+    def wait_through(self, step: int, stop: threading.Event) -> float:
+        """Wait until every batch up to `step` is prepared (seconds waited); a failure among them is raised. After a
+        stop request the batches get STOP_GRACE_S to finish (the stop's checkpoint keeps them), then the engine is
+        interrupted (when it can be): a stalled server never holds a stop longer."""
         started = time.perf_counter()
         last = min(step, self.schedule.max_steps - 1)
+        stopped_at: float | None = None  # when this wait saw the stop request
+        interrupted = False
         with self._cond:
             self._raise_failure(last)
             while self._next <= last or (self._busy and self._next - 1 <= last):
+                if stop.is_set() and stopped_at is None:
+                    stopped_at = time.perf_counter()
+                late = stopped_at is not None and time.perf_counter() - stopped_at > self.STOP_GRACE_S
+                if late and not interrupted and self._interrupt is not None:
+                    self._interrupt()
+                    interrupted = True
                 self._cond.wait(self.POLL_S)
                 self._raise_failure(last)
         return time.perf_counter() - started

@@ -283,7 +283,7 @@ class Trainer:
         self._count_skipped(result)
         t_wait = time.perf_counter()
         if self._producer is not None:  # the engine serves one version: the batches pinned to this one finish first
-            self._producer.wait_through(self._producer.schedule.last_on(step))
+            self._wait_for_batches_ahead(step)
         t_sync = time.perf_counter()
         freshness = {} if result.update is None else self._sync_engine(result.update).metrics()
         if result.update is not None and result.update.tensors is not None:
@@ -395,6 +395,21 @@ class Trainer:
             sample_time_s=t_reward - t_sample,
             reward_time_s=time.perf_counter() - t_reward,
         )
+
+    def _wait_for_batches_ahead(self, step: int) -> None:
+        """Before newer weights load, the batches pinned to step `step`'s or older weights finish. A stop that had to
+        interrupt them (a stalled server, Producer.STOP_GRACE_S) loses only those: this step is trained and counts,
+        and the stop's checkpoint keeps the batches finished before them (the rest are sampled again on resume)."""
+        assert self._producer is not None
+        try:
+            self._producer.wait_through(self._producer.schedule.last_on(step), self._stop)
+        except SamplingInterrupted:
+            if not self._stop.is_set():
+                raise
+            log.warning(
+                "Stopped while sampling ahead: the batches after step %d not finished are sampled again on resume",
+                step,
+            )
 
     def _start_producer(self) -> Producer:
         """The producer of this process's steps, holding the batches a graceful stop's checkpoint kept."""

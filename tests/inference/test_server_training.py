@@ -23,6 +23,7 @@ from retrain.errors import UserError
 from retrain.housekeeping.rundir import RunDir
 from retrain.model.probe import StaleWeightsError
 from retrain.run import build_trainer
+from retrain.training.producer import Producer
 from retrain.training.sampled_ahead import load_sampled_ahead
 from tests.conftest import QUICK, read_metrics, without_timing
 from tests.inference.fake_servers import ServedModel, sglang_routes
@@ -200,3 +201,51 @@ def test_a_server_run_samples_two_steps_ahead_and_resumes_exactly(served_model, 
     assert [r["engine/weight_version"] for r in full] == [trained_with[t] for t in (0, 0, 0, 3, 3, 3)]
     assert max(r["engine/policy_lag"] for r in full) <= 2
     assert without_timing(resumed) == without_timing(full)
+
+
+@pytest.mark.slow
+def test_a_stop_while_a_server_stalls_on_a_batch_ahead_ends_in_bounded_time(
+    served_model, tmp_path, caplog, monkeypatch
+):
+    """k = 1: batch 2 (sampled while step 1 trains) hangs on the server. A Ctrl-C lets it run Producer.STOP_GRACE_S,
+    then interrupts it: step 1 still counts, the stop's checkpoint holds steps 0-1, and the resumed run samples
+    batch 2 again with the weights it restored (lag 0): no step is trained twice or lost."""
+    monkeypatch.setattr(Producer, "STOP_GRACE_S", 0.5)
+    overrides = ["training.max_steps=4", "training.max_staleness=1"]
+    with sglang_server(served_model) as url:
+        train(tmp_path / "straight", url, *overrides)
+    straight = without_timing(read_metrics(tmp_path / "straight"))
+
+    sampling_requests = [0]
+    arrived, release = threading.Event(), threading.Event()
+
+    def stuck_at_batch_2(generate: Route) -> Route:
+        def route(body):
+            if not is_probe(body):
+                sampling_requests[0] += 1
+                if sampling_requests[0] > 2 * 2:  # batch_size 2: two requests per batch
+                    arrived.set()
+                    release.wait(30)
+            return generate(body)
+
+        return route
+
+    run_dir = tmp_path / "stopped"
+    ctrl_c = threading.Thread(target=lambda: arrived.wait(60) and os.kill(os.getpid(), signal.SIGINT), daemon=True)
+    with sglang_server(served_model, stuck_at_batch_2) as url, caplog.at_level(logging.WARNING):
+        ctrl_c.start()
+        with ExitStack() as parts, pytest.raises(SystemExit):
+            trainer = trainer_of(run_dir, url, parts, *overrides)
+            with requeue_on_preemption(trainer):
+                trainer.run()
+        release.set()
+    assert RunDir(run_dir).read_status()["state"] == "stopped"
+    assert [path.name for path in RunDir(run_dir).step_dirs()] == ["step_2"]
+    assert "Stopped while sampling ahead" in caplog.text
+    assert without_timing(read_metrics(run_dir)) == straight[:2]
+
+    with sglang_server(served_model) as url:
+        assert train(run_dir, url, *overrides)["state"] == "done"
+    resumed = read_metrics(run_dir)
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    assert [r["engine/policy_lag"] for r in resumed[2:]] == [0, 1]  # batch 2 sampled with the restored weights
