@@ -26,20 +26,34 @@ log = logging.getLogger("retrain")
 SAMPLED_AHEAD_FILE = "sampled_ahead.pt"
 
 
-def save_sampled_ahead(batches: list[PreparedBatch], checkpoint: Path) -> None:
-    """Write `batches` (in step order) into `checkpoint`; nothing when there are none."""
+def save_sampled_ahead(batches: list[PreparedBatch], max_staleness: int, checkpoint: Path) -> None:
+    """Write `batches` (in step order), sampled under `training.max_staleness`, into `checkpoint`; nothing when there
+    are none."""
     if batches:
-        torch.save({"batches": [_payload(batch) for batch in batches]}, checkpoint / SAMPLED_AHEAD_FILE)
+        payload = {"max_staleness": max_staleness, "batches": [_payload(batch) for batch in batches]}
+        torch.save(payload, checkpoint / SAMPLED_AHEAD_FILE)
 
 
-def load_sampled_ahead(checkpoint: Path) -> list[PreparedBatch]:
-    """What `save_sampled_ahead` wrote into `checkpoint`, in step order (none: the file is absent)."""
+def load_sampled_ahead(checkpoint: Path, max_staleness: int) -> list[PreparedBatch]:
+    """What `save_sampled_ahead` wrote into `checkpoint`, in step order, for a run resumed with `max_staleness`; none
+    when the file is absent, or was written under another bound (the checkpoint's data state is from before them,
+    so they are sampled again, on this run's schedule)."""
     path = checkpoint / SAMPLED_AHEAD_FILE
     if not path.is_file():
         return []
     payload = torch.load(path, map_location="cpu", weights_only=True)
-    if "batches" not in payload:  # retrain before max_staleness kept one unscored step; its state is from before it
+    if "batches" not in payload:  # retrain before max_staleness kept one unscored step
         log.warning("%s holds a step sampled ahead by an older retrain: it is sampled again", path)
+        return []
+    if payload["max_staleness"] != max_staleness:
+        log.warning(
+            "%s holds batches sampled up to %d steps ahead (training.max_staleness=%d); this run's bound is %d: "
+            "they are sampled again",
+            path,
+            payload["max_staleness"],
+            payload["max_staleness"],
+            max_staleness,
+        )
         return []
     return [_batch(entry) for entry in payload["batches"]]
 

@@ -150,8 +150,8 @@ class Trainer:
         """Ask the loop to checkpoint after the current step and return (signal- and thread-safe). An engine
         that can cancel sampling in flight (`interrupt`) does: the step waiting on it is dropped, and the run
         checkpoints the steps it finished, instead of waiting out a stuck request. Sampling ahead (k > 0), the
-        engine is interrupted only while the trainer waits for its step's batch (Producer.take): batches sampled
-        ahead are finished, so the stop's checkpoint keeps them. Data-parallel, no engine is interrupted: the
+        engine is interrupted only while the trainer waits for its step's batch (Producer.take), or once the
+        batches ahead had Producer.STOP_GRACE_S to finish (Producer.wait_through): the stop's checkpoint keeps them. Data-parallel, no engine is interrupted: the
         signalled rank alone would drop its step while the others wait for its share in the step's gather; the
         ranks stop together after the step (`_stop_agreed`)."""
         self._stop.set()
@@ -730,7 +730,7 @@ class Trainer:
     def _write_checkpoint_files(self, ahead: list[PreparedBatch], path: Path) -> None:
         """The backend's files, and the batches sampled ahead that a graceful stop left (retrain.training.sampled_ahead)."""
         self.backend.save(path)
-        save_sampled_ahead(ahead, path)
+        save_sampled_ahead(ahead, self.max_staleness, path)
 
     def _draw_learning_curve(self) -> None:
         """learning_curve.png beside metrics.jsonl, redrawn at every checkpoint; a plot that fails costs a warning,
@@ -775,7 +775,7 @@ class Trainer:
         self._sync_engine(self.backend.load(checkpoint))
         self.data.load_state_dict(state.data)
         # a graceful stop kept the batches sampled ahead: train on them as planned (the producer starts after them)
-        self._resumed_ahead = load_sampled_ahead(checkpoint)
+        self._resumed_ahead = load_sampled_ahead(checkpoint, self.max_staleness)
         if self._resumed_ahead:
             self.data.load_state_dict(self._resumed_ahead[-1].data_after)
         self.algorithm.load_state_dict(state.algorithm)

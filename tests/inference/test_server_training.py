@@ -191,7 +191,7 @@ def test_a_server_run_samples_two_steps_ahead_and_resumes_exactly(served_model, 
     with sglang_server(served_model) as url:
         assert server_trained(tmp_path / "stopped", url, 5)["state"] == "stopped"
     checkpoint = tmp_path / "stopped" / "checkpoints" / "step_5"
-    assert [batch.step for batch in load_sampled_ahead(checkpoint)] == [5]
+    assert [batch.step for batch in load_sampled_ahead(checkpoint, 2)] == [5]
     with sglang_server(served_model) as url:
         assert server_trained(tmp_path / "stopped", url)["state"] == "done"
     full, resumed = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "stopped")
