@@ -119,11 +119,10 @@ class Producer:
                 self._cond.wait(self.POLL_S)
             return self._ready.pop(step), time.perf_counter() - started
 
-    def wait_through(self, step: int, stop: threading.Event) -> float:
-        """Wait until every batch up to `step` is prepared (seconds waited); a failure among them is raised. After a
-        stop request the batches get STOP_GRACE_S to finish (the stop's checkpoint keeps them), then the engine is
-        interrupted (when it can be): a stalled server never holds a stop longer."""
-        started = time.perf_counter()
+    def wait_through(self, step: int, stop: threading.Event) -> None:
+        """Wait until every batch up to `step` is prepared; a failure among them is raised. After a stop request the
+        batches get STOP_GRACE_S to finish (the stop's checkpoint keeps them), then the engine is interrupted (when it
+        can be): a stalled server never holds a stop longer."""
         last = min(step, self.schedule.max_steps - 1)
         stopped_at: float | None = None  # when this wait saw the stop request
         interrupted = False
@@ -138,7 +137,6 @@ class Producer:
                     interrupted = True
                 self._cond.wait(self.POLL_S)
                 self._raise_failure(last)
-        return time.perf_counter() - started
 
     def ahead(self) -> list[PreparedBatch]:
         """The batches prepared and not taken yet, in step order (what a checkpoint keeps)."""
