@@ -98,6 +98,9 @@ class TrainingConfig:
     max_skipped_steps: int = 3  # stop after this many optimizer steps in a row skipped (non-finite); 0 = never
     # mean |engine − trainer| log-prob of the sampled tokens allowed at policy lag 0; None = by dtype (the probe's)
     logprob_diff_tolerance: float | None = None
+    # optimizer steps a batch's weights may be older than the trainer's: the sampler runs up to this many steps
+    # ahead on an engine with a device of its own (docs/async.md); null: 1 in split mode, else 0
+    max_staleness: int | None = None
     threads: int = 0  # torch's CPU threads; 0: the usable CPUs, or OMP_NUM_THREADS (retrain/housekeeping/threads.py)
     # DAPO's overlong shaping (docs/rewards.md): completions in the last overlong_buffer_frac of max_tokens lose up
     # to overlong_penalty reward, linearly; 0 = off (verl: overlong_buffer.len / max length, .penalty_factor)
@@ -122,6 +125,10 @@ class TrainingConfig:
             )
         if not (math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0):
             raise ConfigError(f"training.overlong_penalty must be a finite number >= 0, got {self.overlong_penalty}")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(
+                f"training.max_staleness must be >= 0 (0 = on-policy; null = by engine), got {self.max_staleness}"
+            )
         if self.logprob_diff_tolerance is not None and not self.logprob_diff_tolerance > 0:
             raise ConfigError(
                 f"training.logprob_diff_tolerance must be > 0 (null = by dtype), got {self.logprob_diff_tolerance}"

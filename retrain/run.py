@@ -69,6 +69,7 @@ from retrain.plugins import checked, import_failure, locate, plugin_name
 from retrain.reward.scorer import RewardScorer
 from retrain.training.batching import build_batching
 from retrain.training.metrics_log import check_tensorboard, check_wandb_login
+from retrain.training.staleness import resolve_max_staleness
 from retrain.training.trainer import PlanningDetection, Trainer
 from retrain.types import Example
 
@@ -187,7 +188,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World
         cfg
     )  # checked against the run dir's when it was claimed (retrain/housekeeping/launch.py)
     seed = from_main(resolve_seed(training.seed, resume))  # seed -1: rank 0's draw
-    training = replace(training, seed=seed)
+    training = replace(training, seed=seed, max_staleness=checked_max_staleness(cfg, training, plan, world))
     backpressure: BackpressureConfig = OmegaConf.to_object(cfg.backpressure)  # type: ignore[assignment]  # checked now
     # the reward first: its mistakes (arguments, a worker that cannot load it) before a data set's download
     scorer = RewardScorer(
@@ -217,7 +218,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World
             "backend",
             model=model,
             optim=OptimSettings.from_config(training),
-            loss=LossSettings.from_config(training, sampler_is_trainer=sampler_is_trainer(plan)),
+            loss=LossSettings.from_config(
+                training, sampler_is_trainer=sampler_is_trainer(plan) and training.max_staleness == 0
+            ),
             seed=seed,
         ),
         BACKEND_CHECKS,
@@ -268,9 +271,24 @@ def build_trainer(cfg: DictConfig, run_dir: Path, parts: ExitStack, world: World
 
 def sampler_is_trainer(plan: PartsPlan) -> bool:
     """Whether the rollouts' log-probs come from the trainer's own model (inference=pytorch: the mismatch
-    correction is off by default) or from another engine (vLLM, SGLang, a server: tis by default); a backend that
-    samples itself corrects nothing (docs/loss.md)."""
+    correction is off by default unless it samples ahead, training.max_staleness > 0) or from another engine (vLLM,
+    SGLang, a server: tis by default); a backend that samples itself corrects nothing (docs/loss.md)."""
     return plan.backend.capabilities.samples_itself or issubclass(plan.engine_cls, PytorchEngine)
+
+
+def checked_max_staleness(cfg: DictConfig, training: TrainingConfig, plan: PartsPlan, world: World) -> int:
+    """`training.max_staleness` resolved for this run's parts (retrain.training.staleness), logged when it samples
+    ahead; a ConfigError naming the key when its engine cannot, before any model loads."""
+    k = resolve_max_staleness(
+        training.max_staleness,
+        devices=str(OmegaConf.select(cfg, "backend.devices", default="")),
+        engine_cls=plan.engine_cls,
+        samples_itself=plan.backend.capabilities.samples_itself,
+        ranks=world.size,
+    )
+    if k > 0:
+        log.info("training.max_staleness=%d: the engine samples up to %d optimizer steps ahead (docs/async.md)", k, k)
+    return k
 
 
 def check_data_parallel(cfg: DictConfig, plan: PartsPlan, world: World) -> None:

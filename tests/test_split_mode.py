@@ -1,4 +1,4 @@
-"""Split mode (`backend.devices='gpu:0,gpu:1'`): sampling of step s+1 overlaps training of step s.
+"""Split mode (`backend.devices='gpu:0,gpu:1'`): sampling of step s+1 overlaps training of step s (max_staleness 1).
 
 The overlap logic is device-agnostic; here it runs on two CPU "devices" (`cpu,cpu`): the engine
 samples with its own copy of the weights in a second thread while the backend trains.
@@ -93,12 +93,15 @@ def test_sampling_overlaps_training_with_one_step_of_lag(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_a_split_run_resumed_from_a_checkpoint_follows_the_uninterrupted_one(tmp_path: Path):
-    """No step is sampled ahead across a checkpoint, so the resumed run samples exactly what the
-    uninterrupted one did."""
-    reference = split_run(tmp_path, "full", 6)
-    split_run(tmp_path, "partial", 3)
-    resumed = split_run(tmp_path, "resumed", 6, f"resume.from={tmp_path / 'partial'}")
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_split_run_resumed_from_a_checkpoint_follows_the_uninterrupted_one(tmp_path: Path, k: int):
+    """No step is sampled ahead across a checkpoint (training.max_staleness 1, split mode's default, or 2), so a run
+    killed after it resumes from it sampling exactly what the uninterrupted one did."""
+    ahead = f"training.max_staleness={k}"
+    reference = split_run(tmp_path, "full", 6, ahead)
+    split_run(tmp_path, "partial", 3, ahead)
+    resumed = split_run(tmp_path, "resumed", 6, ahead, f"resume.from={tmp_path / 'partial'}")
+    assert max(r["engine/policy_lag"] for r in reference) == k
     assert without_timing(resumed) == without_timing(reference)
 
 

@@ -97,8 +97,9 @@ class LossSettings:
 
     @classmethod
     def from_config(cls, training: TrainingConfig, sampler_is_trainer: bool = True) -> LossSettings:
-        """`sampler_is_trainer`: the engine samples with the trainer's own model (inference=pytorch), so a null
-        `training.mismatch_mode` is none; any other engine (vLLM, SGLang, a server) gets tis (docs/loss.md)."""
+        """`sampler_is_trainer`: the engine samples with the trainer's own model and weights (inference=pytorch,
+        training.max_staleness 0), so a null `training.mismatch_mode` is none; any other engine (vLLM, SGLang, a
+        server), or sampling ahead, gets tis (docs/loss.md, docs/async.md)."""
         paper = OBJECTIVES.get(training.objective, OBJECTIVES["ppo"])  # an unknown one is refused below
         clip_eps = paper.clip_eps if training.clip_eps is None else training.clip_eps
         clip_eps_high = training.clip_eps_high

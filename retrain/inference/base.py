@@ -61,6 +61,8 @@ class InferenceEngine(Protocol):
     # retrain.training.freshness.probe_tolerance); the freshness proof then allows the looser of it and the backend's.
     # Optional: `interrupt()` cancels a `generate` in flight from a signal handler or another thread, which then
     # raises SamplingInterrupted (the server engines do): a stop request then never waits on a stuck request.
+    # Optional: `own_device = True` says the engine samples on devices of its own, never with the trainer's weights
+    # as they change (the server engines): the trainer may then sample ahead (training.max_staleness, docs/async.md).
 
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None

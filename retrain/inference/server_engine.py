@@ -36,7 +36,10 @@ class ServerEngine:
     """The shared part of vllm_server, sglang and openai: built from `inference.*` (`HttpEngineConfig`).
 
     `client`, `url` and `route` are the first server's (start-up questions whose answer all servers share:
-    the model's name); `servers` lists them all."""
+    the model's name); `servers` lists them all. The servers sample on devices of their own (`own_device`), so the
+    trainer may sample ahead with them (training.max_staleness, docs/async.md)."""
+
+    own_device = True
 
     def __init__(
         self, config: HttpEngineConfig, tokenizer: Any, resources: EngineResources, engine: str, route: str

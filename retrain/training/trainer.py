@@ -4,7 +4,9 @@ The trainer talks to its parts only through their small interfaces (retrain.back
 retrain.inference.base.InferenceEngine, retrain.algorithm.base.Algorithm, DataSource, Scorer,
 Batching), so any of them can be swapped by config without touching this file. It holds the
 training backend and the inference engine as two parts: the backend's WeightUpdate goes to the
-engine in the step, and the freshness probe proves the engine serves it before the next step samples.
+engine in the step, and the freshness probe proves the engine serves it before the next step samples. With
+`training.max_staleness` k > 0 a producer thread (retrain.training.producer) samples and scores up to k steps ahead
+while this one trains (docs/async.md).
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,9 @@ from retrain.training.dynamic_sampling import ScoredGroups, collect
 from retrain.training.freshness import Freshness, FreshnessProof
 from retrain.training.learning_curve import LEARNING_CURVE_PNG, write_learning_curve
 from retrain.training.metrics_log import JsonlLog, TensorBoardSink, WandbSink, console_line
-from retrain.training.sampled_ahead import SampledAhead
+from retrain.training.producer import PreparedBatch, Producer, Schedule
+from retrain.training.sampled_ahead import load_sampled_ahead, save_sampled_ahead
+from retrain.training.staleness import KEY as MAX_STALENESS
 from retrain.types import Example, Rollouts, SamplingParams, TrainBatch, TrainResult, WeightUpdate
 
 log = logging.getLogger("retrain")
@@ -59,16 +61,6 @@ CORRECT_THRESHOLD = 0.5  # a completion is correct when its reward is > 0.5 (doc
 
 PromptEncoder = Callable[[list[str]], list[list[int]]]  # user messages -> chat-templated prompt ids
 PlanningDetection = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, mask) [N, T] -> planning mask
-
-
-@dataclass
-class StepSample:
-    """A step's prompts and their rollouts (done, or being sampled beside training in split mode)."""
-
-    examples: list[Example]
-    served_version: int  # the engine's weights version when sampling started
-    rollouts: Future[Rollouts | ScoredRollouts]  # scored already when the data source is an environment
-    data_state: dict[str, Any]  # the data source's state before these prompts were drawn
 
 
 def step_generator_seed(seed: int, step: int) -> int:
@@ -84,7 +76,8 @@ class Trainer:
     is the config as it may be shown (retrain.housekeeping.secrets: no environment value, no secret), recorded by
     wandb; `config_identity` is saved in every checkpoint. `world`: this process's rank in a data-parallel run
     (docs/distributed.md): it samples, scores and trains its share of each step's groups, and only rank 0 writes
-    the run dir; `pad_id` pads the ranks' gathered token ids as the engine pads them.
+    the run dir; `pad_id` pads the ranks' gathered token ids as the engine pads them. `training.max_staleness` is
+    resolved (retrain.training.staleness): an int, 0 when the engine cannot sample ahead.
     """
 
     def __init__(
@@ -144,9 +137,11 @@ class Trainer:
         self.total_completions = 0
         self.eval_results: dict[str, float] = {}
         self._stop = threading.Event()
-        # split mode: one thread samples the next step while this one trains (engine/policy_lag 1)
-        self._sampler = ThreadPoolExecutor(1, "retrain-sampler") if backend.engine_resources().overlap else None
-        self._prefetched: StepSample | None = None
+        if training.max_staleness is None:
+            raise ValueError(f"{MAX_STALENESS} must be resolved before the trainer is built (retrain.run)")
+        self.max_staleness = training.max_staleness
+        self._producer: Producer | None = None  # k > 0: prepares the next steps' batches while this thread trains
+        self._resumed_ahead: list[PreparedBatch] = []  # the batches a graceful stop's checkpoint kept
         self._last_saved_step = -1
         self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite loss or grad norm (this process)
 
@@ -154,12 +149,14 @@ class Trainer:
     def request_stop(self) -> None:
         """Ask the loop to checkpoint after the current step and return (signal- and thread-safe). An engine
         that can cancel sampling in flight (`interrupt`) does: the step waiting on it is dropped, and the run
-        checkpoints the steps it finished, instead of waiting out a stuck request. Data-parallel, no engine is
-        interrupted: the signalled rank alone would drop its step while the others wait for its share in the
-        step's gather; the ranks stop together after the step (`_stop_agreed`)."""
+        checkpoints the steps it finished, instead of waiting out a stuck request. Sampling ahead (k > 0), the
+        engine is interrupted only while the trainer waits for its step's batch (Producer.take), or once the
+        batches ahead had Producer.STOP_GRACE_S to finish (Producer.wait_through): the stop's checkpoint keeps them. Data-parallel, no engine is interrupted: the
+        signalled rank alone would drop its step while the others wait for its share in the step's gather; the
+        ranks stop together after the step (`_stop_agreed`)."""
         self._stop.set()
         interrupt = getattr(self.engine, "interrupt", None)
-        if callable(interrupt) and not self.world.distributed:
+        if callable(interrupt) and not self.world.distributed and self.max_staleness == 0:
             interrupt()
 
     # ---- the loop ------------------------------------------------------------------------
@@ -177,6 +174,8 @@ class Trainer:
             if self.next_step == 0 and self.eval_examples:
                 self._evaluate("before")
             self._write_status("running")
+            if self.max_staleness > 0:
+                self._producer = self._start_producer()
             try:
                 self._loop()
                 if self._stop.is_set() and self.next_step < self.training.max_steps:
@@ -193,9 +192,8 @@ class Trainer:
             self._write_status("failed", error=f"{type(error).__name__}: {error}")
             raise
         finally:
-            self._drop_prefetched()
-            if self._sampler is not None:
-                self._sampler.shutdown()
+            if self._producer is not None:
+                self._producer.close()
             if self.wandb is not None:
                 self.wandb.finish()
             if self.tensorboard is not None:
@@ -207,7 +205,6 @@ class Trainer:
         log.warning(
             "Stopped while sampling: step %d is dropped; the checkpoint holds the steps before it", self.next_step
         )
-        self._drop_prefetched()
         if self.next_step > 0 and self._last_saved_step != self.next_step - 1:
             self.save()
         return self._write_status("stopped")
@@ -239,7 +236,6 @@ class Trainer:
                 if self._stop_agreed():
                     if self._last_saved_step != step:
                         self.save()
-                    self._drop_prefetched()
                     return
 
     def _stop_agreed(self) -> bool:
@@ -259,29 +255,9 @@ class Trainer:
         started = time.perf_counter()
         step_metrics = self.algorithm.begin_step(step)
 
-        t_sample = time.perf_counter()
-        prefetched, self._prefetched = self._prefetched, None
-        sample = prefetched if prefetched is not None else self._start_sampling(step)
-        examples, served_version = sample.examples, sample.served_version
-        B = len(examples)
-        try:
-            sampled = sample.rollouts.result()
-        except SamplingInterrupted:
-            self.data.load_state_dict(sample.data_state)  # the prompts are drawn again when the run resumes
-            raise
-        t_reward = time.perf_counter()
-        try:  # dynamic sampling: uniform groups dropped, more prompts drawn and sampled in their place
-            groups, dapo_metrics = collect(
-                self._scored(sampled, examples, G),
-                functools.partial(self._refill, step, B),
-                lambda scored: self._shaped(scored)[0],
-                training.dynamic_sampling,
-                B,
-                self.share.pad_id,
-            )
-        except SamplingInterrupted:
-            self.data.load_state_dict(sample.data_state)
-            raise
+        prepared, asynchronous = self._batch(step)
+        groups, served_version = prepared.groups, prepared.served_version
+        B = len(groups.examples)
         # excluded: no verdict, neither trained on nor counted
         examples, rollouts, rewards, excluded = groups.examples, groups.rollouts, groups.rewards, groups.excluded
         shaped, shaping_metrics = self._shaped(groups)
@@ -299,17 +275,15 @@ class Trainer:
             row_mask &= ~rollouts.hit_max_tokens
         batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
 
-        if self._sampler is not None and self._may_prefetch(step + 1):
-            self._prefetched = self._start_sampling(step + 1, self._sampler)  # samples while this step trains
-
         t_train = time.perf_counter()
         policy_lag = self.weights_version - served_version  # optimizer steps between sampling and training weights
+        self._check_staleness(step, policy_lag)
         result = self.backend.train(self.share.own_rows(batch)) if batch.num_datums else _no_update()
         self._check_sampling_route(result.metrics.get("engine/logprob_abs_diff"), policy_lag, served_version)
         self._count_skipped(result)
         t_wait = time.perf_counter()
-        if self._prefetched is not None:  # the engine's weights change only between generate calls
-            wait([self._prefetched.rollouts])
+        if self._producer is not None:  # the engine serves one version: the batches pinned to this one finish first
+            self._wait_for_batches_ahead(step)
         t_sync = time.perf_counter()
         freshness = {} if result.update is None else self._sync_engine(result.update).metrics()
         if result.update is not None and result.update.tensors is not None:
@@ -325,13 +299,19 @@ class Trainer:
         uniform = ~advantage.group_has_signal
         all_correct = (correct | excluded).all(dim=1)
         timings = {
-            "sample_time_s": t_reward - t_sample,
-            "reward_time_s": t_advantage - t_reward,
+            "sample_time_s": prepared.sample_time_s,
+            "reward_time_s": prepared.reward_time_s,  # dynamic sampling's refill rounds included
             "advantage_time_s": t_train - t_advantage,
             "train_time_s": t_wait - t_train,
-            "overlap_wait_s": t_sync - t_wait,  # split mode: waiting for the next step's sampling to finish
+            "overlap_wait_s": t_sync - t_wait,  # sampling ahead: waiting for the batches pinned to these weights
             "sync_time_s": t_end - t_sync,  # weight sync to the engine and its freshness proof
         }
+        # this thread's share of the step: the batch's sampling and scoring, or (sampled ahead) its wait for them
+        waited = dict(asynchronous) or {
+            "sample_time_s": timings["sample_time_s"],
+            "reward_time_s": timings["reward_time_s"],
+        }
+        own_time = sum(waited.values()) + t_end - t_advantage
         record: dict[str, Any] = {
             "step": step,
             "condition": self.algorithm.name,
@@ -353,7 +333,7 @@ class Trainer:
             "grad_norm": result.grad_norm,
             "skipped_nonfinite": result.skipped_nonfinite,
             **groups.counts,
-            **dapo_metrics,
+            **prepared.dapo_metrics,
             **shaping_metrics,
             **advantage.metrics,
             **rollouts.metrics,  # the sampler's, e.g. policy/top_p_mass: every step, trained on or not
@@ -362,7 +342,8 @@ class Trainer:
             "engine/policy_lag": policy_lag,
             **freshness,
             **timings,
-            "other_time_s": (t_end - started) - sum(timings.values()),
+            **asynchronous,
+            "other_time_s": (t_end - started) - own_time,
             "step_time_s": t_end - started,
             **self.share.metrics(timings["sample_time_s"]),
         }
@@ -371,23 +352,86 @@ class Trainer:
         record.update(self.batching.observe(from_main(record)))
         return record
 
-    def _start_sampling(self, step: int, sampler: ThreadPoolExecutor | None = None) -> StepSample:
-        """Draw step `step`'s prompts and sample them: now, or on `sampler` beside training (split mode)."""
-        data_state = self.data.state_dict()
+    def _batch(self, step: int) -> tuple[PreparedBatch, dict[str, float]]:
+        """Step `step`'s batch, prepared on this thread (max_staleness 0) or taken from the producer, with the times
+        each side waited for the other (`async/...`, sampling ahead only)."""
+        if self._producer is None:
+            return self._prepare(step), {}
+        self._producer.release(step)  # the engine serves this step's weights since the last step's sync
+        prepared, waited = self._producer.take(step, self._stop)
+        return prepared, {"async/trainer_wait_s": waited, "async/producer_wait_s": prepared.producer_wait_s}
+
+    def _prepare(self, step: int) -> PreparedBatch:
+        """Draw step `step`'s prompts, sample and score them, dynamic sampling's refill rounds included: the same
+        work, in the same order of the data stream, on this thread or on the producer's."""
+        G = self.training.group_size
+        data_before = self.data.state_dict()
         examples = self.data.next_batch(self.batching.batch_size(step))
-        seed = step_generator_seed(self.training.seed, step)
+        B = len(examples)
         served_version = self.engine.weights_version
-        rollouts: Future[Rollouts | ScoredRollouts]
-        if sampler is None:
-            rollouts = Future()
-            try:
-                rollouts.set_result(self._sample(examples, self.training.group_size, self.sampling, seed)())
-            except SamplingInterrupted:
-                self.data.load_state_dict(data_state)
+        t_sample = time.perf_counter()
+        try:
+            sampled = self._sample(examples, G, self.sampling, step_generator_seed(self.training.seed, step))()
+            t_reward = time.perf_counter()
+            # dynamic sampling: uniform groups dropped, more prompts drawn and sampled in their place
+            groups, dapo_metrics = collect(
+                self._scored(sampled, examples, G),
+                functools.partial(self._refill, step, B),
+                lambda scored: self._shaped(scored)[0],
+                self.training.dynamic_sampling,
+                B,
+                self.share.pad_id,
+            )
+        except SamplingInterrupted:
+            self.data.load_state_dict(data_before)  # the prompts are drawn again when the run resumes
+            raise
+        return PreparedBatch(
+            step=step,
+            groups=groups,
+            dapo_metrics=dapo_metrics,
+            served_version=served_version,
+            data_before=data_before,
+            data_after=self.data.state_dict(),
+            sample_time_s=t_reward - t_sample,
+            reward_time_s=time.perf_counter() - t_reward,
+        )
+
+    def _wait_for_batches_ahead(self, step: int) -> None:
+        """Before newer weights load, the batches pinned to step `step`'s or older weights finish. A stop that had to
+        interrupt them (a stalled server, Producer.STOP_GRACE_S) loses only those: this step is trained and counts,
+        and the stop's checkpoint keeps the batches finished before them (the rest are sampled again on resume)."""
+        assert self._producer is not None
+        try:
+            self._producer.wait_through(self._producer.schedule.last_on(step), self._stop)
+        except SamplingInterrupted:
+            if not self._stop.is_set():
                 raise
-        else:
-            rollouts = sampler.submit(self._sample(examples, self.training.group_size, self.sampling, seed))
-        return StepSample(examples, served_version, rollouts, data_state)
+            log.warning(
+                "Stopped while sampling ahead: the batches after step %d not finished are sampled again on resume",
+                step,
+            )
+
+    def _start_producer(self) -> Producer:
+        """The producer of this process's steps, holding the batches a graceful stop's checkpoint kept."""
+        first = self.next_step
+        schedule = Schedule(
+            max_staleness=self.max_staleness,
+            first=first,
+            max_steps=self.training.max_steps,
+            barrier=lambda step: step == first or self._saves_before(step) or self._evaluates_before(step),
+        )
+        ready, self._resumed_ahead = self._resumed_ahead, []
+        interrupt = getattr(self.engine, "interrupt", None)
+        return Producer(self._prepare, schedule, ready, interrupt if callable(interrupt) else None)
+
+    def _check_staleness(self, step: int, policy_lag: int) -> None:
+        """The bound the schedule keeps: a batch sampled with weights more than k optimizer steps older than the
+        trainer's is never trained on."""
+        if policy_lag > self.max_staleness:
+            raise StaleWeightsError(
+                f"step {step} was sampled with weights {policy_lag} optimizer steps older than the trainer's "
+                f"(engine/policy_lag), beyond {MAX_STALENESS}={self.max_staleness}"
+            )
 
     def _refill(self, step: int, batch_size: int, draw: int) -> ScoredGroups:
         """Dynamic sampling's extra round `draw` of step `step`: the data stream's next prompts, sampled with the
@@ -472,25 +516,17 @@ class Trainer:
         counts = {"reward/errors": errors, "reward/timeouts": timeouts, "reward/excluded": int(excluded.sum())}
         return self.share.gathered(rollouts, fill_excluded(raw, excluded), excluded, counts)
 
-    def _may_prefetch(self, step: int) -> bool:
-        """Split mode samples step `step` early unless a checkpoint comes first: a run resumed from
-        it starts without a prefetched step, so the uninterrupted run must not have one there either. A stop
-        request does not prevent it: the stop's checkpoint keeps the sample (retrain.training.sampled_ahead)."""
+    def _saves_before(self, step: int) -> bool:
+        """Whether a periodic checkpoint is written before step `step` (nothing is sampled ahead across it, so a run
+        resumed from it samples what the uninterrupted run did)."""
         every = self.training.save_every
-        saves = every > 0 and step % every == 0
-        return step < self.training.max_steps and not saves and not self._evaluates_before(step)
+        return every > 0 and step % every == 0
 
     def _evaluates_before(self, step: int) -> bool:
         """Whether held-out accuracy is measured before step `step`, after `step` steps trained (eval.every; the
         run's first and last measurements are "before" and "after")."""
         every = self.evaluation.every
         return bool(self.eval_examples) and every > 0 and 0 < step < self.training.max_steps and step % every == 0
-
-    def _drop_prefetched(self) -> None:
-        """Forget a step sampled ahead (a stop came): the checkpoint holds the data state from before it."""
-        if self._prefetched is not None:
-            wait([self._prefetched.rollouts])
-            self._prefetched = None
 
     def _check_sampling_route(self, logprob_diff: float | None, policy_lag: int, version: int) -> None:
         """The freshness proof's second check, on the sampling route itself: rollouts sampled with the weights
@@ -667,6 +703,9 @@ class Trainer:
         if not self.world.is_main:
             self._last_saved_step = completed - 1
             return self.files.final_dir if final else self.files.checkpoint_dir(completed)
+        # sampling ahead: the batches pinned to weights older than the next step's (a graceful stop; at a periodic
+        # checkpoint there are none); the data state is from before them, each batch holds its own after
+        ahead = self._producer.ahead() if self._producer is not None else []
         state = TrainerState(
             step=completed - 1,
             completed_steps=completed,
@@ -674,7 +713,7 @@ class Trainer:
             finished=final,
             seed=self.training.seed,
             condition=self.algorithm.name,
-            data=self.data.state_dict() if self._prefetched is None else self._prefetched.data_state,
+            data=ahead[0].data_before if ahead else self.data.state_dict(),
             algorithm=self.algorithm.state_dict(),
             batching=self.batching.state_dict(),
             total_correct=self.total_correct,
@@ -685,7 +724,6 @@ class Trainer:
             rng=_rng_state(),
             config_identity=self.config_identity,
         )
-        ahead = self._finished_sample_ahead()
         checkpoint = self.files.save_checkpoint(
             completed, functools.partial(self._write_checkpoint_files, ahead), state.to_json(), final=final
         )
@@ -694,22 +732,10 @@ class Trainer:
         self._draw_learning_curve()
         return checkpoint.path
 
-    def _write_checkpoint_files(self, ahead: SampledAhead | None, path: Path) -> None:
-        """The backend's files, and the step sampled ahead when a graceful stop left one (split mode)."""
+    def _write_checkpoint_files(self, ahead: list[PreparedBatch], path: Path) -> None:
+        """The backend's files, and the batches sampled ahead that a graceful stop left (retrain.training.sampled_ahead)."""
         self.backend.save(path)
-        if ahead is not None:
-            ahead.save(path)
-
-    def _finished_sample_ahead(self) -> SampledAhead | None:
-        """The next step's sample when split mode drew one before a stop came (None: none, or cancelled)."""
-        if self._prefetched is None:
-            return None
-        try:
-            rollouts = self._prefetched.rollouts.result()
-        except SamplingInterrupted:
-            return None
-        sample = self._prefetched
-        return SampledAhead(sample.examples, sample.served_version, rollouts, data_after=self.data.state_dict())
+        save_sampled_ahead(ahead, self.max_staleness, path)
 
     def _draw_learning_curve(self) -> None:
         """learning_curve.png beside metrics.jsonl, redrawn at every checkpoint; a plot that fails costs a warning,
@@ -753,12 +779,10 @@ class Trainer:
         self.freshness.forget()
         self._sync_engine(self.backend.load(checkpoint))
         self.data.load_state_dict(state.data)
-        ahead = SampledAhead.load(checkpoint)
-        if ahead is not None:  # a graceful stop in split mode kept the next step's sample: train on it as planned
-            self.data.load_state_dict(ahead.data_after)
-            sampled: Future[Rollouts | ScoredRollouts] = Future()
-            sampled.set_result(ahead.rollouts)
-            self._prefetched = StepSample(ahead.examples, ahead.served_version, sampled, state.data)
+        # a graceful stop kept the batches sampled ahead: train on them as planned (the producer starts after them)
+        self._resumed_ahead = load_sampled_ahead(checkpoint, self.max_staleness)
+        if self._resumed_ahead:
+            self.data.load_state_dict(self._resumed_ahead[-1].data_after)
         self.algorithm.load_state_dict(state.algorithm)
         self.batching.load_state_dict(state.batching)
         self.total_correct = state.total_correct

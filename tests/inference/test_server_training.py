@@ -1,6 +1,7 @@
 """The trainer against a server engine (inference=sglang on a loopback server serving the real tiny model):
 it stops when optimizer steps keep being skipped, it proves the sampling route fresh (not only the probe),
-and a first Ctrl-C during a stuck request checkpoints and stops, to resume exactly."""
+a first Ctrl-C during a stuck request checkpoints and stops, to resume exactly, and a run sampling ahead
+(training.max_staleness) resumes on the batches it sampled ahead."""
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from retrain.errors import UserError
 from retrain.housekeeping.rundir import RunDir
 from retrain.model.probe import StaleWeightsError
 from retrain.run import build_trainer
+from retrain.training.producer import Producer
+from retrain.training.sampled_ahead import load_sampled_ahead
 from tests.conftest import QUICK, read_metrics, without_timing
 from tests.inference.fake_servers import ServedModel, sglang_routes
 from tests.inference.loopback import Route, serve
+from tests.test_split_mode import stopped_after
 
 ON_SGLANG = [*QUICK, "training.batch_size=2", "training.group_size=4", "training.save_every=10", "inference=sglang"]
 
@@ -167,3 +171,81 @@ def test_a_first_ctrl_c_during_a_stuck_request_checkpoints_stops_and_resumes_exa
     with sglang_server(served_model) as url:
         assert train(run_dir, url, f"training.max_steps={steps}")["state"] == "done"
     assert without_timing(read_metrics(run_dir)) == straight
+
+
+ON_SERVER = ["training.max_steps=6", "training.save_every=3", "training.max_staleness=2"]
+
+
+def server_trained(run_dir: Path, url: str, stop_after: int | None = None) -> dict:
+    with ExitStack() as parts:
+        trainer = trainer_of(run_dir, url, parts, *ON_SERVER)
+        return (stopped_after(trainer, stop_after) if stop_after else trainer).run()
+
+
+@pytest.mark.slow
+def test_a_server_run_samples_two_steps_ahead_and_resumes_exactly(served_model, tmp_path: Path) -> None:
+    """inference=sglang with k = 2: the producer samples while the trainer trains (up to two steps behind after each
+    checkpoint), and a stop after step 4 keeps step 5's batch, sampled with step 3's weights, for the resumed run."""
+    with sglang_server(served_model) as url:
+        assert server_trained(tmp_path / "full", url)["state"] == "done"
+    with sglang_server(served_model) as url:
+        assert server_trained(tmp_path / "stopped", url, 5)["state"] == "stopped"
+    checkpoint = tmp_path / "stopped" / "checkpoints" / "step_5"
+    assert [batch.step for batch in load_sampled_ahead(checkpoint, 2)] == [5]
+    with sglang_server(served_model) as url:
+        assert server_trained(tmp_path / "stopped", url)["state"] == "done"
+    full, resumed = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "stopped")
+    # batch t is sampled with the weights step 0 (t < 3) or step 3 (a checkpoint) trained with; a step whose groups
+    # were all uniform updates nothing, so the lag in optimizer steps is at most t - that step
+    trained_with = [r["engine/weight_version"] + r["engine/policy_lag"] for r in full]
+    assert [r["engine/weight_version"] for r in full] == [trained_with[t] for t in (0, 0, 0, 3, 3, 3)]
+    assert max(r["engine/policy_lag"] for r in full) <= 2
+    assert without_timing(resumed) == without_timing(full)
+
+
+@pytest.mark.slow
+def test_a_stop_while_a_server_stalls_on_a_batch_ahead_ends_in_bounded_time(
+    served_model, tmp_path, caplog, monkeypatch
+):
+    """k = 1: batch 2 (sampled while step 1 trains) hangs on the server. A Ctrl-C lets it run Producer.STOP_GRACE_S,
+    then interrupts it: step 1 still counts, the stop's checkpoint holds steps 0-1, and the resumed run samples
+    batch 2 again with the weights it restored (lag 0): no step is trained twice or lost."""
+    monkeypatch.setattr(Producer, "STOP_GRACE_S", 0.5)
+    overrides = ["training.max_steps=4", "training.max_staleness=1"]
+    with sglang_server(served_model) as url:
+        train(tmp_path / "straight", url, *overrides)
+    straight = without_timing(read_metrics(tmp_path / "straight"))
+
+    sampling_requests = [0]
+    arrived, release = threading.Event(), threading.Event()
+
+    def stuck_at_batch_2(generate: Route) -> Route:
+        def route(body):
+            if not is_probe(body):
+                sampling_requests[0] += 1
+                if sampling_requests[0] > 2 * 2:  # batch_size 2: two requests per batch
+                    arrived.set()
+                    release.wait(30)
+            return generate(body)
+
+        return route
+
+    run_dir = tmp_path / "stopped"
+    ctrl_c = threading.Thread(target=lambda: arrived.wait(60) and os.kill(os.getpid(), signal.SIGINT), daemon=True)
+    with sglang_server(served_model, stuck_at_batch_2) as url, caplog.at_level(logging.WARNING):
+        ctrl_c.start()
+        with ExitStack() as parts, pytest.raises(SystemExit):
+            trainer = trainer_of(run_dir, url, parts, *overrides)
+            with requeue_on_preemption(trainer):
+                trainer.run()
+        release.set()
+    assert RunDir(run_dir).read_status()["state"] == "stopped"
+    assert [path.name for path in RunDir(run_dir).step_dirs()] == ["step_2"]
+    assert "Stopped while sampling ahead" in caplog.text
+    assert without_timing(read_metrics(run_dir)) == straight[:2]
+
+    with sglang_server(served_model) as url:
+        assert train(run_dir, url, *overrides)["state"] == "done"
+    resumed = read_metrics(run_dir)
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    assert [r["engine/policy_lag"] for r in resumed[2:]] == [0, 1]  # batch 2 sampled with the restored weights
