@@ -15,8 +15,8 @@ reports per decode step: compute ops ÷ layers, views, host reads / host-built t
 the bytes its eager ops move per generated token against the roofline's (every weight read once per step,
 LoRA A/B included, each row's live KV read and its new KV written), and the bytes of the keys and values the
 attention reads (with the gathers that copied them out of the KV pool) against the live KV. Then one counted `train()` over the sampled rows, their completions cut to lengths
-spread over [new-tokens / 4, new-tokens]: FLOPs executed against the causal FLOPs needed
-(benchmarks/_speed_bounds.py, causal_training_flops).
+spread over [new-tokens / 4, new-tokens]: the positions its forwards ran against the tokens (a group's prompt
+once), and FLOPs executed against the causal FLOPs needed (benchmarks/_speed_bounds.py, causal_training_flops).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 from _real_scale_model import qwen3_4b_config, write_random_model  # benchmarks/ is sys.path[0] as a script
-from _speed_bounds import causal_training_flops
+from _speed_bounds import causal_attention_flops, causal_training_flops
 from omegaconf import OmegaConf
 
 from retrain.backend.settings import LossSettings, OptimSettings
@@ -128,12 +128,17 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     kv_token = engine.kv_shape.layers * 2 * engine.kv_shape.kv_heads * engine.kv_shape.head_dim
     kv_token_bytes = kv_token * engine.kv_shape.dtype.itemsize
     batch, completion_lengths = train_batch(rollouts, args.new_tokens)
+    positions: list[int] = []  # the training forwards' [rows, width] inputs, padding included
+    embedding = backend.engine_resources().model.get_input_embeddings()
+    handle = embedding.register_forward_pre_hook(lambda _, inputs: positions.append(inputs[0].numel()))
     with count_ops() as training_counts:
         backend.train(batch)
+    handle.remove()
     adapter = sum(p.numel() for p in backend.engine_resources().model.parameters() if p.requires_grad)
     prompt_lengths = rollouts.prompt_mask.sum(dim=1).tolist()
     groups = [completion_lengths[at : at + args.group] for at in range(0, args.rows, args.group)]
     needed = causal_training_flops(model_config, adapter, prompt_lengths, groups)
+    attention_needed = causal_attention_flops(model_config, prompt_lengths, groups)
     return {
         "model": model_name,
         "layers": layers,
@@ -143,9 +148,12 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,
         **decode_numbers(decode, layers, weights, kv_token_bytes),
-        "train_tokens": int(sum(prompt_lengths[i // args.group] + c for i, c in enumerate(completion_lengths))),
+        "train_tokens": int(sum(prompt_lengths) + sum(completion_lengths)),
+        "train_positions": sum(positions),
         "train_flops_executed": training_counts.flops,
         "train_flops_needed": needed,
+        "train_attention_flops_executed": training_counts.attention_flops,
+        "train_attention_flops_needed": attention_needed,
         "train_compute_ops": training_counts.compute_ops,
         "train_syncs": training_counts.syncs,
     }
@@ -248,10 +256,12 @@ def print_results(results: dict[str, Any]) -> None:
         ("attention's K/V bytes per token (gather + read)", _bytes(results["attention_kv_bytes_per_token"])),
         ("live KV per token", _bytes(results["live_kv_bytes_per_token"])),
         ("  attention's K/V bytes / live KV", f"{attention:.2f}×"),
-        ("training: tokens (prompt + completion)", f"{results['train_tokens']}"),
+        ("training: tokens (prompts once + completions)", f"{results['train_tokens']}"),
+        ("training: positions its forwards ran (padding in)", f"{results['train_positions']}"),
         ("training: FLOPs executed", f"{results['train_flops_executed']:.3g}"),
         ("training: causal FLOPs needed", f"{results['train_flops_needed']:.3g}"),
         ("  executed / needed", f"{results['train_flops_executed'] / results['train_flops_needed']:.2f}×"),
+        ("  attention alone: executed / needed", _ratio(results, "train_attention_flops")),
         ("training: compute ops; host syncs", f"{results['train_compute_ops']}; {results['train_syncs']}"),
     ]
     width = max(len(name) for name, _ in lines)
@@ -259,6 +269,11 @@ def print_results(results: dict[str, Any]) -> None:
         print(f"{name:<{width}}  {value}")
     top = ", ".join(f"{name} {count:.1f}" for name, count in results["top_ops_per_step"].items())
     print(f"most frequent ops per step: {top}")
+
+
+def _ratio(results: dict[str, Any], key: str) -> str:
+    executed, needed = results[f"{key}_executed"], results[f"{key}_needed"]
+    return f"{executed:.3g} / {needed:.3g} = {executed / needed:.2f}×"
 
 
 def _bytes(value: float) -> str:

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from benchmarks._real_scale_model import EOS, SPECIAL_TOKENS, qwen3_4b_config, special_ids, write_tokenizer
-from benchmarks._speed_bounds import causal_training_flops, decode_kv_reads, matmul_parameters
+from benchmarks._speed_bounds import causal_attention_flops, causal_training_flops, decode_kv_reads, matmul_parameters
 from retrain.inference.sampler.kv_pool import KvShape
 from retrain.model.memory_plan import ModelShape
 from retrain.model.spec import ChatPrompts
@@ -92,5 +92,7 @@ def test_causal_training_flops_count_every_token_and_each_querys_causal_keys_onc
     tokens, completions = 2 + 1 + 2 + 3 + 4, 1 + 2 + 4
     head = 10 * 8
     body = matmul_parameters(config) - head
-    expected = (4 * body + 6 * 5) * tokens + 4 * head * completions + pairs * 7 * 2 * 4 * 2 * 2
+    attention = pairs * 7 * 2 * 4 * 2 * 2  # 7 matmuls of 2 · head_dim FLOPs, 2 heads, 2 layers
+    assert causal_attention_flops(config, prompts, groups) == attention
+    expected = (4 * body + 6 * 5) * tokens + 4 * head * completions + attention
     assert causal_training_flops(config, 5, prompts, groups) == expected

@@ -81,6 +81,7 @@ class Counts:
     bytes_moved: int = 0  # by the compute ops, each reading its inputs and writing its output
     attention_kv_bytes: int = 0  # keys and values the attention ops read, and what the gathers that built them moved
     flops: float = 0.0  # of matmuls and attention
+    attention_flops: float = 0.0  # of attention alone
     layer_compute: int = 0  # compute ops inside the decoder layers
 
     @property
@@ -101,6 +102,7 @@ class Counts:
         self.bytes_moved += other.bytes_moved
         self.attention_kv_bytes += other.attention_kv_bytes
         self.flops += other.flops
+        self.attention_flops += other.attention_flops
         self.layer_compute += other.layer_compute
 
 
@@ -183,7 +185,10 @@ class OpCounter(TorchDispatchMode):
             for keys in args[1:3]:
                 built = self._gathered.pop(keys.untyped_storage().data_ptr(), 0)
                 counts.attention_kv_bytes += _span_bytes(keys) + built
-        counts.flops += _flops(func, packet, args, kwargs, out)
+        flops = _flops(func, packet, args, kwargs, out)
+        counts.flops += flops
+        if packet in ATTENTION_FORWARD or packet in ATTENTION_BACKWARD:
+            counts.attention_flops += flops
 
 
 @dataclass

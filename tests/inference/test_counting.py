@@ -105,7 +105,7 @@ def test_matmul_and_attention_flops_follow_their_shapes_and_causal_attention_cou
             out = torch.nn.functional.scaled_dot_product_attention(query, key, key, is_causal=causal, enable_gqa=True)
             out.sum().backward()
         # 2 matmuls forward, 5 backward (the scores recomputed)
-        assert attention.flops == 7 * scores / (2 if causal else 1)
+        assert attention.flops == attention.attention_flops == 7 * scores / (2 if causal else 1)
         assert attention.attention_kv_bytes == 2 * key.numel() * 4
 
 
