@@ -267,3 +267,21 @@ def test_decode_counts_quick_mode_counts_the_decode_steps_and_the_training_step(
     assert counts["roofline_bytes_per_token"] > 0 and counts["bytes_per_token"] > 0
     assert counts["train_flops_executed"] > 0 and counts["train_flops_needed"] > 0
     assert "compute ops per step ÷ layers" in result.stdout and "executed / needed" in result.stdout
+
+
+@pytest.mark.slow  # a 2-layer model of the tiny Qwen3's config.json with random weights: ~20 s on 2 cores
+def test_decode_counts_runs_any_config_json_with_random_weights_at_the_depth_asked(tmp_path: Path) -> None:
+    out = tmp_path / "counts.json"
+    config = "retrain/assets/tiny_qwen3/config.json"  # vocabulary 260: the chat tokens take its last ids
+    arguments = ["--config", config, "--layers", "2", "--rows", "2", "--group", "2", "--prompt-tokens", "8"]
+    result = subprocess.run(
+        [sys.executable, "benchmarks/decode_counts.py", *arguments, "--new-tokens", "3", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    counts = json.loads(out.read_text())
+    assert counts["layers"] == 2 and counts["model"] == f"{config} (random weights)"
+    assert counts["decode_steps"] > 0 and counts["layer_ops_per_layer"] > 0
