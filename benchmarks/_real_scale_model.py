@@ -43,22 +43,29 @@ def qwen3_4b_config(layers: int | None = None) -> dict[str, Any]:
 def write_model(directory: Path, layers: int | None, device: str, seed: int = 0) -> dict[str, Any]:
     """config.json + safetensors (bf16, random weights drawn on `device` from `seed`) + tokenizer; returns
     the config written."""
+    values = qwen3_4b_config(layers)
+    write_random_model(directory, values, device, seed)
+    return values
+
+
+def write_random_model(directory: Path, values: dict[str, Any], device: str, seed: int = 0) -> None:
+    """The model of config.json `values` (any transformers causal LM) with random bf16 weights drawn on `device`
+    from `seed`, and a tokenizer of its vocabulary size, in `directory`."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    values = qwen3_4b_config(layers)
-    config = Qwen3Config(**{key: value for key, value in values.items() if key not in ("architectures", "torch_dtype")})
+    settings = {key: value for key, value in values.items() if key not in ("architectures", "torch_dtype", "dtype")}
+    config = AutoConfig.for_model(**settings)
     with torch.device("meta"):  # no memory, no initialisation: the weights are drawn below, once
-        model = Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gave the LM head its own storage
     draw_weights(model, config.initializer_range, torch.Generator(device=device).manual_seed(seed))
     model.save_pretrained(directory)
     del model
     write_tokenizer(directory, values["vocab_size"])
-    return values
 
 
 def draw_weights(model: Any, std: float, generator: Any) -> None:
@@ -77,16 +84,17 @@ def draw_weights(model: Any, std: float, generator: Any) -> None:
 
 
 def write_tokenizer(directory: Path, vocab_size: int) -> Any:
-    """A fast tokenizer of exactly `vocab_size` entries with Qwen's special tokens at Qwen's ids, saved in `directory`."""
+    """A fast tokenizer of exactly `vocab_size` entries with Qwen's special tokens (`special_ids`), saved in `directory`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     regular = itertools.chain(sorted(alphabet), filler_words(byte_level))
+    specials = special_ids(vocab_size)
     vocab: dict[str, int] = {}
     for index in range(vocab_size):
-        special = next((token for token, at in SPECIAL_TOKENS.items() if at == index), None)
+        special = next((token for token, at in specials.items() if at == index), None)
         vocab[special if special is not None else next(regular)] = index
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = byte_level
@@ -100,6 +108,13 @@ def write_tokenizer(directory: Path, vocab_size: int) -> Any:
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(directory)
     return fast
+
+
+def special_ids(vocab_size: int) -> dict[str, int]:
+    """Qwen's special tokens at Qwen's ids, or at the vocabulary's last ids where it is smaller than Qwen's."""
+    if vocab_size > max(SPECIAL_TOKENS.values()):
+        return SPECIAL_TOKENS
+    return {token: vocab_size - len(SPECIAL_TOKENS) + at for at, token in enumerate(SPECIAL_TOKENS)}
 
 
 def filler_words(byte_level: Any) -> Any:

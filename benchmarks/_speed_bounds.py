@@ -75,6 +75,32 @@ def lora_training_flops(config: Any, adapter_parameters: int, sequence_lengths: 
     return float(per_token * int(lengths.sum()) + attention * int((lengths * lengths).sum()))
 
 
+def causal_training_flops(
+    config: Any, adapter_parameters: int, prompt_lengths: list[int], completion_lengths: list[list[int]]
+) -> float:
+    """FLOPs a LoRA forward + backward needs at least over groups of rows: prompt p's group shares its
+    `prompt_lengths[p]` tokens, then each of its `completion_lengths[p]` follows it. Every token passes the
+    decoder's matmuls (perf.py's 4 × matmul parameters, 6 × the adapter's), only completion tokens the LM head
+    (their log-probs are what the loss needs), and attention as `causal_attention_flops`."""
+    head = config.vocab_size * config.hidden_size
+    body = matmul_parameters(config) - head
+    completions = sum(sum(group) for group in completion_lengths)
+    tokens = sum(prompt_lengths) + completions
+    attention = causal_attention_flops(config, prompt_lengths, completion_lengths)
+    return float((4 * body + 6 * adapter_parameters) * tokens + 4 * head * completions + attention)
+
+
+def causal_attention_flops(config: Any, prompt_lengths: list[int], completion_lengths: list[list[int]]) -> float:
+    """Attention's share of `causal_training_flops`: each query's causal keys alone, a prompt's pairs once and each
+    completion's pairs with its prompt and its own earlier tokens; 2 matmuls forward, 5 backward (flash
+    attention's, which recomputes the scores), 2 · head_dim FLOPs each per head and layer."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    pairs = 0
+    for prompt, group in zip(prompt_lengths, completion_lengths, strict=True):
+        pairs += prompt * (prompt + 1) // 2 + sum(c * prompt + c * (c + 1) // 2 for c in group)
+    return float(pairs * 7 * 2 * head_dim * config.num_attention_heads * config.num_hidden_layers)
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -248,3 +248,40 @@ def test_real_scale_runs_every_phase_of_both_scenarios_at_reduced_depth(tmp_path
         assert scenario["trained_tokens"] > 0 and scenario["train_tokens_per_s"] > 0
         assert scenario["mfu"] is None  # no peak FLOPs on a CPU
         assert scenario["engine_metrics"]["engine/kv_peak_gb"] > 0  # the paged KV cache's own account
+
+
+@pytest.mark.slow  # the tiny Qwen3: a counted sampling call and a counted training step, ~25 s on 2 cores
+def test_decode_counts_quick_mode_counts_the_decode_steps_and_the_training_step(tmp_path: Path) -> None:
+    out = tmp_path / "counts.json"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/decode_counts.py", "--quick", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    counts = json.loads(out.read_text())
+    assert counts["decode_steps"] > 0 and counts["layers"] == 4 and counts["dtype"] == "bf16"
+    assert counts["ops_per_step_per_layer"] > counts["layer_ops_per_layer"] > 0
+    assert counts["roofline_bytes_per_token"] > 0 and counts["bytes_per_token"] > 0
+    assert counts["train_flops_executed"] > 0 and counts["train_flops_needed"] > 0
+    assert "compute ops per step ÷ layers" in result.stdout and "executed / needed" in result.stdout
+
+
+@pytest.mark.slow  # a 2-layer model of the tiny Qwen3's config.json with random weights: ~20 s on 2 cores
+def test_decode_counts_runs_any_config_json_with_random_weights_at_the_depth_asked(tmp_path: Path) -> None:
+    out = tmp_path / "counts.json"
+    config = "retrain/assets/tiny_qwen3/config.json"  # vocabulary 260: the chat tokens take its last ids
+    arguments = ["--config", config, "--layers", "2", "--rows", "2", "--group", "2", "--prompt-tokens", "8"]
+    result = subprocess.run(
+        [sys.executable, "benchmarks/decode_counts.py", *arguments, "--new-tokens", "3", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    counts = json.loads(out.read_text())
+    assert counts["layers"] == 2 and counts["model"] == f"{config} (random weights)"
+    assert counts["decode_steps"] > 0 and counts["layer_ops_per_layer"] > 0

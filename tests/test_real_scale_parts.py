@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from benchmarks._real_scale_model import EOS, SPECIAL_TOKENS, qwen3_4b_config, write_tokenizer
-from benchmarks._speed_bounds import decode_kv_reads, matmul_parameters
+from benchmarks._real_scale_model import EOS, SPECIAL_TOKENS, qwen3_4b_config, special_ids, write_tokenizer
+from benchmarks._speed_bounds import causal_attention_flops, causal_training_flops, decode_kv_reads, matmul_parameters
 from retrain.inference.sampler.kv_pool import KvShape
 from retrain.model.memory_plan import ModelShape
 from retrain.model.spec import ChatPrompts
@@ -64,3 +64,35 @@ def test_the_plan_and_the_engine_agree_on_qwen3_4b_kv_bytes_per_token() -> None:
     model = qwen3_4b()
     planned = ModelShape.from_config(qwen3_4b_config()).kv_bytes_per_token(2)
     assert planned == KvShape.of(model.config, torch.bfloat16).bytes_per_token == 36 * 8 * 128 * 2 * 2
+
+
+def test_a_vocabulary_smaller_than_qwens_takes_the_chat_tokens_at_its_last_ids(tmp_path: Path) -> None:
+    write_tokenizer(tmp_path, 300)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tokenizer) == 300 and special_ids(300) == dict(zip(SPECIAL_TOKENS, (297, 298, 299), strict=True))
+    assert tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS)) == [297, 298, 299]
+
+
+def test_causal_training_flops_count_every_token_and_each_querys_causal_keys_once() -> None:
+    """A group's prompt is attended once; each completion sees the prompt and its own earlier tokens."""
+    config = Qwen3Config(
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        vocab_size=10,
+    )
+    prompts, groups = [2, 3], [[1, 2], [4]]
+    pairs = sum(
+        sum(range(1, prompt + 1)) + sum(prompt + j + 1 for c in group for j in range(c))
+        for prompt, group in zip(prompts, groups, strict=True)
+    )
+    tokens, completions = 2 + 1 + 2 + 3 + 4, 1 + 2 + 4
+    head = 10 * 8
+    body = matmul_parameters(config) - head
+    attention = pairs * 7 * 2 * 4 * 2 * 2  # 7 matmuls of 2 · head_dim FLOPs, 2 heads, 2 layers
+    assert causal_attention_flops(config, prompts, groups) == attention
+    expected = (4 * body + 6 * 5) * tokens + 4 * head * completions + attention
+    assert causal_training_flops(config, 5, prompts, groups) == expected
