@@ -76,12 +76,9 @@ def test_agents_benchmark_quick_mode_times_both_concurrencies_and_prints_the_rat
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    rows = {
-        int(line.split()[1]): line.split()[2:]
-        for line in lines
-        if line.split()[:2] in (["pytorch", "1"], ["pytorch", "16"])
-    }
+    rows = {int(p[1]): p[2:] for p in map(str.split, lines) if p[:1] == ["pytorch"] and "->" not in p}
     assert set(rows) == {1, 16}
+    assert any(p[:4] == ["pytorch", "1", "->", "16"] and p[4].endswith("x") for p in map(str.split, lines))  # round 1
     assert rows[1][1:] == rows[16][1:] and rows[1][2] == "3.00"  # the same tokens and three turns per episode at both
     summary = lines[-1]
     assert summary.startswith("pytorch max_concurrent 1 -> 16 over 1 rounds: sampling time ratio ")
