@@ -65,6 +65,26 @@ def test_engines_benchmark_quick_mode_times_both_engines_and_prints_their_ratios
     ]
 
 
+@pytest.mark.slow  # two trainer runs of 2 agent steps (64 three-turn episodes each): ~90 s on 2 cores
+def test_agents_benchmark_quick_mode_times_both_concurrencies_and_prints_the_ratio() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/agents.py", "--quick", "--engines", "pytorch", "--threads", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    rows = {int(p[1]): p[2:] for p in map(str.split, lines) if p[:1] == ["pytorch"] and "->" not in p}
+    assert set(rows) == {1, 16}
+    assert any(p[:4] == ["pytorch", "1", "->", "16"] and p[4].endswith("x") for p in map(str.split, lines))  # round 1
+    assert rows[1][1:] == rows[16][1:] and rows[1][2] == "3.00"  # the same tokens and three turns per episode at both
+    summary = lines[-1]
+    assert summary.startswith("pytorch max_concurrent 1 -> 16 over 1 rounds: sampling time ratio ")
+    assert float(summary.split("sampling time ratio ")[1].split()[0]) > 0
+
+
 @pytest.mark.slow  # one trainer run of 3 steps: ~10 s on 2 cores
 def test_step_benchmark_splits_the_whole_step() -> None:
     """Every phase the trainer times is a row, so the shares add up to the step."""

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from retrain.environments import arithmetic_agent
 from retrain.environments.agent_env import AgentEnvironment
 from retrain.environments.config import AgentDataConfig
 from retrain.errors import ConfigError, UserError
@@ -21,6 +22,7 @@ from tests.environments import agents
 from tests.environments.conftest import tiny_run_args
 
 EXAMPLE = "retrain.environments.example_agent:run_episode"
+ARITHMETIC = "retrain.environments.arithmetic_agent:run_episode"
 SAMPLING = SamplingParams(max_tokens=6, temperature=1.0)
 
 
@@ -79,6 +81,23 @@ def test_example_agent_episodes_are_the_same_rows_whatever_max_concurrent(served
     advantages = torch.where(rollouts.trained_mask, 1.0, 0.0)  # every token offered: only the model's may train
     result = backend.train(TrainBatch(rollouts, advantages, torch.ones(rollouts.num_rows, dtype=torch.bool)))
     assert result.num_tokens == int(rollouts.trained_mask.sum()) < int(rollouts.completion_mask.sum())
+
+
+def test_the_arithmetic_agent_runs_three_model_turns_around_its_tool_and_follow_up(served, tmp_path):
+    tasks = arithmetic_agent.write_tasks(tmp_path / "tasks.jsonl", 6)
+    rows = [json.loads(line) for line in tasks.read_text().splitlines()]
+    assert rows == arithmetic_agent.arithmetic_tasks(6) and len({row["question"] for row in rows}) == 6
+    for row in rows:  # "What is a+b?" with c to subtract
+        a, b = map(int, row["question"].removeprefix("What is ").removesuffix("?").split("+"))
+        assert row["answer"] == str(a + b - row["c"]) and 1 <= row["c"] <= 9
+    data = environment(served, str(tasks), agent=ARITHMETIC, max_concurrent=4)
+    scored = data.sample(data.next_batch(2), 3, SAMPLING, seed=5)
+    rollouts = scored.rollouts
+    assert not scored.excluded.any() and rollouts.metrics["env/mean_turns"] == 3.0
+    for n in range(rollouts.num_rows):  # three model turns, the nudge and the follow-up between them as context
+        sampled = rollouts.sampled_mask[n][rollouts.completion_mask[n]].tolist()
+        assert sum(1 for i, s in enumerate(sampled) if s and (i == 0 or not sampled[i - 1])) == 3
+        assert arithmetic_agent.NUDGE in rollouts.texts[n] and "Minus " in rollouts.texts[n]
 
 
 def test_an_agent_that_returns_a_coroutine_is_awaited(served, tmp_path):
