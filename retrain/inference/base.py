@@ -63,6 +63,10 @@ class InferenceEngine(Protocol):
     # raises SamplingInterrupted (the server engines do): a stop request then never waits on a stuck request.
     # Optional: `own_device = True` says the engine samples on devices of its own, never with the trainer's weights
     # as they change (the server engines): the trainer may then sample ahead (training.max_staleness, docs/async.md).
+    # Optional, for the loopback endpoint's concurrent requests (retrain.inference.request_batcher): an engine in this
+    # process samples them in one continuous batch with `generate_requests(requests, on_done, more)` (pytorch, vllm);
+    # one that samples on servers takes each on its caller's thread, all at once, with
+    # `generate_request(request, arrival)` (the server engines). A plugin engine with neither gets one at a time.
 
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
