@@ -11,6 +11,7 @@ remote service) is its own engine: it implements this protocol and declares
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -88,6 +89,20 @@ class InferenceEngine(Protocol):
 
     def close(self) -> None:
         """Release what the engine holds (servers, caches)."""
+
+
+@runtime_checkable
+class ServesVersions(Protocol):
+    """An engine that can serve several weights versions at once (the server engines' adapters): sampling ahead, each
+    batch names the version it is pinned to while newer ones load (retrain.training.producer, docs/async.md)."""
+
+    serves_versions: bool  # False: this instance serves one version after all (no adapters)
+
+    def keep_versions_from(self, version: int) -> None:
+        """Keep the versions from `version` on loaded when the next ones load."""
+
+    def sampling_version(self, version: int) -> AbstractContextManager[None]:
+        """Sampling requests name weights version `version` meanwhile."""
 
 
 def check_rollouts(rollouts: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Rollouts:

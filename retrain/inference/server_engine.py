@@ -22,6 +22,7 @@ from retrain.inference.config import HttpEngineConfig, server_urls
 from retrain.inference.http import MIB, HttpClient, api_key_from_env
 from retrain.inference.replies import ServerRoute, vocab_size
 from retrain.inference.requests import TokenRequest, completions_of
+from retrain.inference.served_adapters import ServedAdapters
 from retrain.model.resources import EngineResources
 from retrain.types import Rollouts
 
@@ -46,6 +47,7 @@ class ServerEngine:
 
     own_device = True
     generate: Callable[..., Rollouts]  # each engine's own (InferenceEngine.generate)
+    adapters: ServedAdapters | None  # the versioned adapters the servers load (None: the base model only)
 
     def __init__(
         self, config: HttpEngineConfig, tokenizer: Any, resources: EngineResources, engine: str, route: str
@@ -79,6 +81,28 @@ class ServerEngine:
         thread's request was placed on (`generate_request`)."""
         placed = _placed_on.get()
         return self.servers[(group if placed is None else placed) % len(self.servers)]
+
+    @property
+    def serves_versions(self) -> bool:
+        """Whether several weights versions can be served at once (an engine that loads adapters): sampling ahead,
+        a batch then names the version it is pinned to while newer ones load (docs/async.md)."""
+        return self.adapters is not None
+
+    def keep_versions_from(self, version: int) -> None:
+        """Keep the weights versions from `version` on loaded when the next ones load (batches still use them)."""
+        assert self.adapters is not None
+        self.adapters.keep_from = version
+
+    @contextmanager
+    def sampling_version(self, version: int) -> Iterator[None]:
+        """Sampling requests name weights version `version` meanwhile (the producer's batch pinned to it); the
+        freshness probe keeps naming the newest."""
+        assert self.adapters is not None
+        self.adapters.pinned = version
+        try:
+            yield
+        finally:
+            self.adapters.pinned = None
 
     def generate_request(self, request: TokenRequest, arrival: int) -> Completion:
         """One endpoint request, on server `arrival` mod S: the request batcher calls this on every request's own
