@@ -267,7 +267,9 @@ def test_a_stop_while_a_server_stalls_on_a_batch_ahead_ends_in_bounded_time(
         release.set()
     assert RunDir(run_dir).read_status()["state"] == "stopped"
     assert [path.name for path in RunDir(run_dir).step_dirs()] == ["step_2"]
-    assert "Stopped while sampling ahead" in caplog.text
+    # the Ctrl-C lands while the trainer drains the batches ahead after step 1 (the grace, then the interrupt) or,
+    # on a loaded machine, once it waits for batch 2 itself (interrupted at once): the same checkpoint either way
+    assert "Stopped while sampling" in caplog.text
     assert without_timing(read_metrics(run_dir)) == straight[:2]
 
     with sglang_server(served_model) as url:
