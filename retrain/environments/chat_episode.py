@@ -31,9 +31,9 @@ from typing import Any
 
 from retrain.environments.base import Trajectory
 from retrain.environments.tool_calls import parse_tool_calls
-from retrain.inference.completions import request_seed
+from retrain.inference.completions import Completion, request_seed
 from retrain.inference.endpoint import SERVED_MODEL, RequestError
-from retrain.inference.requests import TokenCompletion, TokenRequest
+from retrain.inference.requests import TokenRequest
 from retrain.types import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -48,7 +48,7 @@ class ChatEpisode:
         tokenizer: Any,
         sampling: SamplingParams,
         seed: int | None,
-        complete: Callable[[TokenRequest], TokenCompletion],
+        complete: Callable[[TokenRequest], Completion],
         max_model_len: int | None,
     ) -> None:
         self.tokenizer = tokenizer
@@ -65,7 +65,7 @@ class ChatEpisode:
         self._prompt_length = 0
         self._conversation: list[dict[str, Any]] = []  # the last call's messages and our reply
         self._tools: list[Any] | None = None  # the first call's: the row's prompt renders them
-        self._last: TokenCompletion | None = None
+        self._last: Completion | None = None
         self._lock = threading.Lock()  # one call at a time: a row grows in call order
 
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +157,7 @@ class ChatEpisode:
                 after = after[len(stop) :]
         return after
 
-    def _record(self, prompt: list[int], completion: TokenCompletion) -> None:
+    def _record(self, prompt: list[int], completion: Completion) -> None:
         new = prompt[len(self.tokens) :]
         if not self.calls:
             self._prompt_length = len(prompt)

@@ -11,6 +11,7 @@ remote service) is its own engine: it implements this protocol and declares
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -63,6 +64,10 @@ class InferenceEngine(Protocol):
     # raises SamplingInterrupted (the server engines do): a stop request then never waits on a stuck request.
     # Optional: `own_device = True` says the engine samples on devices of its own, never with the trainer's weights
     # as they change (the server engines): the trainer may then sample ahead (training.max_staleness, docs/async.md).
+    # Optional, for the loopback endpoint's concurrent requests (retrain.inference.request_batcher): an engine in this
+    # process samples them in one continuous batch with `generate_requests(requests, on_done, more)` (pytorch, vllm);
+    # one that samples on servers takes each on its caller's thread, all at once, with
+    # `generate_request(request, arrival)` (the server engines). A plugin engine with neither gets one at a time.
 
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, sampling: SamplingParams, generator_seed: int | None
@@ -84,6 +89,20 @@ class InferenceEngine(Protocol):
 
     def close(self) -> None:
         """Release what the engine holds (servers, caches)."""
+
+
+@runtime_checkable
+class ServesVersions(Protocol):
+    """An engine that can serve several weights versions at once (the server engines' adapters): sampling ahead, each
+    batch names the version it is pinned to while newer ones load (retrain.training.producer, docs/async.md)."""
+
+    serves_versions: bool  # False: this instance serves one version after all (no adapters)
+
+    def keep_versions_from(self, version: int) -> None:
+        """Keep the versions from `version` on loaded when the next ones load."""
+
+    def sampling_version(self, version: int) -> AbstractContextManager[None]:
+        """Sampling requests name weights version `version` meanwhile."""
 
 
 def check_rollouts(rollouts: Any, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Rollouts:

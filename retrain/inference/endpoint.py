@@ -27,8 +27,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from retrain.inference.base import InferenceEngine
+from retrain.inference.completions import Completion
 from retrain.inference.request_batcher import RequestBatcher
-from retrain.inference.requests import TokenCompletion, TokenRequest
+from retrain.inference.requests import TokenRequest
 from retrain.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class EngineEndpoint:
         """Later requests of the episode are refused (404): an abandoned agent cannot add to a finished row."""
         self._episodes.pop(key, None)
 
-    def complete(self, request: TokenRequest) -> TokenCompletion:
+    def complete(self, request: TokenRequest) -> Completion:
         """The engine's completion of one request, sampled with the others in flight."""
         return self.batcher.complete(request)
 

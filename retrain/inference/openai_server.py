@@ -179,13 +179,16 @@ class OpenAIEngine(ServerEngine):
             self.close_clients()
 
     # ---- requests ----------------------------------------------------------------------------
-    def _served_model(self) -> str:
-        served = None if self.adapters is None else self.adapters.served
-        return served or self.model
+    def _served_model(self, sampling: bool = False) -> str:
+        """The model a request names: the newest adapter, or for a sampling request the version its batch is pinned
+        to (sampling ahead); the server's model without adapters."""
+        if self.adapters is None:
+            return self.model
+        return (self.adapters.sampled_name() if sampling else self.adapters.served) or self.model
 
     def _body(self, prompt: list[int], sampling: SamplingParams, n: int, seed: int | None) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self._served_model(),
+            "model": self._served_model(sampling=True),
             "prompt": prompt if self.features.token_prompts else self.tokenizer.decode(prompt),
             "n": n,
             "max_tokens": sampling.max_tokens,

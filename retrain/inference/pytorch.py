@@ -38,9 +38,9 @@ from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
 
 from retrain.errors import ConfigError
-from retrain.inference.completions import stop_token_ids
+from retrain.inference.completions import Completion, stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
-from retrain.inference.requests import MoreRequests, TokenCompletion, TokenRequest
+from retrain.inference.requests import MoreRequests, TokenRequest
 from retrain.inference.sampler.counter_random import CounterUniforms
 from retrain.inference.sampler.decode import Arrival, Arrivals, Decoded, Finished, Prompts, decode
 from retrain.inference.sampler.kv_budget import budget_blocks, kv_budget
@@ -124,9 +124,9 @@ class PytorchEngine:
     def generate_requests(
         self,
         requests: list[TokenRequest],
-        on_done: Callable[[int, TokenCompletion], None] | None = None,
+        on_done: Callable[[int, Completion], None] | None = None,
         more: MoreRequests | None = None,
-    ) -> list[TokenCompletion]:
+    ) -> list[Completion]:
         """One completion per request, all sampled in one continuous batch (the request batcher's call; the
         requests share temperature and top_p, each has its own max_tokens and seed). Request i draws its token at
         position p with the uniform of (its seed, row 0, p): what `generate([prompt], 1, ...)` draws for it alone,
@@ -151,7 +151,7 @@ class PytorchEngine:
         if on_done is not None:
 
             def finished(row: int, ids: torch.Tensor, logprobs: torch.Tensor, stopped: bool) -> None:
-                on_done(row, TokenCompletion(ids.tolist(), logprobs.tolist(), hit_max_tokens=not stopped))
+                on_done(row, Completion(ids.tolist(), logprobs.tolist(), hit_max_tokens=not stopped))
 
         prompt_ids = [request.prompt_ids for request in requests]
         _, _, decoded = self._sample(prompt_ids, 1, sampling, uniforms, limits, finished, more)
@@ -323,12 +323,12 @@ def _check_sampling(group_size: int, sampling: SamplingParams) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
 
 
-def _completions(decoded: Decoded) -> list[TokenCompletion]:
+def _completions(decoded: Decoded) -> list[Completion]:
     """Each row's sampled ids and log-probs, and whether max_tokens cut it, from the decode loop's tensors."""
     lengths = decoded.mask.sum(dim=1).tolist()
     ids, logprobs, finished = decoded.ids.cpu(), decoded.logprobs.cpu(), decoded.finished.cpu()
     return [
-        TokenCompletion(ids[n, :length].tolist(), logprobs[n, :length].tolist(), hit_max_tokens=not bool(finished[n]))
+        Completion(ids[n, :length].tolist(), logprobs[n, :length].tolist(), hit_max_tokens=not bool(finished[n]))
         for n, length in enumerate(lengths)
     ]
 

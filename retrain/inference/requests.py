@@ -1,11 +1,12 @@
-"""One completion asked of the engine by one HTTP request, and what comes back: the unit that the request batcher
-(retrain.inference.request_batcher) gathers into a single engine call."""
+"""One completion asked of the engine by one HTTP request: the unit that the request batcher
+(retrain.inference.request_batcher) gathers into a single engine call; it answers with a Completion."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from retrain.inference.completions import Completion
 from retrain.types import Rollouts, SamplingParams
 
 
@@ -18,26 +19,17 @@ class TokenRequest:
     seed: int | None
 
 
-@dataclass(frozen=True)
-class TokenCompletion:
-    """The sampled token ids, the sampler's log-prob of each, and whether max_tokens cut the completion."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    hit_max_tokens: bool
-
-
 # more(fits): the requests that arrived since last asked and that `fits` accepts, handed over to join a running batch
 MoreRequests = Callable[[Callable[[TokenRequest], bool]], list[TokenRequest]]
 
 
-def completions_of(rollouts: Rollouts) -> list[TokenCompletion]:
-    """Each row of `rollouts` as a TokenCompletion, in row order."""
+def completions_of(rollouts: Rollouts) -> list[Completion]:
+    """Each row of `rollouts` as a Completion, in row order."""
     out = []
     for n in range(rollouts.num_rows):
         length = int(rollouts.completion_mask[n].sum())
         out.append(
-            TokenCompletion(
+            Completion(
                 token_ids=rollouts.completion_ids[n, :length].tolist(),
                 logprobs=rollouts.logprobs[n, :length].tolist(),
                 hit_max_tokens=bool(rollouts.hit_max_tokens[n]),

@@ -4,6 +4,8 @@ After every optimizer step the adapter is written to a new directory `policy-v{N
 (retrain.inference.adapters) and loaded under that new name through the server's runtime-LoRA
 route; the previous name is then unloaded. Requests name the newest adapter, so a server never
 answers with a cached older one, and its prefix cache (keyed by adapter) never mixes versions.
+Sampling ahead (training.max_staleness, docs/async.md), the versions from `keep_from` on stay loaded, and
+the producer's requests name the version their batch is pinned to (`pinned`) while newer ones load.
 A name the server already holds (left by an earlier run on a long-lived server) is unloaded and
 loaded again from the new directory: re-using it in place would serve the old weights.
 Where `inference.url` names several servers, each version is loaded on every one before any request
@@ -56,7 +58,10 @@ class ServedAdapters:
         self.publisher = AdapterPublisher(resources.spec, Path(adapter_root) if adapter_root else None, tag=self.tag)
         self.fault_skip_weight_sync = fault_skip_weight_sync
         self.version = 0  # the weights version the served adapter holds
-        self.served: str | None = None  # the adapter requests name; None = the base model (no adapter yet)
+        self.served: str | None = None  # the newest adapter; None = the base model (no adapter yet)
+        self.loaded: dict[int, str] = {}  # weights version -> adapter name, on every server, oldest first
+        self.keep_from: int | None = None  # the oldest version kept loaded (None: the newest only)
+        self.pinned: int | None = None  # the version sampling requests name (None: the newest)
         first = initial_update(resources)
         if first is not None:
             try:
@@ -81,31 +86,48 @@ class ServedAdapters:
             return
         self._serve(update)
 
+    def sampled_name(self) -> str | None:
+        """The adapter a sampling request names: the pinned version's, or the newest."""
+        if self.pinned is None:
+            return self.served
+        name = self.loaded.get(self.pinned)
+        if name is None:
+            raise StaleWeightsError(
+                f"a batch is pinned to weights version {self.pinned}, but {self._where()} holds only versions "
+                f"{sorted(self.loaded)}"
+            )
+        return name
+
     def close(self) -> None:
-        """Unload the served adapter (best effort: the server may be gone) and remove the published directories."""
+        """Unload the adapters (best effort: the server may be gone) and remove the published directories."""
         try:
-            if self.served is not None:
+            for name in self.loaded.values():
                 for client in self.clients:
                     try:
-                        self._unload(client, self.served, max_retries=0)
+                        self._unload(client, name, max_retries=0)
                     except HttpError as error:
-                        log.warning("could not unload %s from %s: %s", self.served, client.base_url, error)
+                        log.warning("could not unload %s from %s: %s", name, client.base_url, error)
         finally:
             self.served = None
+            self.loaded.clear()
             self.publisher.close()
 
     def _serve(self, update: WeightUpdate) -> None:
+        self.publisher.keep = max(self.publisher.keep, len(self.loaded) + 1)  # a server may reload a loaded one
         path = self.publisher.publish(update)
         name = adapter_name(update.version, self.tag)
         for client in self.clients:
             self._load(client, name, path)
-        previous, self.served, self.version = self.served, name, update.version
-        if previous is not None and previous != name:
-            for client in self.clients:
-                try:
-                    self._unload(client, previous)
-                except HttpError as error:  # harmless: no request names it any more
-                    log.warning("could not unload %s from %s: %s", previous, client.base_url, error)
+        self.loaded[update.version] = name
+        self.served, self.version = name, update.version
+        for version, older in list(self.loaded.items()):
+            if older != name and (self.keep_from is None or version < self.keep_from):
+                del self.loaded[version]
+                for client in self.clients:
+                    try:
+                        self._unload(client, older)
+                    except HttpError as error:  # harmless: no request names it any more
+                        log.warning("could not unload %s from %s: %s", older, client.base_url, error)
 
     def _where(self) -> str:
         return ", ".join(client.base_url for client in self.clients)

@@ -10,17 +10,23 @@ each step's adapter is loaded on all of them (retrain.inference.served_adapters)
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from retrain.inference.completions import stop_token_ids
+from retrain.inference.completions import Completion, stop_token_ids
 from retrain.inference.config import HttpEngineConfig, server_urls
 from retrain.inference.http import MIB, HttpClient, api_key_from_env
 from retrain.inference.replies import ServerRoute, vocab_size
+from retrain.inference.requests import TokenRequest, completions_of
+from retrain.inference.served_adapters import ServedAdapters
 from retrain.model.resources import EngineResources
+from retrain.types import Rollouts
+
+_placed_on: ContextVar[int | None] = ContextVar("retrain_server_placement", default=None)  # generate_request's
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ class ServerEngine:
     trainer may sample ahead with them (training.max_staleness, docs/async.md)."""
 
     own_device = True
+    generate: Callable[..., Rollouts]  # each engine's own (InferenceEngine.generate)
+    adapters: ServedAdapters | None  # the versioned adapters the servers load (None: the base model only)
 
     def __init__(
         self, config: HttpEngineConfig, tokenizer: Any, resources: EngineResources, engine: str, route: str
@@ -69,8 +77,43 @@ class ServerEngine:
         self._probes = -1  # freshness probes asked so far, less one (next_probed)
 
     def server_of(self, group: int) -> Server:
-        """The server that samples group `group` (its index in the step's whole batch)."""
-        return self.servers[group % len(self.servers)]
+        """The server that samples group `group` (its index in the step's whole batch), or the one the calling
+        thread's request was placed on (`generate_request`)."""
+        placed = _placed_on.get()
+        return self.servers[(group if placed is None else placed) % len(self.servers)]
+
+    @property
+    def serves_versions(self) -> bool:
+        """Whether several weights versions can be served at once (an engine that loads adapters): sampling ahead,
+        a batch then names the version it is pinned to while newer ones load (docs/async.md)."""
+        return self.adapters is not None
+
+    def keep_versions_from(self, version: int) -> None:
+        """Keep the weights versions from `version` on loaded when the next ones load (batches still use them)."""
+        assert self.adapters is not None
+        self.adapters.keep_from = version
+
+    @contextmanager
+    def sampling_version(self, version: int) -> Iterator[None]:
+        """Sampling requests name weights version `version` meanwhile (the producer's batch pinned to it); the
+        freshness probe keeps naming the newest."""
+        assert self.adapters is not None
+        self.adapters.pinned = version
+        try:
+            yield
+        finally:
+            self.adapters.pinned = None
+
+    def generate_request(self, request: TokenRequest, arrival: int) -> Completion:
+        """One endpoint request, on server `arrival` mod S: the request batcher calls this on every request's own
+        thread at once (the HTTP clients are thread-safe) and the servers batch what reaches them together. Seeded
+        as `generate([prompt], 1, ...)` seeds it, so the server it lands on does not change what it samples."""
+        token = _placed_on.set(arrival)
+        try:
+            generate: Any = self.generate  # each engine's own
+            return completions_of(generate([request.prompt_ids], 1, request.sampling, request.seed))[0]
+        finally:
+            _placed_on.reset(token)
 
     def post_groups(
         self, path: str, groups: Sequence[list[dict[str, Any]]], first_group: int

@@ -59,6 +59,7 @@ NEUTRAL_SAMPLING = {
 class SglangEngine(ServerEngine):
     """Samples on an SGLang server; see the module docstring."""
 
+    adapters: ServedAdapters  # always: every request names a versioned adapter
     returns_entropies = False
 
     def __init__(self, config: SglangEngineConfig, tokenizer: Any, resources: EngineResources) -> None:
@@ -140,7 +141,7 @@ class SglangEngine(ServerEngine):
                 params if seed is None else {**params, "sampling_seed": seed + g} for g in range(group_size)
             ],
             "return_logprob": True,
-            "lora_path": [self.adapters.served] * group_size,
+            "lora_path": [self.adapters.sampled_name()] * group_size,
         }
 
     def _completions(self, answer: Any, group_size: int, limits: ReplyLimits, route: ServerRoute) -> list[Completion]:

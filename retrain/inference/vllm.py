@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,6 +50,7 @@ from retrain.inference.config import (
     VLLM_WEIGHT_DTYPES,
     VllmEngineConfig,
 )
+from retrain.inference.requests import MoreRequests, TokenRequest
 from retrain.model.merged_lora import mergeable_adapter, merged_checkpoint
 from retrain.model.probe import PROBE_TOLERANCE_FP32, PROBE_TOLERANCE_HALF, Probe, StaleWeightsError
 from retrain.model.resources import EngineResources
@@ -172,24 +175,13 @@ class VllmEngine:
         row_offset: int = 0,
     ) -> Rollouts:
         first = first_prompt(row_offset, group_size)  # prompt i is the batch's first + i (a rank's share)
-        from vllm import SamplingParams as VllmSampling
-
         self.nucleus_warning.check(sampling)
         self._wake()
         # vLLM refuses n > 1 for greedy requests: repeat each prompt G times instead (identical rows)
         greedy = sampling.temperature == 0
         copies, n = (group_size, 1) if greedy else (1, group_size)
         parameters = [
-            VllmSampling(
-                n=n,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                max_tokens=sampling.max_tokens,
-                logprobs=0,
-                seed=request_seed(generator_seed, first + index),
-                stop_token_ids=self.stop_ids,
-                detokenize=False,
-            )
+            self._parameters(sampling, n, request_seed(generator_seed, first + index))
             for index in range(len(prompt_ids))
             for _ in range(copies)
         ]
@@ -200,6 +192,73 @@ class VllmEngine:
         ]
         self._sleep()
         return rollouts_from_completions(prompt_ids, completions, group_size, sampling, self.tokenizer)
+
+    def generate_requests(
+        self,
+        requests: list[TokenRequest],
+        on_done: Callable[[int, Completion], None] | None = None,
+        more: MoreRequests | None = None,
+    ) -> list[Completion]:
+        """One completion per request, all in vLLM's continuous batch (the request batcher's call; the requests
+        share temperature and top_p). Request i is seeded as `generate([prompt], 1, ...)` seeds it alone, so its
+        tokens do not depend on which requests share the batch (up to the logits' last bits under other batch
+        shapes). `on_done(i, completion)` answers request i as it finishes; `more(fits)`, asked between engine
+        steps, hands over requests that arrived since, which vLLM schedules into the running batch."""
+        first = requests[0].sampling
+        self.nucleus_warning.check(first)
+        self._wake()
+        max_model_len = self.llm.llm_engine.model_config.max_model_len
+        index_of: dict[str, int] = {}
+        done: dict[int, Completion] = {}
+
+        def fits(request: TokenRequest) -> bool:
+            asked = request.sampling
+            return (asked.temperature, asked.top_p) == (first.temperature, first.top_p) and (
+                0 < len(request.prompt_ids) and len(request.prompt_ids) + asked.max_tokens <= max_model_len
+            )
+
+        engine = self.llm.llm_engine
+        call = uuid.uuid4().hex  # request ids of our own, so that no other call's can collide with them
+
+        def enqueue(batch: list[TokenRequest]) -> None:
+            for request in batch:
+                request_id = f"retrain-{call}-{len(index_of)}"
+                parameters = self._parameters(request.sampling, 1, request_seed(request.seed, 0))
+                prompt = {"prompt_token_ids": request.prompt_ids}
+                engine.add_request(request_id, prompt, parameters, lora_request=self.lora)
+                index_of[request_id] = len(index_of)
+
+        try:
+            enqueue(requests)
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        index = index_of[output.request_id]
+                        done[index] = _completion(output.outputs[0])
+                        if on_done is not None:
+                            on_done(index, done[index])
+                if more is not None and (joined := more(fits)):
+                    enqueue(joined)
+        except BaseException:  # the next call must not find this one's requests still running
+            engine.abort_request([request_id for request_id, index in index_of.items() if index not in done])
+            raise
+        self._sleep()
+        return [done[index] for index in range(len(index_of))]
+
+    def _parameters(self, sampling: SamplingParams, n: int, seed: int | None) -> Any:
+        """vLLM's SamplingParams for `n` completions of one prompt with `seed` (token ids and log-probs only)."""
+        from vllm import SamplingParams as VllmSampling
+
+        return VllmSampling(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            logprobs=0,
+            seed=seed,
+            stop_token_ids=self.stop_ids,
+            detokenize=False,
+        )
 
     def sync(self, update: WeightUpdate) -> None:
         if update.version < self.weights_version:

@@ -72,6 +72,7 @@ MODE_CHECK_TEMPERATURE = 0.5  # processed log-probs at T = 0.5 double the gaps b
 class VllmServerEngine(ServerEngine):
     """Samples on a vLLM server; see the module docstring."""
 
+    adapters: ServedAdapters  # always: every request names a versioned adapter
     returns_entropies = False
 
     def __init__(self, config: VllmServerEngineConfig, tokenizer: Any, resources: EngineResources) -> None:
@@ -156,13 +157,15 @@ class VllmServerEngine(ServerEngine):
             self.close_clients()
 
     # ---- requests ----------------------------------------------------------------------------
-    def _served_model(self) -> str:
-        return self.adapters.served or self.base_model
+    def _served_model(self, sampling: bool = False) -> str:
+        """The model a request names: the newest adapter, or for a sampling request the version its batch is pinned
+        to (sampling ahead); the base model before any adapter."""
+        return (self.adapters.sampled_name() if sampling else self.adapters.served) or self.base_model
 
     def _body(self, prompt: list[int], group_size: int, sampling: SamplingParams, seed: int | None) -> dict[str, Any]:
         greedy = sampling.temperature == 0
         return {
-            "model": self._served_model(),
+            "model": self._served_model(sampling=True),
             "prompt": [prompt] * group_size if greedy else prompt,
             "n": 1 if greedy else group_size,
             "seed": seed,

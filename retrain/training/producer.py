@@ -8,9 +8,11 @@ Which weights a batch is sampled with does not depend on timing either: the sche
 step `weights_for(t)` trains with, t − k, but never before the last barrier at or before t (the process's first
 step, a checkpoint, a held-out evaluation: nothing is sampled ahead across them, so a run resumed from a checkpoint
 samples what the uninterrupted run did). The trainer releases step j's weights when step j starts (the engine serves
-them since the sync that ended step j − 1), and before it hands the engine newer weights it waits for every batch
-pinned to older ones (`wait_through`): an engine serves one version at a time. So batch t trains at policy lag
-t − weights_for(t) <= k, the same in every run of the config, stopped and resumed or not.
+them since the sync that ended step j − 1). An engine that serves several versions at once (a server's adapters,
+retrain.inference.base.ServesVersions) samples each batch with the version it is pinned to while newer ones load;
+before it hands any other engine newer weights, the trainer waits for every batch pinned to older ones
+(`wait_through`). So batch t trains at policy lag t − weights_for(t) <= k, the same in every run of the config,
+stopped and resumed or not.
 
 Every wait is bounded by the work it waits for: a producer that fails (a server error, a reward that raises, a
 stop request's interrupt) records the error, and the trainer raises it when it needs that batch; a wait that finds

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from retrain.errors import UserError
 from retrain.housekeeping.console import progress_bar_shown
 from retrain.housekeeping.rundir import Checkpoint, RunDir
 from retrain.housekeeping.trainer_state import TrainerState
-from retrain.inference.base import InferenceEngine, SamplingInterrupted
+from retrain.inference.base import InferenceEngine, SamplingInterrupted, ServesVersions
 from retrain.model.probe import Probe, StaleWeightsError
 from retrain.reward.overlong import overlong_buffer, shape_rewards
 from retrain.reward.scorer import Scorer, fill_excluded
@@ -142,6 +143,10 @@ class Trainer:
         self.max_staleness = training.max_staleness
         self._producer: Producer | None = None  # k > 0: prepares the next steps' batches while this thread trains
         self._resumed_ahead: list[PreparedBatch] = []  # the batches a graceful stop's checkpoint kept
+        # an engine that serves several weights versions at once (server engines' adapters): each batch names the
+        # version it is pinned to, and newer weights load without waiting for the batches ahead (docs/async.md)
+        self._pinning: ServesVersions | None = None
+        self._version_at: dict[int, int] = {}  # step -> the weights version the engine served when it began
         self._last_saved_step = -1
         self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite loss or grad norm (this process)
 
@@ -234,6 +239,8 @@ class Trainer:
                 if training.save_every > 0 and self.next_step % training.save_every == 0:
                     self.save()
                 if self._stop_agreed():
+                    if self._producer is not None:  # the stop's checkpoint keeps the batches pinned to these weights
+                        self._wait_for_batches_ahead(step)
                     if self._last_saved_step != step:
                         self.save()
                     return
@@ -282,7 +289,10 @@ class Trainer:
         self._check_sampling_route(result.metrics.get("engine/logprob_abs_diff"), policy_lag, served_version)
         self._count_skipped(result)
         t_wait = time.perf_counter()
-        if self._producer is not None:  # the engine serves one version: the batches pinned to this one finish first
+        if self._pinning is not None:  # the batches ahead keep their versions loaded while this one loads
+            if result.update is not None:
+                self._pinning.keep_versions_from(self._oldest_pinned_after(step, result.update.version))
+        elif self._producer is not None:  # the engine serves one version: the batches pinned to this one finish first
             self._wait_for_batches_ahead(step)
         t_sync = time.perf_counter()
         freshness = {} if result.update is None else self._sync_engine(result.update).metrics()
@@ -357,6 +367,7 @@ class Trainer:
         each side waited for the other (`async/...`, sampling ahead only)."""
         if self._producer is None:
             return self._prepare(step), {}
+        self._version_at[step] = self.weights_version
         self._producer.release(step)  # the engine serves this step's weights since the last step's sync
         prepared, waited = self._producer.take(step, self._stop)
         return prepared, {"async/trainer_wait_s": waited, "async/producer_wait_s": prepared.producer_wait_s}
@@ -368,20 +379,22 @@ class Trainer:
         data_before = self.data.state_dict()
         examples = self.data.next_batch(self.batching.batch_size(step))
         B = len(examples)
-        served_version = self.engine.weights_version
+        pinned = self._pinned_version(step)
+        served_version = self.engine.weights_version if pinned is None else pinned
         t_sample = time.perf_counter()
         try:
-            sampled = self._sample(examples, G, self.sampling, step_generator_seed(self.training.seed, step))()
-            t_reward = time.perf_counter()
-            # dynamic sampling: uniform groups dropped, more prompts drawn and sampled in their place
-            groups, dapo_metrics = collect(
-                self._scored(sampled, examples, G),
-                functools.partial(self._refill, step, B),
-                lambda scored: self._shaped(scored)[0],
-                self.training.dynamic_sampling,
-                B,
-                self.share.pad_id,
-            )
+            with nullcontext() if self._pinning is None or pinned is None else self._pinning.sampling_version(pinned):
+                sampled = self._sample(examples, G, self.sampling, step_generator_seed(self.training.seed, step))()
+                t_reward = time.perf_counter()
+                # dynamic sampling: uniform groups dropped, more prompts drawn and sampled in their place
+                groups, dapo_metrics = collect(
+                    self._scored(sampled, examples, G),
+                    functools.partial(self._refill, step, B),
+                    lambda scored: self._shaped(scored)[0],
+                    self.training.dynamic_sampling,
+                    B,
+                    self.share.pad_id,
+                )
         except SamplingInterrupted:
             self.data.load_state_dict(data_before)  # the prompts are drawn again when the run resumes
             raise
@@ -411,8 +424,27 @@ class Trainer:
                 step,
             )
 
+    def _pinned_version(self, step: int) -> int | None:
+        """The weights version batch `step` names on an engine serving several (None: the engine's only one)."""
+        if self._pinning is None:
+            return None
+        assert self._producer is not None
+        return self._version_at[self._producer.schedule.weights_for(step)]
+
+    def _oldest_pinned_after(self, step: int, newest: int) -> int:
+        """The oldest weights version a batch after step `step` is pinned to (`newest`, the version this step's sync
+        loads, when none is pinned to an older one): older versions can be unloaded."""
+        assert self._producer is not None
+        schedule = self._producer.schedule
+        pinned_to = schedule.weights_for(step + 1) if step + 1 < schedule.max_steps else step + 1
+        for done in [s for s in self._version_at if s < min(pinned_to, step)]:
+            del self._version_at[done]  # no batch is pinned to it any more
+        return self._version_at[pinned_to] if pinned_to <= step else newest
+
     def _start_producer(self) -> Producer:
         """The producer of this process's steps, holding the batches a graceful stop's checkpoint kept."""
+        engine = self.engine
+        self._pinning = engine if isinstance(engine, ServesVersions) and engine.serves_versions else None
         first = self.next_step
         schedule = Schedule(
             max_staleness=self.max_staleness,

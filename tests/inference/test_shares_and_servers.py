@@ -4,11 +4,17 @@ one server's: loopback servers answering with the real tiny model (tests/inferen
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
 import pytest
 import torch
 
 from retrain.errors import ConfigError, UserError
 from retrain.inference.config import OpenAIEngineConfig, SglangEngineConfig, server_urls
+from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.http import HttpError
 from retrain.inference.openai_server import OpenAIEngine
 from retrain.inference.reachable import check_server_answers
@@ -140,6 +146,54 @@ def test_groups_go_round_robin_over_two_servers_and_sample_as_one_server(kind, f
             assert len(a.asked(route)) == len(b.asked(route)) == 1
         finally:
             both.close()
+
+
+def test_endpoint_requests_reach_the_servers_all_at_once_in_turn(fresh_models, backend):
+    """An agent's requests through the loopback endpoint over a server engine: each is sent on its own thread at
+    once (the servers batch them), they go to the servers in turn, and each samples what it samples alone."""
+    prompt = encode(backend, PROMPTS[:1])[0]
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+
+    def slowed(model: ServedModel) -> dict:
+        routes = sglang_routes(model)
+        generate = routes["POST /generate"]
+
+        def slow_generate(body: dict) -> tuple:
+            with lock:
+                in_flight[0] += 1
+                most[0] = max(most[0], in_flight[0])
+            time.sleep(0.2)  # long enough for the other requests to arrive meanwhile
+            try:
+                return generate(body)
+            finally:
+                with lock:
+                    in_flight[0] -= 1
+
+        return {**routes, "POST /generate": slow_generate}
+
+    with serve(slowed(fresh_models[0])) as a, serve(slowed(fresh_models[1])) as b:
+        engine = engine_on("sglang", [a.url, b.url], backend)
+        endpoint = EngineEndpoint(engine)
+        try:
+            for server in (a, b):
+                server.requests.clear()
+            most[0] = 0
+
+            def ask(seed: int) -> list[int]:
+                body = {"token_ids": prompt, "sampling_params": {"max_tokens": 4, "seed": seed}}
+                answer = httpx.post(f"{endpoint.url.removesuffix('/v1')}/inference/v1/generate", json=body, timeout=30)
+                return answer.json()["choices"][0]["token_ids"]
+
+            with ThreadPoolExecutor(8) as pool:
+                together = list(pool.map(ask, range(8)))
+            assert most[0] >= 4 and endpoint.batcher.most_in_flight == 8
+            assert len(a.asked("/generate")) == len(b.asked("/generate")) == 4
+            alone = [engine.generate([prompt], 1, SamplingParams(max_tokens=4), seed) for seed in range(8)]
+            assert together == [rows(rollouts)[0][0] for rollouts in alone]
+        finally:
+            endpoint.close()
+            engine.close()
 
 
 def test_server_urls_takes_a_list_or_commas_and_names_the_key_for_a_wrong_one():

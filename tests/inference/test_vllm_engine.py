@@ -6,9 +6,15 @@ every other test holds whichever weights the engine serves, so their order does 
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
+
+import httpx
 import pytest
 import torch
 
+from retrain.inference.endpoint import SERVED_MODEL, EngineEndpoint
+from retrain.inference.requests import TokenRequest, completions_of
 from retrain.model.probe import Probe, StaleWeightsError, probe_tolerance
 from retrain.training.freshness import FreshnessProof
 from retrain.types import SamplingParams, WeightUpdate
@@ -70,6 +76,55 @@ def test_two_shares_with_their_row_offsets_sample_the_whole_batch(engine, prompt
     head = engine.generate(prompt_ids[:1], 2, SAMPLED, 5, row_offset=0)
     tail = engine.generate(prompt_ids[1:], 2, SAMPLED, 5, row_offset=2)
     assert_same_rows(rows(head) + rows(tail), rows(whole))
+
+
+def test_requests_joining_a_running_batch_sample_as_each_alone(engine, prompt_ids):
+    """The request batcher's call: requests handed over between engine steps join vLLM's running batch, each
+    answered as it finishes, and each gets the tokens it gets sent alone (its own seed)."""
+    requests = [TokenRequest(prompt_ids[n % 2], replace(SAMPLED, max_tokens=3 + n), seed=n) for n in range(6)]
+    waiting = requests[2:]
+    asked = []
+
+    def more(fits):
+        asked.append(len(waiting))
+        joined = [request for request in waiting if fits(request)]
+        waiting[:] = [request for request in waiting if not fits(request)]
+        return joined
+
+    answered = {}
+    together = engine.generate_requests(requests[:2], lambda index, done: answered.setdefault(index, done), more)
+    assert asked[:2] == [4, 0]  # the four joined after the first step, while the first two were decoding
+    assert len(together) == 6 and answered == dict(enumerate(together))
+    for request, completion in zip(requests, together, strict=True):
+        (alone,) = completions_of(engine.generate([request.prompt_ids], 1, request.sampling, request.seed))
+        assert completion.token_ids == alone.token_ids and completion.hit_max_tokens == alone.hit_max_tokens
+        assert completion.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    colder = TokenRequest(prompt_ids[0], replace(SAMPLED, temperature=1.0), seed=0)
+    waiting.append(colder)
+    assert len(engine.generate_requests(requests[:1], None, more)) == 1 and waiting == [colder]  # not joined
+
+
+def test_concurrent_endpoint_requests_share_vllms_batch(engine, prompt_ids):
+    """Through the loopback endpoint: 12 requests in flight together are sampled in shared engine calls."""
+    bodies = [
+        {"model": SERVED_MODEL, "token_ids": prompt_ids[n % 2], "sampling_params": {"max_tokens": 4, "seed": n}}
+        for n in range(12)
+    ]
+    endpoint = EngineEndpoint(engine)
+    try:
+
+        async def together() -> list[dict]:
+            async with httpx.AsyncClient(base_url=endpoint.url.removesuffix("/v1")) as client:
+                answers = await asyncio.gather(*(client.post("/inference/v1/generate", json=b) for b in bodies))
+            return [answer.json()["choices"][0] for answer in answers]
+
+        batched = asyncio.run(together())
+        assert endpoint.batcher.most_in_flight > 1
+    finally:
+        endpoint.close()
+    for n, choice in enumerate(batched):
+        (alone,) = completions_of(engine.generate([prompt_ids[n % 2]], 1, SamplingParams(max_tokens=4), n))
+        assert choice["token_ids"] == alone.token_ids
 
 
 def test_sampled_logprobs_equal_the_trainers_on_group_major_rows(backend, engine, prompt_ids):

@@ -13,13 +13,16 @@ import signal
 import socket
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
 from retrain.inference.base import ENGINE_CHECKS
 from retrain.inference.config import VllmServerEngineConfig
+from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.vllm_server import VllmServerEngine
 from retrain.model.probe import Probe
 from retrain.model.spec import ModelSpec
@@ -117,6 +120,30 @@ def test_two_shares_with_their_row_offsets_sample_the_whole_batch(server_url, ba
     finally:
         engine.close()
     assert_same_rows(rows(head) + rows(tail), rows(whole))
+
+
+def test_endpoint_requests_reach_the_real_server_at_once_and_sample_as_each_alone(server_url, backend):
+    """An agent's concurrent calls through the loopback endpoint: sent to vLLM all at once, each sampling the
+    tokens it samples alone (seeded per request, whatever vLLM batches with it)."""
+    engine = engine_for(backend, server_url)
+    endpoint = EngineEndpoint(engine)
+    prompts = encode(backend, PROMPTS)
+    try:
+
+        def ask(n: int) -> list[int]:
+            body = {"token_ids": prompts[n % len(prompts)], "sampling_params": {"max_tokens": 8, "seed": n}}
+            answer = httpx.post(f"{endpoint.url.removesuffix('/v1')}/inference/v1/generate", json=body, timeout=60)
+            return answer.json()["choices"][0]["token_ids"]
+
+        with ThreadPoolExecutor(12) as pool:
+            together = list(pool.map(ask, range(12)))
+        assert endpoint.batcher.most_in_flight > 1
+        sampling = SamplingParams(max_tokens=8, temperature=1.0)
+        alone = [engine.generate([prompts[n % len(prompts)]], 1, sampling, n) for n in range(12)]
+    finally:
+        endpoint.close()
+        engine.close()
+    assert together == [rows(rollouts)[0][0] for rollouts in alone]
 
 
 def test_a_sync_serves_the_new_weights(server_url, backend):
