@@ -226,7 +226,8 @@ def test_a_server_serves_the_versions_batches_are_pinned_to_while_newer_ones_loa
     assert [r["engine/weight_version"] for r in metrics] == [trained_with[max(t - 2, 0)] for t in range(6)]
     assert max(r["engine/policy_lag"] for r in metrics) <= 2
     assert max(loaded for _, loaded in named) == 3 and len(served_model.adapters) == 0  # all unloaded at the end
-    assert all(r["overlap_wait_s"] < 0.05 for r in metrics), [r["overlap_wait_s"] for r in metrics]  # no wait for the batches ahead before a sync
+    waits = [r["overlap_wait_s"] for r in metrics]
+    assert max(waits) < 0.05, waits  # no wait for the batches ahead before a sync
 
 
 @pytest.mark.slow
