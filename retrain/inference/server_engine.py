@@ -86,7 +86,7 @@ class ServerEngine:
     def serves_versions(self) -> bool:
         """Whether several weights versions can be served at once (an engine that loads adapters): sampling ahead,
         a batch then names the version it is pinned to while newer ones load (docs/async.md)."""
-        return self.adapters is not None
+        return isinstance(self.adapters, ServedAdapters)
 
     def keep_versions_from(self, version: int) -> None:
         """Keep the weights versions from `version` on loaded when the next ones load (batches still use them)."""

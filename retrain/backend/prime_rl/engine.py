@@ -45,7 +45,7 @@ RESUME = "/resume"
 
 class ServerReloads:
     """Makes the PRIME-RL server serve each broadcast (see the module docstring). It offers what
-    VllmServerEngine reads of its weights follower: `served`, `version`, `sync`, `close`."""
+    VllmServerEngine reads of its weights follower: `served`, `sampled_name`, `version`, `sync`, `close`."""
 
     def __init__(self, client: HttpClient) -> None:
         self.client = client
@@ -66,6 +66,10 @@ class ServerReloads:
         else:
             self._update_weights(str(update.adapter_dir))
         self.version = update.version
+
+    def sampled_name(self) -> str | None:
+        """The adapter sampling requests name: the served one (PRIME-RL samples on-policy, one version at a time)."""
+        return self.served
 
     def close(self) -> None:
         """Unload the served adapter (best effort: the server may be gone)."""
