@@ -6,19 +6,23 @@ is bounded by scoring.timeout_s as at k = 0; a straggling request does not stall
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from retrain.housekeeping.rundir import RunDir
+from retrain.housekeeping.rundir import Checkpoint, RunDir
 from retrain.inference.http import HttpError
+from retrain.training.sampled_ahead import load_sampled_ahead
 from tests.conftest import read_metrics, without_timing
 from tests.inference.fake_servers import ServedModel
 from tests.inference.loopback import Route
-from tests.inference.test_server_training import is_probe, sglang_server, train
+from tests.inference.test_server_training import is_probe, sglang_server, train, trainer_of
+from tests.test_split_mode import stopped_after
 
 TIMEOUT_S = 5  # every request's bound; a sampling request of the tiny model takes well under a second
 # k = 2, a checkpoint before step 3: batches 3, 4 and 5 are sampled with step 3's weights. Batch 3 waits for the
@@ -41,12 +45,18 @@ def served_model() -> ServedModel:
 
 
 @pytest.fixture(scope="module")
-def straight(served_model: ServedModel, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The uninterrupted run's metrics, timings aside."""
+def straight_run(served_model: ServedModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run's dir."""
     run_dir = tmp_path_factory.mktemp("straight")
     with sglang_server(served_model) as url:
         assert train(run_dir, url, *AHEAD)["state"] == "done"
-    return without_timing(read_metrics(run_dir))
+    return run_dir
+
+
+@pytest.fixture
+def straight(straight_run: Path) -> list[dict[str, Any]]:
+    """The uninterrupted run's metrics, timings aside."""
+    return without_timing(read_metrics(straight_run))
 
 
 class FromBatch:
@@ -186,3 +196,56 @@ def test_the_trainer_trains_on_while_a_straggling_request_holds_a_batch_ahead(se
     it: nothing is trained during the straggle."""
     assert probes_during_a_straggle(served_model, tmp_path / "k0", 0) == 0
     assert probes_during_a_straggle(served_model, tmp_path / "k2", 2) >= 1
+
+
+@pytest.mark.slow
+def test_a_stop_that_finds_a_batch_ahead_failed_still_checkpoints_the_steps_trained(served_model, tmp_path, caplog):
+    """k = 2, no periodic checkpoint: the server fails batch 4's requests (sampled ahead, pinned to step 2's weights)
+    and a graceful stop comes after step 2. The stop checkpoints steps 0-2 and keeps batch 3, finished before the
+    failure, instead of failing with nothing saved; the resumed run trains batch 3 as planned, samples 4 and 5 again
+    with the restored weights, and trains every step once."""
+    overrides = ["training.max_steps=6", "training.max_staleness=2", "inference.max_retries=1"]
+    with sglang_server(served_model) as url:
+        assert train(tmp_path / "straight", url, *overrides)["state"] == "done"
+    straight = without_timing(read_metrics(tmp_path / "straight"))
+
+    def dead(body: dict) -> Any:
+        return 500, {"error": "the server is gone"}, {}
+
+    run_dir = tmp_path / "stopped"
+    failing = FromBatch(4, dead, probes_too=False)
+    with sglang_server(served_model, failing) as url, caplog.at_level(logging.WARNING), ExitStack() as parts:
+        assert stopped_after(trainer_of(run_dir, url, parts, *overrides), 3).run()["state"] == "stopped"
+    assert "a batch sampled ahead failed (HttpError" in caplog.text and url in caplog.text
+    assert [path.name for path in RunDir(run_dir).step_dirs()] == ["step_3"]
+    assert [batch.step for batch in load_sampled_ahead(run_dir / "checkpoints" / "step_3", 2)] == [3]
+    assert without_timing(read_metrics(run_dir)) == straight[:3]
+
+    with sglang_server(served_model) as url:
+        assert train(run_dir, url, *overrides)["state"] == "done"
+    resumed = read_metrics(run_dir)
+    assert [record["step"] for record in resumed] == list(range(6))
+    assert without_timing(resumed)[:4] == straight[:4]  # batch 3 was kept: sampled with step 1's weights, as planned
+    restored = resumed[3]["engine/weight_version"] + resumed[3]["engine/policy_lag"]  # the trainer's at step 3
+    assert [record["engine/weight_version"] for record in resumed[4:]] == [restored, restored]
+
+
+@pytest.mark.slow
+def test_a_stop_that_finds_the_next_batch_failed_keeps_its_prompts_for_the_resumed_run(
+    served_model, straight_run, tmp_path
+):
+    """As above, but the server fails batch 3, the first after the stop: the checkpoint keeps no batch, and its data
+    position is the one before batch 3's prompts were drawn (the uninterrupted run's checkpoint before step 3 holds
+    the same), so the resumed run draws them again: no prompt is skipped."""
+
+    def dead(body: dict) -> Any:
+        return 500, {"error": "the server is gone"}, {}
+
+    no_periodic = [*AHEAD, "training.save_every=10"]
+    run_dir = tmp_path / "stopped"
+    with sglang_server(served_model, FromBatch(3, dead, probes_too=False)) as url, ExitStack() as parts:
+        assert stopped_after(trainer_of(run_dir, url, parts, *no_periodic), 3).run()["state"] == "stopped"
+    checkpoint = run_dir / "checkpoints" / "step_3"
+    assert load_sampled_ahead(checkpoint, 2) == []
+    before_step_3 = Checkpoint(straight_run / "checkpoints" / "step_3").state()["data"]
+    assert Checkpoint(checkpoint).state()["data"] == before_step_3
