@@ -395,8 +395,8 @@ class Trainer:
                     B,
                     self.share.pad_id,
                 )
-        except SamplingInterrupted:
-            self.data.load_state_dict(data_before)  # the prompts are drawn again when the run resumes
+        except BaseException:  # interrupted by a stop, or failed: the prompts are drawn again when the run resumes
+            self.data.load_state_dict(data_before)
             raise
         return PreparedBatch(
             step=step,
@@ -411,8 +411,9 @@ class Trainer:
 
     def _wait_for_batches_ahead(self, step: int) -> None:
         """Before newer weights load, the batches pinned to step `step`'s or older weights finish. A stop that had to
-        interrupt them (a stalled server, Producer.STOP_GRACE_S) loses only those: this step is trained and counts,
-        and the stop's checkpoint keeps the batches finished before them (the rest are sampled again on resume)."""
+        interrupt them (a stalled server, Producer.STOP_GRACE_S) or found one of them failed (a dead server) loses
+        only those: this step is trained and counts, and the stop's checkpoint keeps the batches finished before
+        them (the rest are sampled again on resume, where a lasting fault fails the run)."""
         assert self._producer is not None
         try:
             self._producer.wait_through(self._producer.schedule.last_on(step), self._stop)
@@ -421,6 +422,16 @@ class Trainer:
                 raise
             log.warning(
                 "Stopped while sampling ahead: the batches after step %d not finished are sampled again on resume",
+                step,
+            )
+        except Exception as error:
+            if not self._stop.is_set():
+                raise
+            log.warning(
+                "Stopping: a batch sampled ahead failed (%s: %s); the checkpoint keeps the batches after step %d "
+                "before it, the rest are sampled again on resume",
+                type(error).__name__,
+                error,
                 step,
             )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import ClassVar
 
 from retrain.reward.checks import NoVerdict
@@ -23,6 +24,14 @@ def even_answers_only_reward(response: str, reference: str, **extra: object) -> 
 def never_correct_reward(response: str, reference: str, **extra: object) -> float:
     """Every completion scores 0: no group has signal, so no step trains."""
     return 0.0
+
+
+def hanging_reward(response: str, reference: str, **extra: object) -> float:
+    """Partial credit, but it never returns on a problem whose answer ends in 7 (a judge that hangs): only
+    scoring.timeout_s ends those calls."""
+    if reference.endswith("7"):
+        time.sleep(3600)
+    return digit_count_reward(response, reference)
 
 
 def flaky_reward(response: str, reference: str, **extra: object) -> float:
