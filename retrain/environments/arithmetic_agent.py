@@ -15,7 +15,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from openai import AsyncOpenAI
+import httpx
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from retrain.data.arithmetic import PROMPT_TEMPLATE, draw_problems
 from retrain.environments.example_agent import TOOLS
@@ -23,12 +24,15 @@ from retrain.environments.example_agent import TOOLS
 # Terse, so that three turns of 8 tokens fit the bundled tiny model's context (128 tokens of a byte-level vocabulary).
 NUDGE = "Sure?"
 FOLLOW_UP = "Minus {c}?"
+TLS = httpx.create_ssl_context()  # once per process: each client loading the CA certificates costs ~50 ms of CPU
 
 
 async def run_episode(task: dict, base_url: str, model: str) -> float:
     """Three model calls (question, after the tool result or nudge, after the follow-up); reward 1.0 when the last
     reply is the boxed `a+b-c`."""
-    async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+    async with AsyncOpenAI(
+        base_url=base_url, api_key="unused", max_retries=0, http_client=DefaultAsyncHttpxClient(verify=TLS)
+    ) as client:
         messages: list[Any] = [{"role": "user", "content": task["question"]}]
 
         async def turn() -> Any:

@@ -118,7 +118,7 @@ def test_reward_from_reward_leaves_the_last_replies_to_the_scorer(served, tmp_pa
 def test_faulty_agents_are_excluded_and_counted_in_one_line(served, tmp_path, caplog):
     faults = ["ok", "raise", "hang", "silent", "nan"]
     tasks = write_tasks(tmp_path / "tasks.jsonl", [{"question": "What is 1+1?", "fault": f} for f in faults])
-    data = environment(served, tasks, agent="tests.environments.agents:faulty", timeout_s=3)
+    data = environment(served, tasks, agent="tests.environments.agents:faulty", timeout_s=10)
     examples = sorted(data.next_batch(5), key=lambda e: e.extra["task_index"])
     started = time.monotonic()
     try:
@@ -126,7 +126,7 @@ def test_faulty_agents_are_excluded_and_counted_in_one_line(served, tmp_path, ca
             scored = data.sample(examples, 1, SAMPLING, seed=2)
     finally:
         agents.RELEASE.set()
-    assert time.monotonic() - started < 30  # the hung agent was abandoned at its timeout
+    assert time.monotonic() - started < 60  # the hung agent was abandoned at its timeout
     assert scored.excluded.view(-1).tolist() == [False, True, True, True, True]
     assert scored.errors == 4 and scored.timeouts == 1
     assert scored.rollouts.completion_mask[1:].sum() == 0  # an excluded episode keeps no tokens
