@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from retrain.distributed.world import active, collective_device, gather_objects
+from retrain.distributed.world import active, collective_device, current_group, gather_objects
 from retrain.types import Rollouts
 
 
@@ -33,7 +33,7 @@ def gather_rows(tensor: torch.Tensor, pad_value: float = 0, left: bool = False) 
     # all_gather needs equal shapes: rows padded to the largest share, cut off again below
     padded = F.pad(padded, [0, 0] * (padded.dim() - 1) + [0, most - padded.shape[0]]).to(collective_device())
     pieces = [torch.empty_like(padded) for _ in shapes]
-    dist.all_gather(pieces, padded.contiguous())
+    dist.all_gather(pieces, padded.contiguous(), group=current_group())
     return torch.cat([piece[: shape[0]] for piece, shape in zip(pieces, shapes)]).to(tensor.device)
 
 

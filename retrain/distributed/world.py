@@ -4,12 +4,18 @@ A run is data-parallel when it was started by torchrun (RANK/WORLD_SIZE in the e
 job with several tasks through submitit (`submitit.helpers.TorchDistributedEnvironment` exports the same
 variables). Without either it is one process and every collective here returns its input: the one-process
 path is the N-rank path with N = 1, not a second code path. Collectives go through torch.distributed's
-default group (gloo on CPU, NCCL on GPU) with a timeout, so a rank never waits forever for a dead peer.
+default group (gloo on CPU, NCCL on GPU) with a timeout, so a rank never waits forever for a dead peer. A second
+thread that runs collectives of its own (the producer sampling ahead: its gathers) uses a group of its own
+(`thread_group`, `collectives_on`): a group's collectives pair up in the order each rank issues them, and two
+threads of one rank issue theirs in no fixed order.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,6 +28,9 @@ from retrain.errors import ConfigError
 
 # the longest a rank waits in one collective: a step's sampling imbalance between ranks must fit in it
 TIMEOUT = timedelta(minutes=30)
+
+# the process group of this thread's collectives (None: the default group); a new thread starts with None
+_GROUP: ContextVar[dist.ProcessGroup | None] = ContextVar("retrain_collective_group", default=None)
 
 
 @dataclass(frozen=True)
@@ -128,11 +137,32 @@ def all_max(tensor: torch.Tensor) -> torch.Tensor:
     return _all_reduced(tensor, dist.ReduceOp.MAX)
 
 
+def thread_group() -> dist.ProcessGroup | None:
+    """A new group of every rank, for the collectives of a second thread (None on one process). Every rank must
+    create it at the same point of the run: groups are matched by the order of their creation."""
+    return dist.new_group(backend=dist.get_backend(), timeout=TIMEOUT) if active() else None
+
+
+@contextmanager
+def collectives_on(group: dist.ProcessGroup | None) -> Iterator[None]:
+    """The collectives of this thread, inside the block, go through `group` (None: the default group)."""
+    token = _GROUP.set(group)
+    try:
+        yield
+    finally:
+        _GROUP.reset(token)
+
+
+def current_group() -> dist.ProcessGroup | None:
+    """The group of this thread's collectives (None: the default group)."""
+    return _GROUP.get()
+
+
 def _all_reduced(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:
     if not active():
         return tensor
     out = tensor.to(collective_device(), copy=True)
-    dist.all_reduce(out, op=op)
+    dist.all_reduce(out, op=op, group=current_group())
     return out.to(tensor.device)
 
 
@@ -141,7 +171,7 @@ def gather_objects(value: Any) -> list[Any]:
     if not active():
         return [value]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
+    dist.all_gather_object(out, value, group=current_group())
     return out
 
 
@@ -150,7 +180,7 @@ def from_main(value: Any) -> Any:
     if not active():
         return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=current_group())
     return box[0]
 
 

@@ -32,10 +32,6 @@ def resolve_max_staleness(
     if configured == 0:
         return 0
     where = f"{KEY}={configured}"
-    if ranks > 1:
-        raise ConfigError(
-            f"{where}: sampling ahead is not supported on {ranks} data-parallel ranks yet (docs/async.md); set {KEY}=0"
-        )
     if samples_itself:
         raise ConfigError(
             f"{where}: backend {plugin_name(engine_cls)} samples itself, and retrain cannot run its sampling ahead "

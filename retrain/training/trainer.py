@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed import ProcessGroup
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -36,7 +37,7 @@ from retrain.backend.capabilities import capabilities_of
 from retrain.config import EvalConfig, LoggingConfig, TrainingConfig
 from retrain.data.base import DataSource
 from retrain.distributed.step import StepShare
-from retrain.distributed.world import World, from_main
+from retrain.distributed.world import World, collectives_on, from_main, thread_group
 from retrain.environments.base import RolloutEnvironment, ScoredRollouts
 from retrain.errors import UserError
 from retrain.housekeeping.console import progress_bar_shown
@@ -464,8 +465,16 @@ class Trainer:
             barrier=lambda step: step == first or self._saves_before(step) or self._evaluates_before(step),
         )
         ready, self._resumed_ahead = self._resumed_ahead, []
+        if self.world.distributed:  # its gathers on a group of their own; no rank interrupts its share alone
+            return Producer(functools.partial(self._prepare_on, thread_group()), schedule, ready, None)
         interrupt = getattr(self.engine, "interrupt", None)
         return Producer(self._prepare, schedule, ready, interrupt if callable(interrupt) else None)
+
+    def _prepare_on(self, group: ProcessGroup | None, step: int) -> PreparedBatch:
+        """`_prepare` with its collectives (the ranks' gathers) on `group`: the producer's, so that they never pair
+        with the trainer's all-reduces, which this rank's other thread issues meanwhile."""
+        with collectives_on(group):
+            return self._prepare(step)
 
     def _check_staleness(self, step: int, policy_lag: int) -> None:
         """The bound the schedule keeps: a batch sampled with weights more than k optimizer steps older than the
