@@ -36,6 +36,11 @@ def test_gathered_rows_are_the_ranks_rows_in_rank_order_padded_on_their_side(ran
         assert result["left"] == [[-1, 0, 1], [10, 11, 12], [13, 14, 15]]
 
 
+def test_a_second_threads_collectives_on_their_own_group_never_pair_with_the_main_threads(ranks: list[dict]) -> None:
+    for result in ranks:  # issued in opposite orders on the two ranks (ranks.py: crossed_collectives)
+        assert result["crossed"] == {"gathered": [[0, 1, -1], [10, 11, 12], [13, 14, 15]], "summed": [3.0]}
+
+
 def test_gradients_are_summed_over_ranks_a_missing_one_counting_zero(ranks: list[dict]) -> None:
     for result in ranks:
         assert result["grads"] == [[[3.0, 3.0], [3.0, 3.0]], [1.0, 1.0, 1.0]]

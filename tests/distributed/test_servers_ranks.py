@@ -4,18 +4,33 @@ round-robin over the servers by their global index, and each rank serves its own
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import checked, cli_env, read_metrics, run_cli
+from retrain.training.sampled_ahead import SAMPLED_AHEAD_FILE
+from tests.conftest import checked, cli_env, read_metrics, run_cli, without_timing
 from tests.distributed import TORCHRUN
 from tests.distributed.test_same_as_one_rank import STEPS, assert_first_step_as_one, generations
+from tests.distributed.test_stop import rank_pid
 from tests.inference.fake_servers import ServedModel, sglang_routes
 from tests.inference.loopback import serve
 
 ON_SGLANG = [*STEPS, "inference=sglang"]
+# k = 1, each batch trained in 16 passes (each all-reducing its gradients: longer than sampling a batch on the
+# servers), so each rank's producer gathers the next batch while its trainer all-reduces: the threads' collectives
+# overlap on every step
+AHEAD = [
+    *(o for o in ON_SGLANG if not o.startswith("training.max_steps")),
+    "training.max_staleness=1",
+    "training.updates_per_batch=16",
+    "training.clip_eps=0.2",
+]
 
 
 def sampled(server) -> int:
@@ -45,10 +60,9 @@ def test_two_ranks_on_two_servers_sample_and_train_the_first_step_as_one_on_one(
 @pytest.mark.slow
 def test_two_ranks_sampling_ahead_on_two_servers_train_as_one_process_does(tmp_path: Path) -> None:
     """k = 1 on two ranks: each rank's producer gathers the next step's shares on a group of its own while the
-    trainers all-reduce the current step's gradients (the window opens on every step), and the run samples,
-    scores and trains what one process sampling ahead on one server does."""
-    ahead = [*(o for o in ON_SGLANG if not o.startswith("training.max_steps")), "training.max_steps=4"]
-    ahead.append("training.max_staleness=1")
+    trainers all-reduce the current step's gradients (AHEAD), and the run samples, scores and trains what one
+    process sampling ahead on one server does."""
+    ahead = [*AHEAD, "training.max_steps=4"]
     with serve(sglang_routes(ServedModel())) as a, serve(sglang_routes(ServedModel())) as b:
         one = tmp_path / "one" / "run"
         run_cli([*ahead, f"inference.url={a.url}", f"hydra.run.dir={one}"], cwd=tmp_path)
@@ -64,3 +78,35 @@ def test_two_ranks_sampling_ahead_on_two_servers_train_as_one_process_does(tmp_p
     for mine, theirs in zip(records[two], records[one], strict=True):
         for key in ("num_datums", "num_tokens", "mean_reward"):
             assert mine[key] == pytest.approx(theirs[key]), (mine["step"], key)
+
+
+@pytest.mark.slow
+def test_two_ranks_sampling_ahead_stopped_by_a_signal_to_one_resume_as_if_never_stopped(tmp_path: Path) -> None:
+    """SIGTERM to rank 1 alone while both ranks' producers sample the next batch: every rank waits for the batches
+    pinned to the trained weights (their gathers need each other), rank 0 checkpoints them, and the resumed run
+    trains on exactly the batches the uninterrupted run did."""
+    ahead = [*AHEAD, "training.max_steps=6", "training.save_every=0"]
+    with serve(sglang_routes(ServedModel())) as a, serve(sglang_routes(ServedModel())) as b:
+        ranks = [*TORCHRUN, "--nproc-per-node=2", "-m", "retrain", *ahead, f"inference.url=[{a.url},{b.url}]"]
+        stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+        launcher = subprocess.Popen(
+            [*ranks, f"hydra.run.dir={stopped}"], cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while not ((stopped / "metrics.jsonl").is_file() and (stopped / "metrics.jsonl").read_text().strip()):
+                assert time.monotonic() < deadline and launcher.poll() is None, "the run never logged a step"
+                time.sleep(0.05)
+            os.kill(rank_pid(launcher.pid, 1) or 0, signal.SIGTERM)
+            launcher.wait(timeout=300)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+        status = json.loads((stopped / "status.json").read_text())
+        assert status["state"] == "stopped" and status["step"] < 5
+        (checkpoint,) = (stopped / "checkpoints").iterdir()
+        assert (checkpoint / SAMPLED_AHEAD_FILE).is_file()  # the batch pinned to the trained weights
+        for run_dir in (stopped, whole):  # resumed; and the run never stopped
+            run = [*ranks, f"hydra.run.dir={run_dir}"]
+            checked(subprocess.run(run, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600))
+    assert without_timing(read_metrics(stopped)) == without_timing(read_metrics(whole))
