@@ -22,15 +22,9 @@ from tests.inference.fake_servers import ServedModel, sglang_routes
 from tests.inference.loopback import serve
 
 ON_SGLANG = [*STEPS, "inference=sglang"]
-# k = 1, each batch trained in 16 passes (each all-reducing its gradients: longer than sampling a batch on the
-# servers), so each rank's producer gathers the next batch while its trainer all-reduces: the threads' collectives
-# overlap on every step
-AHEAD = [
-    *(o for o in ON_SGLANG if not o.startswith("training.max_steps")),
-    "training.max_staleness=1",
-    "training.updates_per_batch=16",
-    "training.clip_eps=0.2",
-]
+# sampling one step ahead (the window where a rank's two threads issue collectives at once is opened by
+# tests/distributed/ranks.py: crossed_collectives)
+AHEAD = [*(o for o in ON_SGLANG if not o.startswith("training.max_steps")), "training.max_staleness=1"]
 
 
 def sampled(server) -> int:
@@ -59,9 +53,8 @@ def test_two_ranks_on_two_servers_sample_and_train_the_first_step_as_one_on_one(
 
 @pytest.mark.slow
 def test_two_ranks_sampling_ahead_on_two_servers_train_as_one_process_does(tmp_path: Path) -> None:
-    """k = 1 on two ranks: each rank's producer gathers the next step's shares on a group of its own while the
-    trainers all-reduce the current step's gradients (AHEAD), and the run samples, scores and trains what one
-    process sampling ahead on one server does."""
+    """k = 1 on two ranks: each rank's producer gathers the batches ahead on a group of its own, and the run
+    samples, scores and trains what one process sampling ahead on one server does."""
     ahead = [*AHEAD, "training.max_steps=4"]
     with serve(sglang_routes(ServedModel())) as a, serve(sglang_routes(ServedModel())) as b:
         one = tmp_path / "one" / "run"
