@@ -318,3 +318,21 @@ def test_async_benchmark_times_each_staleness_against_a_real_server() -> None:
     assert [row[1] for row in summary] == ["0", "1"]  # k, step ms, step / k=0 (its range), mean lag
     assert float(summary[0][2]) > 0 and summary[0][3] == "1.00" and float(summary[0][-1]) == 0
     assert 0 < float(summary[1][-1]) <= 1  # sampled one step ahead, except right after the first step's barrier
+
+
+@pytest.mark.slow  # four quickstart runs of 20 steps in split mode, two at once: ~40 s on 2 cores
+def test_async_learning_benchmark_scores_each_staleness_and_correction() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/async_learning.py", "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {tuple(line.split()[1:3]): line for line in result.stdout.splitlines() if line.startswith("quickstart ")}
+    assert set(rows) == {("k=0", "none"), ("k=1", "tis"), ("k=1", "mask"), ("k=1", "none")}
+    for line in rows.values():
+        assert "greedy_accuracy " in line and "sampled_accuracy " in line and "reward last 10 " in line
+    assert "policy_lag 0.000" in rows["k=0", "none"] and "policy_lag 0.950" in rows["k=1", "tis"]  # 19 of 20 steps
+    assert "truncated_frac " in rows["k=1", "tis"] and "kl " not in rows["k=1", "none"]  # measured under a correction
