@@ -34,7 +34,12 @@ from vs_trl import WORKLOADS, benchmark_env, run_logged, workload_overrides  # b
 
 from retrain.housekeeping.rundir import RunDir
 
-COMMON = ["backend.devices='cpu,cpu'", "training.save_every=0", "logging.progress_bar=false", "logging.console_groups=0"]
+COMMON = [
+    "backend.devices='cpu,cpu'",
+    "training.save_every=0",
+    "logging.progress_bar=false",
+    "logging.console_groups=0",
+]
 LAST_STEPS = 10  # small64_gsm8k's score: the mean reward of its last steps
 MISMATCH = ("mismatch/kl", "mismatch/ratio_min", "mismatch/ratio_max", "mismatch/truncated_frac")
 HELD_OUT = ("eval/after_greedy_accuracy", "eval/after_sampled_accuracy")
@@ -105,7 +110,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--ks", nargs="+", type=int, default=[0, 1, 2, 4])
     parser.add_argument("--quickstart-steps", type=int, default=150, help="the quickstart's own 150 by default")
-    parser.add_argument("--small64-steps", type=int, default=60)
+    parser.add_argument("--small64-steps", type=int, default=12, help="benchmarks/vs_trl.py's length")
     parser.add_argument("--modes", nargs="+", choices=["tis", "mask", "none"], default=["tis", "mask", "none"])
     parser.add_argument("--jobs", type=int, default=2, help="processes at once, one thread each")
     parser.add_argument("--quick", action="store_true", help="quickstart, 1 seed, 20 steps, k = 0 and 1")
