@@ -105,6 +105,7 @@ def decode(
 
     running: list[Row] = []  # rows whose next-token logits are `logits`, in order
     logits: list[torch.Tensor] = []
+    steady: RunningTensors | None = None  # `running`'s tensors while it is the last step's rows, in order
     while True:
         joined = arrivals() if arrivals is not None else []
         if joined:
@@ -120,6 +121,7 @@ def decode(
             scheduler.add_rows([len(arrival.prompt) for arrival in joined])
         admission = scheduler.admit()
         if admission:
+            steady = None
             for entry, entry_logits in zip(
                 admission.entries, forward.prefill(admission.entries, [prompts.tokens(e) for e in admission.entries])
             ):
@@ -137,8 +139,11 @@ def decode(
             if scheduler.waiting:
                 raise RuntimeError("no row runs and none can enter: the KV budget check should have refused this call")
             break
-        row_index = torch.tensor([row.table_row for row in running], device=device)
-        position = torch.tensor([row.generated for row in running], device=device)
+        if steady is None:
+            row_index = torch.tensor([row.table_row for row in running], device=device)
+            position = torch.tensor([row.generated for row in running], device=device)
+        else:
+            row_index, position = steady.table_rows, steady.position
         draws = None if uniforms is None else uniforms[row_index, position]
         choice = choose_tokens(torch.cat(logits), sampling, draws, entropies is not None)
         ids[row_index, position] = choice.tokens
@@ -148,7 +153,7 @@ def decode(
         if entropies is not None and choice.entropies is not None:
             entropies[row_index, position] = choice.entropies
         stopped = torch.isin(choice.tokens, stop_ids)
-        finished[row_index[stopped]] = True
+        finished[row_index] |= stopped  # fixed shapes: no host sync
         going: list[Row] = []
         going_at: list[int] = []
         for at, (row, stop) in enumerate(zip(running, stopped.tolist(), strict=True)):  # the step's one host sync
@@ -161,14 +166,26 @@ def decode(
             else:
                 going.append(row)
                 going_at.append(at)
+        same_rows = len(going) == len(running)
         running, logits = [], []
         if going:
             kept = scheduler.make_room(going)
             if len(kept) < len(going):
+                same_rows = False
                 kept_rows = set(map(id, kept))
                 going_at = [at for at, row in zip(going_at, going, strict=True) if id(row) in kept_rows]
-            tokens = choice.tokens[torch.tensor(going_at, device=device)]
-            running, logits = kept, [forward.decode(kept, tokens)]
+            if same_rows:  # no row left or was preempted: the step's tensors carry over, one position on
+                lengths = (
+                    torch.tensor([row.stored + 1 for row in kept], device=device)
+                    if steady is None
+                    else steady.lengths + 1
+                )
+                steady = RunningTensors(row_index, position + 1, lengths)
+                tokens = choice.tokens
+            else:
+                steady = None
+                tokens = choice.tokens[torch.tensor(going_at, device=device)]
+            running, logits = kept, [forward.decode(kept, tokens, steady)]
     metrics = {
         "engine/kv_peak_gb": pool.peak_in_use * pool.shape.block_bytes / GIB,
         "engine/kv_reserved_gb": pool.peak_capacity * pool.shape.block_bytes / GIB,
@@ -176,6 +193,16 @@ def decode(
         "engine/preemptions": float(scheduler.preemptions),
     }
     return Decoded(ids, mask, logprobs, entropies, kept_mass, finished, metrics)
+
+
+class RunningTensors(NamedTuple):
+    """The running rows' table rows, next positions and lengths once their next token is stored ([R] each, on
+    the device), kept from step to step while the rows stay the same: a steady step builds no tensor from host
+    data."""
+
+    table_rows: torch.Tensor
+    position: torch.Tensor
+    lengths: torch.Tensor
 
 
 def _more_rows(tensor: torch.Tensor, rows: int, fill: float | bool) -> torch.Tensor:
@@ -237,18 +264,26 @@ class Forward:
             pending = [index for index in pending if done[index] < len(tokens[index])]
         return [logits for logits in out if logits is not None]  # every sequence ran to its end
 
-    def decode(self, rows: list[Row], tokens: torch.Tensor) -> torch.Tensor:
-        """[R, V] next-token logits after feeding each row its sampled token `tokens` ([R])."""
-        logits = self._forward(rows, [row.stored + 1 for row in rows], tokens.unsqueeze(-1), None)
+    def decode(self, rows: list[Row], tokens: torch.Tensor, steady: RunningTensors | None = None) -> torch.Tensor:
+        """[R, V] next-token logits after feeding each row its sampled token `tokens` ([R]); `steady`: the rows'
+        tensors on the device, when the caller has them."""
+        lengths = [row.stored + 1 for row in rows]
+        logits = self._forward(rows, lengths, tokens.unsqueeze(-1), None, steady)
         for row in rows:
             row.stored += 1
         return logits
 
     def _forward(
-        self, sequences: Sequence[KvSequence], lengths: list[int], new: torch.Tensor, real: torch.Tensor | None
+        self,
+        sequences: Sequence[KvSequence],
+        lengths: list[int],
+        new: torch.Tensor,
+        real: torch.Tensor | None,
+        steady: RunningTensors | None = None,
     ) -> torch.Tensor:
-        table = self.scheduler.table_rows(sequences)
-        plan = plan_forward(table, lengths, new, real)
+        table = self.scheduler.table_rows(sequences, None if steady is None else steady.table_rows)
+        on_device = torch.tensor(lengths, device=new.device) if steady is None else steady.lengths
+        plan = plan_forward(table, on_device, (min(lengths), max(lengths)), new, real)
         self.cache.plan = plan
         logits = causal_lm_logits(
             self.model, plan.input_ids, plan.attention_mask, plan.position_ids, self.cache, logits_to_keep=1

@@ -29,27 +29,34 @@ class ForwardPlan:
     """Where one forward's keys and values go, and what its attention reads."""
 
     input_ids: torch.Tensor  # [R, T] new tokens, right-aligned (padding on the left)
-    attention_mask: torch.Tensor  # [R, W] long: the real columns of the grid
+    # [R, W] long: the real columns of the grid; a decode step's None when no row is padded (known on the host,
+    # so the forward never looks at the values to decide)
+    attention_mask: torch.Tensor | None
     position_ids: torch.Tensor  # [R, T]
     sources: torch.Tensor | None  # [n] the real new tokens among the forward's R·T (None: all of them)
     targets: torch.Tensor  # [n] the pool slots they are written to
     reads: torch.Tensor | None  # [R·W] the slots attention reads (None: the forward's own keys: nothing cached)
+    grid: int  # W: the longest row's length
 
     @property
     def past(self) -> int:
-        return self.attention_mask.shape[1] - self.input_ids.shape[1]
+        return self.grid - self.input_ids.shape[1]
 
 
 def plan_forward(
-    table: torch.Tensor, row_lengths: list[int], new_tokens: torch.Tensor, new_mask: torch.Tensor | None
+    table: torch.Tensor,
+    lengths: torch.Tensor,
+    bounds: tuple[int, int],
+    new_tokens: torch.Tensor,
+    new_mask: torch.Tensor | None,
 ) -> ForwardPlan:
-    """The plan of a forward over rows with block tables `table` ([R, blocks]) and `row_lengths` (tokens stored
-    after it) that feeds them `new_tokens` ([R, T], right-aligned; `new_mask` marks the real ones, None: all).
-    The rows' blocks must already hold `row_lengths` slots, the written ones held by the row alone."""
+    """The plan of a forward over rows with block tables `table` ([R, blocks]) and `lengths` ([R] on the device:
+    tokens stored after it; `bounds` their smallest and largest, known on the host) that feeds them `new_tokens`
+    ([R, T], right-aligned; `new_mask` marks the real ones, None: all). The rows' blocks must already hold
+    `lengths` slots, the written ones held by the row alone."""
+    shortest, grid = bounds
     width = new_tokens.shape[1]
-    grid = max(row_lengths)
     device = new_tokens.device
-    lengths = torch.tensor(row_lengths, device=device)
     columns = torch.arange(grid, device=device)
     index = columns - (grid - lengths).unsqueeze(-1)  # [R, W] the row's token in each column; < 0: padding
     real = index >= 0
@@ -63,7 +70,8 @@ def plan_forward(
         sources, targets = new_mask.reshape(-1).nonzero().squeeze(-1), new_slots[new_mask]
         positions = ((lengths - width).unsqueeze(-1) + torch.arange(width, device=device)).clamp_min(0)
     reads = None if grid == width else slots.reshape(-1)
-    return ForwardPlan(new_tokens, real.long(), positions, sources, targets, reads)
+    mask = None if width == 1 and shortest == grid else real.long()
+    return ForwardPlan(new_tokens, mask, positions, sources, targets, reads, grid)
 
 
 class PagedLayer(CacheLayerMixin):
@@ -127,7 +135,7 @@ class PagedCache(Cache):
             )
         if plan.reads is None:
             return key_states, value_states
-        grid = plan.attention_mask.shape[1]
+        grid = plan.grid
         keys = pool_keys.index_select(0, plan.reads).view(rows, grid, heads, dim).transpose(1, 2)
         values = pool_values.index_select(0, plan.reads).view(rows, grid, heads, dim).transpose(1, 2)
         return keys, values

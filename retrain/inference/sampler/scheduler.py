@@ -182,14 +182,17 @@ class Scheduler:
         row.blocks = []
         del self.running[row.table_row]
 
-    def table_rows(self, sequences: Sequence[KvSequence]) -> torch.Tensor:
-        """[R, blocks] block tables of `sequences`, with every block taken so far."""
+    def table_rows(self, sequences: Sequence[KvSequence], index: torch.Tensor | None = None) -> torch.Tensor:
+        """[R, blocks] block tables of `sequences`, with every block taken so far; `index`: their table rows on
+        the device, when the caller has them."""
         if self._table_updates:
             rows, positions, blocks = zip(*self._table_updates, strict=True)
-            index = torch.tensor([rows, positions], device=self.table.device)
-            self.table.index_put_(tuple(index), torch.tensor(blocks, device=self.table.device))
+            where = torch.tensor([rows, positions], device=self.table.device)
+            self.table.index_put_(tuple(where), torch.tensor(blocks, device=self.table.device))
             self._table_updates.clear()
-        return self.table[torch.tensor([sequence.table_row for sequence in sequences], device=self.table.device)]
+        if index is None:
+            index = torch.tensor([sequence.table_row for sequence in sequences], device=self.table.device)
+        return self.table[index]
 
     def _blocks_to_write(self, row: Row) -> int:
         position = row.stored // BLOCK_TOKENS
