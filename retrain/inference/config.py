@@ -96,9 +96,14 @@ class PytorchEngineConfig(EngineConfig):
     # bound on the KV cache's memory; 0 = automatic: what the device has free after weights, training state
     # and a margin (the memory plan). Rows that do not fit wait and enter as others finish.
     kv_cache_gb: float = 0.0
+    # decode steps between the host's reads of which rows met a stop token; 0 = automatic: 8 on a GPU, where a
+    # read waits for the device, 1 elsewhere. A row that stopped decodes up to this many - 1 tokens more, unused
+    stop_check_steps: int = 0
 
     def __post_init__(self) -> None:
         check_pytorch_attention_kernel(self.attention_kernel)
+        if self.stop_check_steps < 0:
+            raise ConfigError(f"inference.stop_check_steps must be >= 0 (0 = automatic), got {self.stop_check_steps}")
         if not self.kv_cache_gb >= 0:
             raise ConfigError(f"inference.kv_cache_gb must be >= 0 (0 = automatic), got {self.kv_cache_gb}")
 

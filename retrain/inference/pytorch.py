@@ -42,7 +42,15 @@ from retrain.inference.completions import Completion, stop_token_ids
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.requests import MoreRequests, TokenRequest
 from retrain.inference.sampler.counter_random import CounterUniforms
-from retrain.inference.sampler.decode import Arrival, Arrivals, Decoded, Finished, Prompts, decode
+from retrain.inference.sampler.decode import (
+    GPU_STOP_CHECK_STEPS,
+    Arrival,
+    Arrivals,
+    Decoded,
+    Finished,
+    Prompts,
+    decode,
+)
 from retrain.inference.sampler.kv_budget import budget_blocks, kv_budget
 from retrain.inference.sampler.kv_pool import KvPool, KvShape, blocks_for
 from retrain.model.attention_kernels import attending_with, attention_implementation
@@ -79,6 +87,7 @@ class PytorchEngine:
         self._attention = attention_implementation(config.attention_kernel, self.device, self.model.dtype)
         self.prefix_caching = config.prefix_caching
         self.kv_cache_gb = config.kv_cache_gb
+        self.stop_check_steps = config.stop_check_steps or (GPU_STOP_CHECK_STEPS if self.device.type == "cuda" else 1)
         self.planned_kv_bytes = resources.kv_cache_bytes
         self.kv_shape = KvShape.of(self.model.config, self.model.dtype)
         self.layer_types = getattr(self.model.config.get_text_config(), "layer_types", None)
@@ -196,6 +205,7 @@ class PytorchEngine:
                 limits,
                 on_finish,
                 None if more is None else self._arrivals(more, sampling, blocks),
+                self.stop_check_steps,
             )
         return prompts, prompt_mask, decoded
 

@@ -47,10 +47,13 @@ def causal_lm_logits(
     position_ids: torch.Tensor | None = None,
     cache: Cache | None = None,
     logits_to_keep: int = 0,
+    padded: bool | None = None,
 ) -> torch.Tensor:
     """[B, T or logits_to_keep, V] logits of `model` (a transformers causal LM, PEFT-wrapped or not), as
     `model(input_ids, attention_mask, position_ids, cache, use_cache, logits_to_keep).logits` gives them.
-    A given `cache` is extended by this forward's keys and values; `attention_mask` covers cache and input."""
+    A given `cache` is extended by this forward's keys and values; `attention_mask` covers cache and input.
+    `padded`: whether `attention_mask` has a padding column, where the caller knows (None: the mask is looked at,
+    which makes a GPU's host wait)."""
     lean = LeanForward.of(model)
     if lean is None:
         output = model(
@@ -62,7 +65,8 @@ def causal_lm_logits(
             **({} if cache is None else with_cache(model, cache)),
         )
         return output.logits
-    return lean.causal_lm.lm_head(_lean_hidden(lean, input_ids, attention_mask, position_ids, cache, logits_to_keep))
+    hidden = _lean_hidden(lean, input_ids, attention_mask, position_ids, cache, logits_to_keep, padded)
+    return lean.causal_lm.lm_head(hidden)
 
 
 def causal_lm_hidden(
@@ -96,30 +100,42 @@ def _lean_hidden(
     position_ids: torch.Tensor | None,
     cache: Cache | None,
     keep: int,
+    padded: bool | None = None,
 ) -> torch.Tensor:
     """`lean.hidden` with the mask and positions transformers' forward derives from its arguments."""
     past = cache.get_seq_length() if cache is not None else 0
-    mask = sdpa_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], past, input_ids.device)
+    mask = sdpa_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], past, input_ids.device, padded)
     if position_ids is None:
         position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + past).unsqueeze(0)
     return lean.hidden(input_ids, mask, position_ids, cache, keep)
 
 
 def sdpa_mask(
-    attention_mask: torch.Tensor | None, batch: int, length: int, past: int, device: torch.device
+    attention_mask: torch.Tensor | None,
+    batch: int,
+    length: int,
+    past: int,
+    device: torch.device,
+    padded: bool | None = None,
 ) -> torch.Tensor | None:
     """The [B, 1, T, past + T] boolean mask transformers' sdpa_mask builds for a dynamic cache (a key is
     seen if it is not padding and not after the query), or None where it leaves causality to sdpa's
-    `is_causal`: a single query or no cache, and no padding."""
+    `is_causal`: a single query or no cache, and no padding (`padded`, where the caller knows; else looked at)."""
     total = past + length
     if attention_mask is not None and attention_mask.shape[-1] != total:
         raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} positions, cache and input {total}")
     padding = None if attention_mask is None else attention_mask.bool()
-    if (length == 1 or past == 0) and (padding is None or bool(padding.all())):
+    if (length == 1 or past == 0) and not _has_padding(padding, padded):
         return None
     causal = torch.arange(total, device=device) <= torch.arange(past, total, device=device).unsqueeze(-1)
     mask = causal[None, None] if padding is None else causal[None, None] & padding[:, None, None, :]
     return mask.expand(batch, 1, length, total)
+
+
+def _has_padding(padding: torch.Tensor | None, known: bool | None) -> bool:
+    if padding is None:
+        return False
+    return known if known is not None else not bool(padding.all())
 
 
 @dataclass(frozen=True)

@@ -139,3 +139,23 @@ def test_a_sampling_call_splits_into_its_decode_steps() -> None:
     layers = engine.model.config.num_hidden_layers
     assert decode.step.compute["scaled_dot_product_attention"] == layers * decode.steps
     assert decode.live_kv_tokens >= decode.rows * min(len(ids) for ids in encode(backend, PROMPTS[:2]))
+
+
+@pytest.mark.parametrize("stop_check_steps", [1, 8])
+def test_a_decode_step_of_the_gpus_path_makes_its_host_wait_at_most_once_per_two_steps(stop_check_steps: int) -> None:
+    """The bundled tiny Qwen3 in bf16 with its LoRA unmerged (the GPU's path), rows of different prompt lengths
+    that stop at different steps: with the stop flags read once per 8 steps (the GPU's default), a decode step
+    reads the device or builds a tensor from host data at most once per two steps, counted through generate();
+    read every step, once a step at least (the instrument sees the reads)."""
+    backend = make_backend(ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4, dtype="bf16"))
+    engine = make_engine(backend, merge_lora=False, stop_check_steps=stop_check_steps)
+    hot = SamplingParams(max_tokens=48, temperature=2.5, top_p=0.95)  # rows run long and stop apart
+    with count_decode(engine.model) as decode:
+        rollouts = engine.generate(encode(backend, PROMPTS), 4, hot, 0)
+    lengths = rollouts.completion_mask.sum(dim=1)
+    assert lengths.min() < lengths.max() and decode.steps >= 24
+    per_step = decode.step.syncs / decode.steps
+    if stop_check_steps == 8:
+        assert per_step <= 0.5, (decode.step.host_reads, decode.step.host_built, decode.step.data_dependent)
+    else:
+        assert per_step >= 1.0

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from retrain.inference.sampler.decode import Forward
+from retrain.inference.sampler.decode import Forward, RunningTensors
 from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, GROWTH_MIN_BLOCKS, KvPool, KvShape
 from retrain.inference.sampler.paged_cache import PagedCache
 from retrain.inference.sampler.scheduler import Scheduler
@@ -64,7 +64,7 @@ def paged_cache_logits(model, prompts: torch.Tensor, steps: int) -> tuple[list[t
         for row in running:
             row.generated += 1
         running = scheduler.make_room(running)
-        logits.append(forward.decode(running, token))
+        logits.append(forward.decode(running, token, RunningTensors.of_rows(running, torch.device("cpu"))))
     return logits, pool
 
 

@@ -79,8 +79,9 @@ def test_prefix_caching_and_the_budget_together_sample_what_plain_batching_does(
 
 
 def test_the_peak_follows_the_live_tokens(backend, prompt_ids):
-    """Without prefix caching every row holds its own blocks: at each step, those of the rows still going."""
-    engine = make_engine(backend, prefix_caching=False)
+    """Without prefix caching every row holds its own blocks: at each step, those of the rows still going (the stop
+    flags read at every step: a longer window holds a stopped row's blocks until it ends)."""
+    engine = make_engine(backend, prefix_caching=False, stop_check_steps=1)
     rollouts = engine.generate(prompt_ids, GROUP, SAMPLING, 5)
     prompts = [len(prompt_ids[row // GROUP]) for row in range(rollouts.num_rows)]
     lengths = rollouts.completion_mask.sum(dim=1).tolist()
@@ -150,3 +151,27 @@ def test_the_quickstarts_smallest_budget_holds_its_real_rows(backend):
     rollouts = engine.generate(prompt_ids, cfg.training.group_size, sampling, 0)
     assert rollouts.completion_ids.shape[0] == len(examples) * cfg.training.group_size
     assert max(map(len, prompt_ids)) + cfg.training.max_tokens < 128  # what the plan assumed a row to be
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_reading_the_stop_flags_once_a_window_samples_what_reading_them_every_step_does(
+    backend, prompt_ids, prefix_caching
+):
+    """Rows that stopped draw on until their window ends (a GPU's host reads the flags once per window), under
+    budgets that queue and preempt rows: none of it reaches the rollouts."""
+    every_step = make_engine(backend, prefix_caching=prefix_caching, stop_check_steps=1)
+    expected = every_step.generate(prompt_ids, GROUP, SAMPLING, 6)
+    assert len(set(expected.completion_mask.sum(dim=1).tolist())) > 3  # rows stop apart, inside windows
+    smallest = one_row_blocks(prompt_ids)
+    for steps, blocks in ((5, 30), (8, smallest), (16, smallest + 2), (16, 30)):
+        engine = make_engine(
+            backend,
+            prefix_caching=prefix_caching,
+            stop_check_steps=steps,
+            kv_cache_gb=budget_gb(every_step, blocks),
+        )
+        rollouts = engine.generate(prompt_ids, GROUP, SAMPLING, 6)
+        assert_same_rollouts(rollouts, expected)
+        assert rollouts.metrics["engine/kv_reserved_gb"] <= budget_gb(engine, blocks)
+        if blocks == smallest and prefix_caching:
+            assert rollouts.metrics["engine/preemptions"] > 0

@@ -256,9 +256,14 @@ def test_each_request_is_answered_as_its_row_finishes(engine, prompt_ids):
     assert sorted(answered, key=lambda pair: pair[0]) == list(enumerate(completions))
 
 
-def test_requests_that_arrive_join_the_running_batch_and_draw_what_they_draw_alone(engine, prompt_ids):
+@pytest.mark.parametrize("stop_check_steps", [1, 8])
+def test_requests_that_arrive_join_the_running_batch_and_draw_what_they_draw_alone(
+    backend, prompt_ids, stop_check_steps
+):
     """Continuous admission: requests handed over while a batch decodes join it, if they fit (same temperature and
-    top_p, max_tokens within the call's), and sample exactly what they sample alone."""
+    top_p, max_tokens within the call's), and sample exactly what they sample alone. Rows that arrive join at once,
+    even while the stop flags are read once per 8 steps (they end the window)."""
+    engine = make_engine(backend, stop_check_steps=stop_check_steps)
     hot = SamplingParams(max_tokens=10, temperature=1.0)
     first = TokenRequest(prompt_ids[0], hot, 4)
     later = [

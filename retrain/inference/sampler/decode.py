@@ -25,6 +25,9 @@ from retrain.model.lean_decoder import causal_lm_logits
 from retrain.types import SamplingParams
 
 PREFILL_TOKENS = 8192  # padded tokens per prefill forward: bounds its activations whatever the prompts
+# decode steps between reads of the stop flags on a GPU (`Window`): a read per step would stall the launch queue
+# once a token; 8 wastes at most 7 tokens of a row that stopped, and reports it (`on_finish`) at most 7 steps late
+GPU_STOP_CHECK_STEPS = 8
 
 # a finished row's index, its sampled ids and their log-probs ([generated] each), and whether it met a stop token
 Finished = Callable[[int, torch.Tensor, torch.Tensor, bool], None]
@@ -84,41 +87,44 @@ def decode(
     limits: list[int] | None = None,
     on_finish: Finished | None = None,
     arrivals: Arrivals | None = None,
+    stop_check_steps: int = 1,
 ) -> Decoded:
     """Sample every row of the call; `uniforms`: [N, max_tokens] (None at T = 0). `limits`: each row's own
     max_tokens, at most sampling.max_tokens (the requests of a batch each ask their own; None: all the same).
     `on_finish(row, ids, logprobs, stopped)` is called as each row finishes, while the others still decode (the
-    endpoint answers a request then, not when its whole batch is done). `arrivals()` is asked before every step
+    endpoint answers a request then, not when its whole batch is done). `arrivals()` is asked before every window
     for rows that join the call (needs prefix caching off); they are numbered after the call's rows, wait behind
-    the rows waiting already, and the call ends when no row runs, waits or arrives."""
+    the rows waiting already, and the call ends when no row runs, waits or arrives. `stop_check_steps`: decode
+    steps between the host's reads of which rows met a stop token (see `Window`)."""
     device = prompts.ids.device
     rows, steps = len(prompts.lengths) * prompts.group_size, sampling.max_tokens
     limit = list(limits) if limits is not None else [steps] * rows
     ids = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((rows, steps), dtype=torch.bool, device=device)
     logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=device)
     kept_mass = torch.ones((rows, steps), dtype=torch.float32, device=device)
     entropies = torch.zeros((rows, steps), dtype=torch.float32, device=device) if sampling.return_entropies else None
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    stopped_rows: set[int] = set()
     scheduler = Scheduler(pool, prompts.lengths, prompts.group_size, steps, prefix_caching, device)
     forward = Forward(model, PagedCache(pool, layer_types), scheduler, pad_id)
 
     running: list[Row] = []  # rows whose next-token logits are `logits`, in order
     logits: list[torch.Tensor] = []
-    steady: RunningTensors | None = None  # `running`'s tensors while it is the last step's rows, in order
+    steady: RunningTensors | None = None  # `running`'s tensors, in order; None when rows entered
+    joined: list[Arrival] = []  # rows that arrived during the last window, which they cut short
     while True:
-        joined = arrivals() if arrivals is not None else []
+        if not joined and arrivals is not None:
+            joined = arrivals()
         if joined:
             grown = len(joined)
-            ids, mask = _more_rows(ids, grown, pad_id), _more_rows(mask, grown, False)
+            ids = _more_rows(ids, grown, pad_id)
             logprobs, kept_mass = _more_rows(logprobs, grown, 0.0), _more_rows(kept_mass, grown, 1.0)
             entropies = None if entropies is None else _more_rows(entropies, grown, 0.0)
-            finished = _more_rows(finished, grown, False)
             if uniforms is not None:
                 uniforms = torch.cat([uniforms, *(_drawn(arrival).unsqueeze(0) for arrival in joined)])
             prompts.arrived += [arrival.prompt for arrival in joined]
             limit += [arrival.limit for arrival in joined]
             scheduler.add_rows([len(arrival.prompt) for arrival in joined])
+            joined = []
         admission = scheduler.admit()
         if admission:
             steady = None
@@ -139,53 +145,60 @@ def decode(
             if scheduler.waiting:
                 raise RuntimeError("no row runs and none can enter: the KV budget check should have refused this call")
             break
+        width = min(stop_check_steps, *(limit[row.table_row] - row.generated for row in running))
+        next_logits = torch.cat(logits)
+        kept = scheduler.make_room(running, width - 1) if width > 1 else running  # the window's forwards but
+        if len(kept) < len(running):  # its last, which makes its own room
+            index = _positions_of(kept, running, device)
+            next_logits, steady = next_logits[index], None if steady is None else steady.of(index)
+            running = kept
         if steady is None:
-            row_index = torch.tensor([row.table_row for row in running], device=device)
-            position = torch.tensor([row.generated for row in running], device=device)
-        else:
-            row_index, position = steady.table_rows, steady.position
-        draws = None if uniforms is None else uniforms[row_index, position]
-        choice = choose_tokens(torch.cat(logits), sampling, draws, entropies is not None)
-        ids[row_index, position] = choice.tokens
-        mask[row_index, position] = True
-        logprobs[row_index, position] = choice.logprobs
-        kept_mass[row_index, position] = choice.kept_mass
-        if entropies is not None and choice.entropies is not None:
-            entropies[row_index, position] = choice.entropies
-        stopped = torch.isin(choice.tokens, stop_ids)
-        finished[row_index] |= stopped  # fixed shapes: no host sync
-        going: list[Row] = []
-        going_at: list[int] = []
-        for at, (row, stop) in enumerate(zip(running, stopped.tolist(), strict=True)):  # the step's one host sync
-            row.generated += 1
-            if stop or row.generated == limit[row.table_row]:
+            steady = RunningTensors.of_rows(running, device)
+        window = Window(running, steady, torch.full((len(running),), steps, device=device))
+        for at in range(width):
+            draws = None if uniforms is None else uniforms[window.tensors.table_rows, window.tensors.position]
+            choice = choose_tokens(next_logits, sampling, draws, entropies is not None)
+            where = (window.tensors.table_rows, window.tensors.position)
+            ids[where] = choice.tokens
+            logprobs[where] = choice.logprobs
+            kept_mass[where] = choice.kept_mass
+            if entropies is not None and choice.entropies is not None:
+                entropies[where] = choice.entropies
+            window.record_stops(choice.tokens, stop_ids)
+            if at == width - 1 or (arrivals is not None and (joined := arrivals())):
+                break  # rows that arrive enter at once, not at the window's end
+            next_logits = forward.decode(running, choice.tokens, window.tensors)
+            window.forwarded()
+        going, going_at = [], []
+        for at, (row, stop) in enumerate(window.ends()):  # the window's one host read
+            if stop is not None or row.generated == limit[row.table_row]:
+                if stop is not None:
+                    row.generated = stop
+                    stopped_rows.add(row.table_row)
                 scheduler.finish(row)
                 if on_finish is not None:
                     at_row = row.table_row
-                    on_finish(at_row, ids[at_row, : row.generated], logprobs[at_row, : row.generated], stop)
+                    on_finish(at_row, ids[at_row, : row.generated], logprobs[at_row, : row.generated], stop is not None)
             else:
                 going.append(row)
                 going_at.append(at)
-        same_rows = len(going) == len(running)
         running, logits = [], []
         if going:
             kept = scheduler.make_room(going)
-            if len(kept) < len(going):
-                same_rows = False
-                kept_rows = set(map(id, kept))
-                going_at = [at for at, row in zip(going_at, going, strict=True) if id(row) in kept_rows]
-            if same_rows:  # no row left or was preempted: the step's tensors carry over, one position on
-                lengths = (
-                    torch.tensor([row.stored + 1 for row in kept], device=device)
-                    if steady is None
-                    else steady.lengths + 1
-                )
-                steady = RunningTensors(row_index, position + 1, lengths)
-                tokens = choice.tokens
-            else:
-                steady = None
-                tokens = choice.tokens[torch.tensor(going_at, device=device)]
+            tokens, steady = choice.tokens, window.tensors
+            if len(kept) < len(window.rows):  # rows left or were preempted: the others' tensors carry over
+                index = _positions_of(kept, window.rows, device)
+                tokens, steady = tokens[index], steady.of(index)
             running, logits = kept, [forward.decode(kept, tokens, steady)]
+            steady = steady.forwarded()
+    generated = torch.tensor([row.generated for row in scheduler.rows], device=device)
+    mask = torch.arange(steps, device=device) < generated.unsqueeze(-1)
+    ids.masked_fill_(~mask, pad_id)  # what rows drew after their stop, while the host did not know yet
+    logprobs.masked_fill_(~mask, 0.0)
+    kept_mass.masked_fill_(~mask, 1.0)
+    if entropies is not None:
+        entropies.masked_fill_(~mask, 0.0)
+    finished = torch.tensor([row.table_row in stopped_rows for row in scheduler.rows], device=device)
     metrics = {
         "engine/kv_peak_gb": pool.peak_in_use * pool.shape.block_bytes / GIB,
         "engine/kv_reserved_gb": pool.peak_capacity * pool.shape.block_bytes / GIB,
@@ -196,13 +209,69 @@ def decode(
 
 
 class RunningTensors(NamedTuple):
-    """The running rows' table rows, next positions and lengths once their next token is stored ([R] each, on
-    the device), kept from step to step while the rows stay the same: a steady step builds no tensor from host
-    data."""
+    """The running rows' table rows, the positions of their next draws and their lengths once the next forward
+    stored its token ([R] each, on the device). They move on on the device step after step, follow the rows that
+    stay when others leave, and are built from host data only when rows enter: a decode step builds none."""
 
     table_rows: torch.Tensor
     position: torch.Tensor
     lengths: torch.Tensor
+
+    @classmethod
+    def of_rows(cls, rows: list[Row], device: torch.device) -> RunningTensors:
+        """The tensors of `rows` as the host knows them, in one copy from the host."""
+        values = torch.tensor([[row.table_row, row.generated, row.stored + 1] for row in rows], device=device)
+        return cls(*values.unbind(-1))
+
+    def of(self, index: torch.Tensor) -> RunningTensors:
+        """The tensors of the rows at `index`."""
+        return RunningTensors(*(tensor[index] for tensor in self))
+
+    def drawn(self) -> RunningTensors:
+        return self._replace(position=self.position + 1)
+
+    def forwarded(self) -> RunningTensors:
+        return self._replace(lengths=self.lengths + 1)
+
+
+@dataclass
+class Window:
+    """A run of decode steps between two reads of the stop flags, over the same rows.
+
+    Reading which rows drew a stop token makes the host wait for the device; on a GPU that wait, once a step,
+    costs more than a small model's step. So the flags stay on the device for up to `stop_check_steps` steps (and
+    at most each row's remaining max_tokens, so that no row passes its limit; rows that arrive end the window at
+    once): a row that stopped draws on until the window ends, what it draws then is cleared when the call ends,
+    and its blocks had room made for the whole window beforehand."""
+
+    rows: list[Row]
+    tensors: RunningTensors
+    stop_at: torch.Tensor  # [R] each row's first stop token's position; max_tokens while it has none
+    steps: int = 0  # drawn so far
+
+    def record_stops(self, tokens: torch.Tensor, stop_ids: torch.Tensor) -> None:
+        """The step's draws `tokens` ([R]) are in: note who stopped, move on to the next positions."""
+        stopped = torch.isin(tokens, stop_ids)
+        self.stop_at = torch.where(stopped, torch.minimum(self.stop_at, self.tensors.position), self.stop_at)
+        self.tensors = self.tensors.drawn()
+        self.steps += 1
+
+    def forwarded(self) -> None:
+        self.tensors = self.tensors.forwarded()
+
+    def ends(self) -> list[tuple[Row, int | None]]:
+        """Each row with the tokens it generated up to its stop token (None: no stop yet); rows' `generated`
+        move on by the window's steps."""
+        stops = self.stop_at.tolist()
+        for row in self.rows:
+            row.generated += self.steps
+        return [(row, stop + 1 if stop < row.generated else None) for row, stop in zip(self.rows, stops, strict=True)]
+
+
+def _positions_of(rows: list[Row], among: list[Row], device: torch.device) -> torch.Tensor:
+    """Where each of `rows` is in `among` (an index for the tensors laid out as `among`)."""
+    at = {id(row): index for index, row in enumerate(among)}
+    return torch.tensor([at[id(row)] for row in rows], device=device)
 
 
 def _more_rows(tensor: torch.Tensor, rows: int, fill: float | bool) -> torch.Tensor:
@@ -264,9 +333,9 @@ class Forward:
             pending = [index for index in pending if done[index] < len(tokens[index])]
         return [logits for logits in out if logits is not None]  # every sequence ran to its end
 
-    def decode(self, rows: list[Row], tokens: torch.Tensor, steady: RunningTensors | None = None) -> torch.Tensor:
+    def decode(self, rows: list[Row], tokens: torch.Tensor, steady: RunningTensors) -> torch.Tensor:
         """[R, V] next-token logits after feeding each row its sampled token `tokens` ([R]); `steady`: the rows'
-        tensors on the device, when the caller has them."""
+        tensors on the device."""
         lengths = [row.stored + 1 for row in rows]
         logits = self._forward(rows, lengths, tokens.unsqueeze(-1), None, steady)
         for row in rows:
@@ -286,6 +355,12 @@ class Forward:
         plan = plan_forward(table, on_device, (min(lengths), max(lengths)), new, real)
         self.cache.plan = plan
         logits = causal_lm_logits(
-            self.model, plan.input_ids, plan.attention_mask, plan.position_ids, self.cache, logits_to_keep=1
+            self.model,
+            plan.input_ids,
+            plan.attention_mask,
+            plan.position_ids,
+            self.cache,
+            logits_to_keep=1,
+            padded=plan.padded,
         )
         return logits[:, -1]

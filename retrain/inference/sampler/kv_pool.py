@@ -119,8 +119,8 @@ class KvPool:
         if not sources:
             return
         offsets = torch.arange(BLOCK_TOKENS, device=self.device)
-        source = (torch.tensor(sources, device=self.device).unsqueeze(-1) * BLOCK_TOKENS + offsets).view(-1)
-        target = (torch.tensor(targets, device=self.device).unsqueeze(-1) * BLOCK_TOKENS + offsets).view(-1)
+        blocks = torch.tensor([sources, targets], device=self.device)  # one copy from the host, not two
+        source, target = (blocks.unsqueeze(-1) * BLOCK_TOKENS + offsets).flatten(1)
         for storage in (*self.keys, *self.values):
             storage.index_copy_(0, target, storage.index_select(0, source))
 

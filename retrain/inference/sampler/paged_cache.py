@@ -37,6 +37,7 @@ class ForwardPlan:
     targets: torch.Tensor  # [n] the pool slots they are written to
     reads: torch.Tensor | None  # [R·W] the slots attention reads (None: the forward's own keys: nothing cached)
     grid: int  # W: the longest row's length
+    padded: bool  # a row is shorter than W: attention_mask has padding columns
 
     @property
     def past(self) -> int:
@@ -71,7 +72,7 @@ def plan_forward(
         positions = ((lengths - width).unsqueeze(-1) + torch.arange(width, device=device)).clamp_min(0)
     reads = None if grid == width else slots.reshape(-1)
     mask = None if width == 1 and shortest == grid else real.long()
-    return ForwardPlan(new_tokens, mask, positions, sources, targets, reads, grid)
+    return ForwardPlan(new_tokens, mask, positions, sources, targets, reads, grid, shortest < grid)
 
 
 class PagedLayer(CacheLayerMixin):

@@ -146,12 +146,12 @@ class Scheduler:
         self.rows_waiting_max = max(self.rows_waiting_max, len(self.waiting))
         return admission
 
-    def make_room(self, rows: list[Row]) -> list[Row]:
-        """Room in each of `rows` (running) for one more token, in a block it holds alone; returns the rows that
-        still run, in order (the others were preempted to make room)."""
+    def make_room(self, rows: list[Row], tokens: int = 1) -> list[Row]:
+        """Room in each of `rows` (running) for `tokens` more tokens, the first in a block it holds alone; returns
+        the rows that still run, in order (the others were preempted to make room)."""
         rows = list(rows)
         while True:
-            need = sum(self._blocks_to_write(row) for row in rows)
+            need = sum(self._blocks_to_write(row, tokens) for row in rows)
             if need <= self.pool.available():
                 break
             if self.entries:
@@ -164,15 +164,15 @@ class Scheduler:
         targets: list[int] = []
         for row in rows:
             position = row.stored // BLOCK_TOKENS
-            if position == len(row.blocks):
-                self._extend(row, position + 1)
-            elif self.pool.shared(row.blocks[position]):  # copy on write: a prompt block the group shares
-                (copy,) = self.pool.take(1)
+            if position < len(row.blocks) and self.pool.shared(row.blocks[position]):  # copy on write: a prompt
+                (copy,) = self.pool.take(1)  # block the group shares
                 sources.append(row.blocks[position])
                 targets.append(copy)
                 self.pool.release([row.blocks[position]])
                 row.blocks[position] = copy
                 self._table_updates.append((row.table_row, position, copy))
+            if blocks_for(row.stored + tokens) > len(row.blocks):
+                self._extend(row, blocks_for(row.stored + tokens))
         self.pool.copy(sources, targets)
         return rows
 
@@ -186,17 +186,17 @@ class Scheduler:
         """[R, blocks] block tables of `sequences`, with every block taken so far; `index`: their table rows on
         the device, when the caller has them."""
         if self._table_updates:
-            rows, positions, blocks = zip(*self._table_updates, strict=True)
-            where = torch.tensor([rows, positions], device=self.table.device)
-            self.table.index_put_(tuple(where), torch.tensor(blocks, device=self.table.device))
+            rows, positions, blocks = torch.tensor(self._table_updates, device=self.table.device).unbind(-1)
+            self.table.index_put_((rows, positions), blocks)  # one copy from the host, not two
             self._table_updates.clear()
         if index is None:
             index = torch.tensor([sequence.table_row for sequence in sequences], device=self.table.device)
         return self.table[index]
 
-    def _blocks_to_write(self, row: Row) -> int:
+    def _blocks_to_write(self, row: Row, tokens: int) -> int:
         position = row.stored // BLOCK_TOKENS
-        return 1 if position == len(row.blocks) or self.pool.shared(row.blocks[position]) else 0
+        shared = position < len(row.blocks) and self.pool.shared(row.blocks[position])
+        return max(0, blocks_for(row.stored + tokens) - len(row.blocks)) + int(shared)
 
     def _preempt(self, row: Row) -> None:
         self.pool.release(row.blocks)
