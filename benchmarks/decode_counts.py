@@ -2,6 +2,7 @@
 
     python benchmarks/decode_counts.py [--layers 2] [--rows 8] [--group 4] [--prompt-tokens 64] [--new-tokens 16]
                                        [--dtype bf16|fp32] [--lora merged|unmerged] [--config config.json]
+                                       [--stop-check-steps 8]
     python benchmarks/decode_counts.py --model retrain:tiny_qwen3     # a model directory, its own weights
     python benchmarks/decode_counts.py --quick                        # the bundled tiny Qwen3, small sizes
 
@@ -57,6 +58,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--lora", choices=("merged", "unmerged"), default="unmerged")
     parser.add_argument("--lora-rank", type=int, default=32)
+    parser.add_argument(
+        "--stop-check-steps", type=int, default=8, help="inference.stop_check_steps (8: the GPU's automatic value)"
+    )
     parser.add_argument("--quick", action="store_true", help=f"shorthand for {' '.join(QUICK)}")
     parser.add_argument("--out", type=Path, help="also write the numbers as JSON")
     args = parser.parse_args()
@@ -99,6 +103,7 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
             "backend.devices=cpu",
             "inference=pytorch",
             f"inference.merge_lora={args.lora == 'merged'}",
+            f"inference.stop_check_steps={args.stop_check_steps}",
         ]
     )
     training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]
