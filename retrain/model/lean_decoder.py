@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -157,16 +158,16 @@ class LeanForward:
         batch, length = input_ids.shape
         hidden = decoder.embed_tokens(input_ids)
         cos, sin = decoder.rotary_emb(hidden, position_ids)
-        rotation = (cos.unsqueeze(1), sin.unsqueeze(1))
+        rotation = (cos.unsqueeze(2), _signed_sin(sin).unsqueeze(2))  # [B, T, 1, head_dim]: each head alike
         attend = ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
         hidden = hidden.view(batch * length, -1)
         for layer in decoder.layers[: config.num_hidden_layers]:
             residual = hidden
-            normed = layer.input_layernorm(hidden)
+            normed = _rms_norm(layer.input_layernorm, hidden)
             hidden = residual + self._attention(layer.self_attn, normed, (batch, length), rotation, mask, cache, attend)
             residual = hidden
-            hidden = residual + _mlp(layer.mlp, layer.post_attention_layernorm(hidden))
-        hidden = decoder.norm(hidden).view(batch, length, -1)
+            hidden = residual + _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden))
+        hidden = _rms_norm(decoder.norm, hidden).view(batch, length, -1)
         return hidden[:, slice(-keep, None), :]
 
     def _attention(
@@ -184,12 +185,9 @@ class LeanForward:
         queries = module.q_proj(hidden).view(hidden_shape)
         keys = module.k_proj(hidden).view(hidden_shape)
         if self.head_norms:
-            queries, keys = module.q_norm(queries), module.k_norm(keys)
-        queries, keys = queries.transpose(1, 2), keys.transpose(1, 2)
+            queries, keys = _rms_norm(module.q_norm, queries), _rms_norm(module.k_norm, keys)
         values = module.v_proj(hidden).view(hidden_shape).transpose(1, 2)
-        cos, sin = rotation
-        queries = (queries * cos) + (_rotate_half(queries) * sin)
-        keys = (keys * cos) + (_rotate_half(keys) * sin)
+        queries, keys = _rotated(queries, rotation).transpose(1, 2), _rotated(keys, rotation).transpose(1, 2)
         if cache is not None:
             keys, values = cache.update(keys, values, module.layer_idx)
         dropout = 0.0 if not module.training else module.attention_dropout
@@ -228,6 +226,21 @@ def _mlp(module: Any, hidden: torch.Tensor) -> torch.Tensor:
     return module.down_proj(module.act_fn(module.gate_proj(hidden)) * module.up_proj(hidden))
 
 
-def _rotate_half(tensor: torch.Tensor) -> torch.Tensor:
-    half = tensor.shape[-1] // 2
-    return torch.cat((-tensor[..., half:], tensor[..., :half]), dim=-1)
+def _rms_norm(module: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The RMSNorm module's output through torch's rms_norm: transformers' arithmetic (normalised in fp32, cast
+    back, times the weight), one kernel without autograd (decomposed into transformers' ops with it)."""
+    return F.rms_norm(hidden, (hidden.shape[-1],), module.weight, module.variance_epsilon)
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: rotate_half(x)·sin = roll(x, half)·signed sin, the sign moved out of the
+    layers into one op per forward."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def _rotated(tensor: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb on [B, T, heads, head_dim], to the bit: x·cos + rotate_half(x)·sin, with
+    rotate_half's cat and negation as one roll (the sign is in the signed sin)."""
+    cos, signed_sin = rotation
+    return tensor * cos + tensor.roll(tensor.shape[-1] // 2, -1) * signed_sin

@@ -22,6 +22,7 @@ the tiny model's step).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -32,6 +33,11 @@ import torch.nn.functional as F
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 WeightKey = tuple[int, ...]
+
+# LoRA linear -> (key of A, B, dtype and scale; A and s·B in the base weight's dtype), see _inference_adapter
+_adapters: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], torch.Tensor, torch.Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class MergedLora:
@@ -82,14 +88,45 @@ def _routed(layers: list[Any], forward: Callable[[Any], Callable[..., torch.Tens
 
 def _lean_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """PEFT's LoRA forward for one unmerged adapter, op for op: base(x) + B(A(dropout(x)))·s, x cast to the
-    adapter's dtype for the adapter and the sum cast back to the base output's (no-ops when they agree)."""
+    adapter's dtype for the adapter and the sum cast back to the base output's (no-ops when they agree).
+    Without autograd and dropout, `_inference_forward`'s three ops instead."""
     if args or kwargs:
         return LoraLinear.forward(layer, x, *args, **kwargs)
+    if not torch.is_grad_enabled() and _no_dropout(layer):
+        return _inference_forward(layer, x)
     lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     base = F.linear(x, layer.base_layer.weight, layer.base_layer.bias)
     adapter_input = x if x.dtype == lora_a.dtype else x.to(lora_a.dtype)
     lora = F.linear(F.linear(layer.lora_dropout["default"](adapter_input), lora_a), lora_b)
     return (base + lora * layer.scaling["default"]).to(base.dtype)
+
+
+def _inference_forward(layer: Any, x: torch.Tensor) -> torch.Tensor:
+    """base(x) + (x·A)·(s·B) in the base weight's dtype, the add fused into the second matmul: three kernels where
+    PEFT's forward launches seven (two casts, a scale and an add). Within the compute dtype's rounding of PEFT's."""
+    lora_a, scaled_b = _inference_adapter(layer)
+    rows = x.reshape(-1, x.shape[-1])
+    base = F.linear(rows, layer.base_layer.weight, layer.base_layer.bias)
+    out = torch.addmm(base, F.linear(rows, lora_a), scaled_b.t())
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _inference_adapter(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A and s·B in the base weight's dtype, rebuilt when A, B or s changed (an optimizer step, a copy or a load
+    moves a tensor's version), so that no step casts or scales them."""
+    lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    dtype, scale = layer.base_layer.weight.dtype, layer.scaling["default"]
+    key = (lora_a.data_ptr(), lora_a._version, lora_b.data_ptr(), lora_b._version, dtype, scale)
+    cached = _adapters.get(layer)
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            cached = _adapters[layer] = (key, lora_a.to(dtype), (lora_b * scale).to(dtype))
+    return cached[1], cached[2]
+
+
+def _no_dropout(layer: Any) -> bool:
+    dropout = layer.lora_dropout["default"]
+    return isinstance(dropout, torch.nn.Identity) or not dropout.training or dropout.p == 0
 
 
 def _merged_forward(layer: Any, weight: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -69,7 +69,8 @@ def test_serving_routes_the_layers_only_inside_the_block(tiny_spec):
 
 def test_half_precision_layers_are_never_merged_and_sample_as_peft_does(tiny_spec):
     """Rounding W + s·B·A to bf16 would drop most of a small update: such layers sample unmerged, through
-    the lean forward, which gives PEFT's tokens and log-probs to the bit."""
+    the lean forward's bf16 LoRA (A and s·B cast once), which gives PEFT's tokens and its log-probs within
+    bf16's rounding."""
     backend = make_backend(dataclasses.replace(tiny_spec, dtype="bf16"), lr=5e-2)
     assert backend.model.dtype == torch.bfloat16
     layers = plain_lora_layers(backend.model)
@@ -82,7 +83,8 @@ def test_half_precision_layers_are_never_merged_and_sample_as_peft_does(tiny_spe
     engine._lean = []  # every layer through PEFT's own forward
     peft = engine.generate(prompt_ids, 4, SAMPLING, generator_seed=1)
     assert torch.equal(lean.completion_ids, peft.completion_ids)
-    assert torch.equal(lean.logprobs, peft.logprobs)
+    # The logits are bf16 (one ulp of a logit in [4, 8) is 2^-5) and the two round the LoRA term apart: seen 0.017
+    torch.testing.assert_close(lean.logprobs, peft.logprobs, atol=2**-5, rtol=0)
 
 
 def test_layers_whose_adapter_is_disabled_keep_peft_s_own_forward(tiny_spec):
