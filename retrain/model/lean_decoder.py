@@ -2,14 +2,28 @@
 
 Every forward retrain runs (a prefill, a decode step, the training forward, the freshness probe) goes
 through `causal_lm_logits`. For the decoders whose wiring `LeanForward` mirrors (Llama, Mistral, Qwen2,
-Qwen3; full attention, sdpa's masks) it calls the model's own leaf modules (embedding, norms, the LoRA or
-plain linears, the activation, the rotary embedding, lm_head) with the same tensor ops between them, in
-the same order, as transformers' forward: the logits and gradients are transformers' to the bit. What it
-leaves out is the machinery around them: the output-capturing and config-merging decorators, the general
-mask factory (here the same boolean mask, built directly), the attention-interface lookup, the decoder
-layer and attention module calls, and the [B, T, hidden] views around every matmul (the hidden states
-stay [B·T, hidden] rows between attention blocks: the same products, fewer autograd nodes). A small
-model's forward is mostly that machinery (docs/benchmarks.md, change 13).
+Qwen3; full attention, sdpa's masks) it calls the model's own leaf modules (embedding, the LoRA or plain
+linears, the activation, the rotary embedding, lm_head) with transformers' tensor ops between them, in the
+same order. What it leaves out is the machinery around them: the output-capturing and config-merging
+decorators, the general mask factory (here the same boolean mask, built directly), the attention-interface
+lookup, the decoder layer and attention module calls, and the [B, T, hidden] views around every matmul (the
+hidden states stay [B·T, hidden] rows between attention blocks: the same products, fewer autograd nodes). A
+small model's forward is mostly that machinery (docs/benchmarks.md, change 13).
+
+Two places launch fewer kernels than transformers' ops (issue 51: on a GPU each op of an eager decode step is
+a launch): each RMSNorm is torch's `rms_norm` (one op without autograd, where transformers dispatches eight),
+and rotate_half's negation and cat are one `roll` against a sin whose first half is negated once per forward.
+What that keeps, on the CPU (tests/inference/test_lean_decoder.py):
+
+- fp32: the logits and gradients are transformers' to the bit, with the same linears. rms_norm's CPU kernel,
+  and its decomposition under autograd, compute transformers' fp32 arithmetic; roll(x)·signed sin multiplies
+  the same numbers as rotate_half(x)·sin, the sign moved from one factor to the other.
+- bf16/fp16: within the dtype's rounding. rms_norm rounds once (normalised times weight, in fp32) where
+  transformers rounds the normalised value and then its product with the weight.
+
+A GPU's fused rms_norm kernel may sum the squares in another order: there fp32 is within fp32's rounding.
+The unmerged LoRA linears are retrain/model/merged_lora.py's: PEFT's ops to the bit under autograd (training),
+three ops in the compute dtype without it (sampling; within that dtype's rounding of PEFT's).
 
 Any other model, a model under activation checkpointing while it trains, an attention implementation
 without sdpa's masks, or accelerate's device-map hooks take transformers' own forward.

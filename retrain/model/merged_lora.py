@@ -13,11 +13,17 @@ precision, which drops most of a small LoRA update, so the engine would sample f
 than the one being trained. In fp32 the two paths agree to rounding (log-probs within ~1e-6).
 The cost is a second copy of the adapted weights (`inference.merge_lora=false` avoids it).
 
-Training, and sampling where a layer is not merged, keep PEFT's arithmetic but not its bookkeeping:
-within `lean_lora(layers)` the same layers compute base + B·A·dropout(x)·s with the same ops in the same
-order and the same casts (bit-identical losses and gradients, in any precision; a bf16 model's adapters
-stay fp32 as PEFT keeps them) without PEFT's adapter lookups and four submodule calls per layer (~2% of
-the tiny model's step).
+Training keeps PEFT's arithmetic but not its bookkeeping: within `lean_lora(layers)` the same layers
+compute base + B·A·dropout(x)·s with the same ops in the same order and the same casts (bit-identical
+losses and gradients, in any precision; a bf16 model's adapters stay fp32 as PEFT keeps them) without
+PEFT's adapter lookups and four submodule calls per layer (~2% of the tiny model's step).
+
+Without autograd and dropout (sampling where a layer is not merged, the probe, the trainer's log-prob
+passes) a layer is three ops, not PEFT's seven: base(x), x·A, and one addmm adding (x·A)·(s·B), with A and
+s·B cast to the compute dtype once per weight version (issue 51: each op is a kernel launch in a GPU's
+eager decode step, a bf16 model's default path). Those are PEFT's outputs within the compute dtype's
+rounding (fp32: the scale applied to B rather than to the product; bf16: the LoRA term in bf16 where
+PEFT keeps it in fp32 until the sum), never to the bit.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from peft.tuners.lora.layer import Linear as LoraLinear
 
 from retrain.model.merged_lora import lean_lora, merged_lora, plain_lora_layers
 from retrain.types import SamplingParams, TrainBatch
@@ -101,6 +102,25 @@ def test_layers_whose_adapter_is_disabled_keep_peft_s_own_forward(tiny_spec):
         torch.testing.assert_close(layer(x), layer.base_layer(x), atol=0, rtol=0)
     with merged.serving(), torch.no_grad():
         torch.testing.assert_close(layer(x), x @ merged._weight(layer).T)
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("fp32", 1e-6), ("bf16", 2**-6)])
+def test_without_autograd_a_lean_lora_linear_is_peft_s_within_rounding(tiny_spec, dtype, tolerance):
+    """base + (x·A)·(s·B) in the compute dtype, A and s·B cast once per weight version: PEFT's output within that
+    dtype's rounding, relative to the output's largest entry (bf16: two ulps; seen one), before and after the
+    adapter moves."""
+    backend = make_backend(dataclasses.replace(tiny_spec, dtype=dtype))
+    layers = plain_lora_layers(backend.model)
+    torch.manual_seed(0)
+    x = torch.randn(5, layers[0].base_layer.in_features).to(backend.model.dtype)
+    for _ in range(2):
+        with torch.no_grad():
+            for p in backend.adapter.values():
+                p.add_(0.05 * torch.randn_like(p))  # an optimizer step: the cached casts must follow
+            peft = LoraLinear.forward(layers[0], x).float()
+            with lean_lora(layers):
+                lean = layers[0](x).float()
+        assert (lean - peft).abs().max() <= tolerance * peft.abs().max()
 
 
 def loss_and_gradients(backend, ids: torch.Tensor, lean: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
