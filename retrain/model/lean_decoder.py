@@ -15,15 +15,17 @@ a launch): each RMSNorm is torch's `rms_norm` (one op without autograd, where tr
 and rotate_half's negation and cat are one `roll` against a sin whose first half is negated once per forward.
 What that keeps, on the CPU (tests/inference/test_lean_decoder.py):
 
-- fp32: the logits and gradients are transformers' to the bit, with the same linears. rms_norm's CPU kernel,
-  and its decomposition under autograd, compute transformers' fp32 arithmetic; roll(x)·signed sin multiplies
-  the same numbers as rotate_half(x)·sin, the sign moved from one factor to the other.
+- fp32: the logits and gradients are transformers' to the bit where the linears are plain (no adapter, a
+  merged or disabled one) and under autograd (training: unmerged LoRA through PEFT's ops). rms_norm's CPU
+  kernel, and its decomposition under autograd, compute transformers' fp32 arithmetic; roll(x)·signed sin
+  multiplies the same numbers as rotate_half(x)·sin, the sign moved from one factor to the other.
 - bf16/fp16: within the dtype's rounding. rms_norm rounds once (normalised times weight, in fp32) where
   transformers rounds the normalised value and then its product with the weight.
 
 A GPU's fused rms_norm kernel may sum the squares in another order: there fp32 is within fp32's rounding.
 The unmerged LoRA linears are retrain/model/merged_lora.py's: PEFT's ops to the bit under autograd (training),
-three ops in the compute dtype without it (sampling; within that dtype's rounding of PEFT's).
+three ops in the compute dtype without it (sampling), where the o and down projections' base matmuls also add
+the residual (`plus_linear`): within that dtype's rounding of transformers' forward through PEFT's.
 
 Any other model, a model under activation checkpointing while it trains, an attention implementation
 without sdpa's masks, or accelerate's device-map hooks take transformers' own forward.
@@ -47,6 +49,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from retrain.model.attention import CPU_SDPA, CUDA_SDPA
 from retrain.model.attention_kernels import CUTLASS_SDPA
 from retrain.model.cache_argument import with_cache
+from retrain.model.merged_lora import plus_linear
 
 # model_type -> whether attention normalises each head's queries and keys (Qwen3's q_norm/k_norm)
 MIRRORED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
@@ -176,11 +179,9 @@ class LeanForward:
         attend = ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
         hidden = hidden.view(batch * length, -1)
         for layer in decoder.layers[: config.num_hidden_layers]:
-            residual = hidden
             normed = _rms_norm(layer.input_layernorm, hidden)
-            hidden = residual + self._attention(layer.self_attn, normed, (batch, length), rotation, mask, cache, attend)
-            residual = hidden
-            hidden = residual + _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden))
+            hidden = self._attention(layer.self_attn, normed, hidden, (batch, length), rotation, mask, cache, attend)
+            hidden = _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden), hidden)
         hidden = _rms_norm(decoder.norm, hidden).view(batch, length, -1)
         return hidden[:, slice(-keep, None), :]
 
@@ -188,13 +189,14 @@ class LeanForward:
         self,
         module: Any,
         hidden: torch.Tensor,
+        residual: torch.Tensor,
         input_shape: tuple[int, int],
         rotation: tuple[torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,
         cache: Cache | None,
         attend: Any,
     ) -> torch.Tensor:
-        """transformers' Llama/Qwen3 attention forward, op for op, on the [B·T, hidden] rows of a [B, T] input."""
+        """`residual` plus transformers' Llama/Qwen3 attention forward on the [B·T, hidden] rows of a [B, T] input."""
         hidden_shape = (*input_shape, -1, module.head_dim)
         queries = module.q_proj(hidden).view(hidden_shape)
         keys = module.k_proj(hidden).view(hidden_shape)
@@ -206,7 +208,7 @@ class LeanForward:
             keys, values = cache.update(keys, values, module.layer_idx)
         dropout = 0.0 if not module.training else module.attention_dropout
         output, _ = attend(module, queries, keys, values, mask, dropout=dropout, scaling=module.scaling)
-        return module.o_proj(output.reshape(hidden.shape[0], -1).contiguous())
+        return plus_linear(module.o_proj, output.reshape(hidden.shape[0], -1).contiguous(), residual)
 
 
 def causal_lm_of(model: Any) -> Any:
@@ -236,8 +238,9 @@ def _checkpointing(causal_lm: Any) -> bool:
     )
 
 
-def _mlp(module: Any, hidden: torch.Tensor) -> torch.Tensor:
-    return module.down_proj(module.act_fn(module.gate_proj(hidden)) * module.up_proj(hidden))
+def _mlp(module: Any, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """`residual` plus the MLP's output, the add in the down projection where that can take it (`plus_linear`)."""
+    return plus_linear(module.down_proj, module.act_fn(module.gate_proj(hidden)) * module.up_proj(hidden), residual)
 
 
 def _rms_norm(module: Any, hidden: torch.Tensor) -> torch.Tensor:

@@ -21,8 +21,9 @@ PEFT's adapter lookups and four submodule calls per layer (~2% of the tiny model
 Without autograd and dropout (sampling where a layer is not merged, the probe, the trainer's log-prob
 passes) a layer is three ops, not PEFT's seven: base(x), x·A, and one addmm adding (x·A)·(s·B), with A and
 s·B cast to the compute dtype once per weight version (issue 51: each op is a kernel launch in a GPU's
-eager decode step, a bf16 model's default path). Those are PEFT's outputs within the compute dtype's
-rounding (fp32: the scale applied to B rather than to the product; bf16: the LoRA term in bf16 where
+eager decode step, a bf16 model's default path); a residual connection after one (`plus_linear`) is added
+by its base matmul, one op fewer. Those are PEFT's outputs within the compute dtype's rounding (fp32: the
+scale applied to B rather than to the product, the residual added first; bf16: the LoRA term in bf16 where
 PEFT keeps it in fp32 until the sum), never to the bit.
 """
 
@@ -107,12 +108,27 @@ def _lean_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> tor
     return (base + lora * layer.scaling["default"]).to(base.dtype)
 
 
-def _inference_forward(layer: Any, x: torch.Tensor) -> torch.Tensor:
+def plus_linear(layer: Any, x: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
+    """addend + layer(x) (a residual connection): where `layer` computes through `_inference_forward` now (a lean
+    LoRA linear without autograd or bias), the addend goes into the base matmul, one op fewer."""
+    forward = vars(layer).get("forward")
+    lean = isinstance(forward, partial) and forward.func is _lean_forward
+    if not lean or torch.is_grad_enabled() or not _no_dropout(layer) or layer.base_layer.bias is not None:
+        return addend + layer(x)
+    return _inference_forward(layer, x, addend)
+
+
+def _inference_forward(layer: Any, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
     """base(x) + (x·A)·(s·B) in the base weight's dtype, the add fused into the second matmul: three kernels where
-    PEFT's forward launches seven (two casts, a scale and an add). Within the compute dtype's rounding of PEFT's."""
+    PEFT's forward launches seven (two casts, a scale and an add). Within the compute dtype's rounding of PEFT's.
+    An `addend` of the output's shape (`plus_linear`; the base layer has no bias) is added by the base matmul."""
     lora_a, scaled_b = _inference_adapter(layer)
     rows = x.reshape(-1, x.shape[-1])
-    base = F.linear(rows, layer.base_layer.weight, layer.base_layer.bias)
+    weight = layer.base_layer.weight
+    if addend is None:
+        base = F.linear(rows, weight, layer.base_layer.bias)
+    else:
+        base = torch.addmm(addend.reshape(rows.shape[0], -1), rows, weight.t())
     out = torch.addmm(base, F.linear(rows, lora_a), scaled_b.t())
     return out.view(*x.shape[:-1], out.shape[-1])
 

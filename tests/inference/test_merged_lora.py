@@ -84,8 +84,8 @@ def test_half_precision_layers_are_never_merged_and_sample_as_peft_does(tiny_spe
     engine._lean = []  # every layer through PEFT's own forward
     peft = engine.generate(prompt_ids, 4, SAMPLING, generator_seed=1)
     assert torch.equal(lean.completion_ids, peft.completion_ids)
-    # The logits are bf16 (one ulp of a logit in [4, 8) is 2^-5) and the two round the LoRA term apart: seen 0.017
-    torch.testing.assert_close(lean.logprobs, peft.logprobs, atol=2**-5, rtol=0)
+    # bf16 logits, the top ones in [8, 16) where an ulp is 2^-4, the LoRA term and residual rounded apart: seen 0.031
+    torch.testing.assert_close(lean.logprobs, peft.logprobs, atol=2**-4, rtol=0)
 
 
 def test_layers_whose_adapter_is_disabled_keep_peft_s_own_forward(tiny_spec):
