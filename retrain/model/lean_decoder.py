@@ -10,9 +10,10 @@ lookup, the decoder layer and attention module calls, and the [B, T, hidden] vie
 hidden states stay [B·T, hidden] rows between attention blocks: the same products, fewer autograd nodes). A
 small model's forward is mostly that machinery (docs/benchmarks.md, change 13).
 
-Two places launch fewer kernels than transformers' ops (issue 51: on a GPU each op of an eager decode step is
-a launch): each RMSNorm is torch's `rms_norm` (one op without autograd, where transformers dispatches eight),
-and rotate_half's negation and cat are one `roll` against a sin whose first half is negated once per forward.
+Two places launch fewer kernels than transformers' ops (on a GPU each op of an eager decode step is a launch:
+benchmarks/decode_counts.py): each RMSNorm is torch's `rms_norm` (one op without autograd, where transformers
+dispatches eight), and rotate_half's negation and cat are one `roll` against a sin whose first half is negated
+once per forward.
 What that keeps, on the CPU (tests/inference/test_lean_decoder.py):
 
 - fp32: the logits and gradients are transformers' to the bit where the linears are plain (no adapter, a

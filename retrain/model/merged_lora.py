@@ -20,11 +20,11 @@ PEFT's adapter lookups and four submodule calls per layer (~2% of the tiny model
 
 Without autograd and dropout (sampling where a layer is not merged, the probe, the trainer's log-prob
 passes) a layer is three ops, not PEFT's seven: base(x), x·A, and one addmm adding (x·A)·(s·B), with A and
-s·B cast to the compute dtype once per weight version (issue 51: each op is a kernel launch in a GPU's
-eager decode step, a bf16 model's default path); a residual connection after one (`plus_linear`) is added
-by its base matmul, one op fewer. Those are PEFT's outputs within the compute dtype's rounding (fp32: the
-scale applied to B rather than to the product, the residual added first; bf16: the LoRA term in bf16 where
-PEFT keeps it in fp32 until the sum), never to the bit.
+s·B cast to the compute dtype once per weight version (each op is a kernel launch in a GPU's eager decode
+step, a bf16 model's default path; benchmarks/decode_counts.py counts them); a residual connection after
+one (`plus_linear`) is added by its base matmul, one op fewer. Those are PEFT's outputs within the compute
+dtype's rounding (fp32: the scale applied to B rather than to the product, the residual added first; bf16:
+the LoRA term in bf16 where PEFT keeps it in fp32 until the sum), never to the bit.
 """
 
 from __future__ import annotations

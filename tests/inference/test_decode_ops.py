@@ -1,4 +1,4 @@
-"""An eager decode step's kernel count (issue 51): what a GPU launches per step, counted on the CPU through
+"""An eager decode step's kernel count: what a GPU launches per step, counted on the CPU through
 `generate()` on the bundled tiny Qwen3 in bf16 with its LoRA unmerged, the GPU's sampling path."""
 
 from __future__ import annotations
