@@ -27,7 +27,9 @@ formulas; attention with `is_causal` counts its causal half, as a causal kernel 
 end of every forward (the LM head's output), and a window that holds exactly one forward, of one new token per
 row, is a decode step: its sampling, bookkeeping and forward. Windows with a prefill and the call's tail are
 kept apart (`other`), so per-step figures are exact. Ops between the first decoder layer's input norm and the
-final norm count as the layers'.
+final norm count as the layers'. The lean forward (retrain/model/lean_decoder.py) calls no norm module: there the
+layers' ops run from the first layer's query projection to the LM head, the first input norm counted outside
+and the final norm inside in its stead (both one rms_norm).
 """
 
 from __future__ import annotations
@@ -240,7 +242,9 @@ def count_decode(model: Any) -> Iterator[DecodeCounts]:
         decoder.embed_tokens.register_forward_pre_hook(started),
         decoder.rotary_emb.register_forward_pre_hook(positions),
         decoder.layers[0].input_layernorm.register_forward_pre_hook(into_layers),
+        decoder.layers[0].self_attn.q_proj.register_forward_pre_hook(into_layers),
         decoder.norm.register_forward_pre_hook(out_of_layers),
+        causal_lm.lm_head.register_forward_pre_hook(out_of_layers),
         causal_lm.lm_head.register_forward_hook(lambda *_: close()),
     ]
     try:

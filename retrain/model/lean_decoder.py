@@ -2,14 +2,31 @@
 
 Every forward retrain runs (a prefill, a decode step, the training forward, the freshness probe) goes
 through `causal_lm_logits`. For the decoders whose wiring `LeanForward` mirrors (Llama, Mistral, Qwen2,
-Qwen3; full attention, sdpa's masks) it calls the model's own leaf modules (embedding, norms, the LoRA or
-plain linears, the activation, the rotary embedding, lm_head) with the same tensor ops between them, in
-the same order, as transformers' forward: the logits and gradients are transformers' to the bit. What it
-leaves out is the machinery around them: the output-capturing and config-merging decorators, the general
-mask factory (here the same boolean mask, built directly), the attention-interface lookup, the decoder
-layer and attention module calls, and the [B, T, hidden] views around every matmul (the hidden states
-stay [B·T, hidden] rows between attention blocks: the same products, fewer autograd nodes). A small
-model's forward is mostly that machinery (docs/benchmarks.md, change 13).
+Qwen3; full attention, sdpa's masks) it calls the model's own leaf modules (embedding, the LoRA or plain
+linears, the activation, the rotary embedding, lm_head) with transformers' tensor ops between them, in the
+same order. What it leaves out is the machinery around them: the output-capturing and config-merging
+decorators, the general mask factory (here the same boolean mask, built directly), the attention-interface
+lookup, the decoder layer and attention module calls, and the [B, T, hidden] views around every matmul (the
+hidden states stay [B·T, hidden] rows between attention blocks: the same products, fewer autograd nodes). A
+small model's forward is mostly that machinery (docs/benchmarks.md, change 13).
+
+Two places launch fewer kernels than transformers' ops (on a GPU each op of an eager decode step is a launch:
+benchmarks/decode_counts.py): each RMSNorm is torch's `rms_norm` (one op without autograd, where transformers
+dispatches eight), and rotate_half's negation and cat are one `roll` against a sin whose first half is negated
+once per forward.
+What that keeps, on the CPU (tests/inference/test_lean_decoder.py):
+
+- fp32: the logits and gradients are transformers' to the bit where the linears are plain (no adapter, a
+  merged or disabled one) and under autograd (training: unmerged LoRA through PEFT's ops). rms_norm's CPU
+  kernel, and its decomposition under autograd, compute transformers' fp32 arithmetic; roll(x)·signed sin
+  multiplies the same numbers as rotate_half(x)·sin, the sign moved from one factor to the other.
+- bf16/fp16: within the dtype's rounding. rms_norm rounds once (normalised times weight, in fp32) where
+  transformers rounds the normalised value and then its product with the weight.
+
+A GPU's fused rms_norm kernel may sum the squares in another order: there fp32 is within fp32's rounding.
+The unmerged LoRA linears are retrain/model/merged_lora.py's: PEFT's ops to the bit under autograd (training),
+three ops in the compute dtype without it (sampling), where the o and down projections' base matmuls also add
+the residual (`plus_linear`): within that dtype's rounding of transformers' forward through PEFT's.
 
 Any other model, a model under activation checkpointing while it trains, an attention implementation
 without sdpa's masks, or accelerate's device-map hooks take transformers' own forward.
@@ -26,12 +43,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from retrain.model.attention import CPU_SDPA, CUDA_SDPA
 from retrain.model.attention_kernels import CUTLASS_SDPA
 from retrain.model.cache_argument import with_cache
+from retrain.model.merged_lora import plus_linear
 
 # model_type -> whether attention normalises each head's queries and keys (Qwen3's q_norm/k_norm)
 MIRRORED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
@@ -173,44 +192,40 @@ class LeanForward:
         batch, length = input_ids.shape
         hidden = decoder.embed_tokens(input_ids)
         cos, sin = decoder.rotary_emb(hidden, position_ids)
-        rotation = (cos.unsqueeze(1), sin.unsqueeze(1))
+        rotation = (cos.unsqueeze(2), _signed_sin(sin).unsqueeze(2))  # [B, T, 1, head_dim]: each head alike
         attend = ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
         hidden = hidden.view(batch * length, -1)
         for layer in decoder.layers[: config.num_hidden_layers]:
-            residual = hidden
-            normed = layer.input_layernorm(hidden)
-            hidden = residual + self._attention(layer.self_attn, normed, (batch, length), rotation, mask, cache, attend)
-            residual = hidden
-            hidden = residual + _mlp(layer.mlp, layer.post_attention_layernorm(hidden))
-        hidden = decoder.norm(hidden).view(batch, length, -1)
+            normed = _rms_norm(layer.input_layernorm, hidden)
+            hidden = self._attention(layer.self_attn, normed, hidden, (batch, length), rotation, mask, cache, attend)
+            hidden = _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden), hidden)
+        hidden = _rms_norm(decoder.norm, hidden).view(batch, length, -1)
         return hidden[:, slice(-keep, None), :]
 
     def _attention(
         self,
         module: Any,
         hidden: torch.Tensor,
+        residual: torch.Tensor,
         input_shape: tuple[int, int],
         rotation: tuple[torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,
         cache: Cache | None,
         attend: Any,
     ) -> torch.Tensor:
-        """transformers' Llama/Qwen3 attention forward, op for op, on the [B·T, hidden] rows of a [B, T] input."""
+        """`residual` plus transformers' Llama/Qwen3 attention forward on the [B·T, hidden] rows of a [B, T] input."""
         hidden_shape = (*input_shape, -1, module.head_dim)
         queries = module.q_proj(hidden).view(hidden_shape)
         keys = module.k_proj(hidden).view(hidden_shape)
         if self.head_norms:
-            queries, keys = module.q_norm(queries), module.k_norm(keys)
-        queries, keys = queries.transpose(1, 2), keys.transpose(1, 2)
+            queries, keys = _rms_norm(module.q_norm, queries), _rms_norm(module.k_norm, keys)
         values = module.v_proj(hidden).view(hidden_shape).transpose(1, 2)
-        cos, sin = rotation
-        queries = (queries * cos) + (_rotate_half(queries) * sin)
-        keys = (keys * cos) + (_rotate_half(keys) * sin)
+        queries, keys = _rotated(queries, rotation).transpose(1, 2), _rotated(keys, rotation).transpose(1, 2)
         if cache is not None:
             keys, values = cache.update(keys, values, module.layer_idx)
         dropout = 0.0 if not module.training else module.attention_dropout
         output, _ = attend(module, queries, keys, values, mask, dropout=dropout, scaling=module.scaling)
-        return module.o_proj(output.reshape(hidden.shape[0], -1).contiguous())
+        return plus_linear(module.o_proj, output.reshape(hidden.shape[0], -1).contiguous(), residual)
 
 
 def causal_lm_of(model: Any) -> Any:
@@ -240,10 +255,26 @@ def _checkpointing(causal_lm: Any) -> bool:
     )
 
 
-def _mlp(module: Any, hidden: torch.Tensor) -> torch.Tensor:
-    return module.down_proj(module.act_fn(module.gate_proj(hidden)) * module.up_proj(hidden))
+def _mlp(module: Any, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """`residual` plus the MLP's output, the add in the down projection where that can take it (`plus_linear`)."""
+    return plus_linear(module.down_proj, module.act_fn(module.gate_proj(hidden)) * module.up_proj(hidden), residual)
 
 
-def _rotate_half(tensor: torch.Tensor) -> torch.Tensor:
-    half = tensor.shape[-1] // 2
-    return torch.cat((-tensor[..., half:], tensor[..., :half]), dim=-1)
+def _rms_norm(module: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The RMSNorm module's output through torch's rms_norm: transformers' arithmetic (normalised in fp32, cast
+    back, times the weight), one kernel without autograd (decomposed into transformers' ops with it)."""
+    return F.rms_norm(hidden, (hidden.shape[-1],), module.weight, module.variance_epsilon)
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: rotate_half(x)·sin = roll(x, half)·signed sin, the sign moved out of the
+    layers into one op per forward."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def _rotated(tensor: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb on [B, T, heads, head_dim], to the bit: x·cos + rotate_half(x)·sin, with
+    rotate_half's cat and negation as one roll (the sign is in the signed sin)."""
+    cos, signed_sin = rotation
+    return tensor * cos + tensor.roll(tensor.shape[-1] // 2, -1) * signed_sin

@@ -62,9 +62,12 @@ def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> t
 
 
 def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / T) in fp32; T = 0 (greedy) uses T = 1, the model's own distribution."""
-    scale = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits.float() / scale, dim=-1)
+    """log_softmax(logits / T) in fp32; T = 0 (greedy) uses T = 1, the model's own distribution (no division: an
+    op per decode step that would change nothing)."""
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
 
 
 def completion_logprobs(

@@ -13,15 +13,23 @@ precision, which drops most of a small LoRA update, so the engine would sample f
 than the one being trained. In fp32 the two paths agree to rounding (log-probs within ~1e-6).
 The cost is a second copy of the adapted weights (`inference.merge_lora=false` avoids it).
 
-Training, and sampling where a layer is not merged, keep PEFT's arithmetic but not its bookkeeping:
-within `lean_lora(layers)` the same layers compute base + B·A·dropout(x)·s with the same ops in the same
-order and the same casts (bit-identical losses and gradients, in any precision; a bf16 model's adapters
-stay fp32 as PEFT keeps them) without PEFT's adapter lookups and four submodule calls per layer (~2% of
-the tiny model's step).
+Training keeps PEFT's arithmetic but not its bookkeeping: within `lean_lora(layers)` the same layers
+compute base + B·A·dropout(x)·s with the same ops in the same order and the same casts (bit-identical
+losses and gradients, in any precision; a bf16 model's adapters stay fp32 as PEFT keeps them) without
+PEFT's adapter lookups and four submodule calls per layer (~2% of the tiny model's step).
+
+Without autograd and dropout (sampling where a layer is not merged, the probe, the trainer's log-prob
+passes) a layer is three ops, not PEFT's seven: base(x), x·A, and one addmm adding (x·A)·(s·B), with A and
+s·B cast to the compute dtype once per weight version (each op is a kernel launch in a GPU's eager decode
+step, a bf16 model's default path; benchmarks/decode_counts.py counts them); a residual connection after
+one (`plus_linear`) is added by its base matmul, one op fewer. Those are PEFT's outputs within the compute
+dtype's rounding (fp32: the scale applied to B rather than to the product, the residual added first; bf16:
+the LoRA term in bf16 where PEFT keeps it in fp32 until the sum), never to the bit.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -32,6 +40,11 @@ import torch.nn.functional as F
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 WeightKey = tuple[int, ...]
+
+# LoRA linear -> (key of A, B, dtype and scale; A and s·B in the base weight's dtype), see _inference_adapter
+_adapters: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], torch.Tensor, torch.Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class MergedLora:
@@ -82,14 +95,60 @@ def _routed(layers: list[Any], forward: Callable[[Any], Callable[..., torch.Tens
 
 def _lean_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """PEFT's LoRA forward for one unmerged adapter, op for op: base(x) + B(A(dropout(x)))·s, x cast to the
-    adapter's dtype for the adapter and the sum cast back to the base output's (no-ops when they agree)."""
+    adapter's dtype for the adapter and the sum cast back to the base output's (no-ops when they agree).
+    Without autograd and dropout, `_inference_forward`'s three ops instead."""
     if args or kwargs:
         return LoraLinear.forward(layer, x, *args, **kwargs)
+    if not torch.is_grad_enabled() and _no_dropout(layer):
+        return _inference_forward(layer, x)
     lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     base = F.linear(x, layer.base_layer.weight, layer.base_layer.bias)
     adapter_input = x if x.dtype == lora_a.dtype else x.to(lora_a.dtype)
     lora = F.linear(F.linear(layer.lora_dropout["default"](adapter_input), lora_a), lora_b)
     return (base + lora * layer.scaling["default"]).to(base.dtype)
+
+
+def plus_linear(layer: Any, x: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
+    """addend + layer(x) (a residual connection): where `layer` computes through `_inference_forward` now (a lean
+    LoRA linear without autograd or bias), the addend goes into the base matmul, one op fewer."""
+    forward = vars(layer).get("forward")
+    lean = isinstance(forward, partial) and forward.func is _lean_forward
+    if not lean or torch.is_grad_enabled() or not _no_dropout(layer) or layer.base_layer.bias is not None:
+        return addend + layer(x)
+    return _inference_forward(layer, x, addend)
+
+
+def _inference_forward(layer: Any, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+    """base(x) + (x·A)·(s·B) in the base weight's dtype, the add fused into the second matmul: three kernels where
+    PEFT's forward launches seven (two casts, a scale and an add). Within the compute dtype's rounding of PEFT's.
+    An `addend` of the output's shape (`plus_linear`; the base layer has no bias) is added by the base matmul."""
+    lora_a, scaled_b = _inference_adapter(layer)
+    rows = x.reshape(-1, x.shape[-1])
+    weight = layer.base_layer.weight
+    if addend is None:
+        base = F.linear(rows, weight, layer.base_layer.bias)
+    else:
+        base = torch.addmm(addend.reshape(rows.shape[0], -1), rows, weight.t())
+    out = torch.addmm(base, F.linear(rows, lora_a), scaled_b.t())
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _inference_adapter(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A and s·B in the base weight's dtype, rebuilt when A, B or s changed (an optimizer step, a copy or a load
+    moves a tensor's version), so that no step casts or scales them."""
+    lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    dtype, scale = layer.base_layer.weight.dtype, layer.scaling["default"]
+    key = (lora_a.data_ptr(), lora_a._version, lora_b.data_ptr(), lora_b._version, dtype, scale)
+    cached = _adapters.get(layer)
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            cached = _adapters[layer] = (key, lora_a.to(dtype), (lora_b * scale).to(dtype))
+    return cached[1], cached[2]
+
+
+def _no_dropout(layer: Any) -> bool:
+    dropout = layer.lora_dropout["default"]
+    return isinstance(dropout, torch.nn.Identity) or not dropout.training or dropout.p == 0
 
 
 def _merged_forward(layer: Any, weight: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
