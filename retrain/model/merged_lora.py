@@ -138,6 +138,8 @@ def _inference_adapter(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
     moves a tensor's version), so that no step casts or scales them."""
     lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     dtype, scale = layer.base_layer.weight.dtype, layer.scaling["default"]
+    if torch.compiler.is_compiling():  # a compiled step: the casts are in its graph (a pointer check cannot be)
+        return lora_a.to(dtype), (lora_b * scale).to(dtype)
     key = (lora_a.data_ptr(), lora_a._version, lora_b.data_ptr(), lora_b._version, dtype, scale)
     cached = _adapters.get(layer)
     if cached is None or cached[0] != key:
