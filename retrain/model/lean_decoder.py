@@ -10,23 +10,24 @@ lookup, the decoder layer and attention module calls, and the [B, T, hidden] vie
 hidden states stay [B·T, hidden] rows between attention blocks: the same products, fewer autograd nodes). A
 small model's forward is mostly that machinery (docs/benchmarks.md, change 13).
 
-Two places launch fewer kernels than transformers' ops (on a GPU each op of an eager decode step is a launch:
-benchmarks/decode_counts.py): each RMSNorm is torch's `rms_norm` (one op without autograd, where transformers
-dispatches eight), and rotate_half's negation and cat are one `roll` against a sin whose first half is negated
-once per forward.
-What that keeps, on the CPU (tests/inference/test_lean_decoder.py):
+Without autograd (sampling, the probe, the trainer's log-prob passes) it launches fewer kernels than
+transformers' ops (on a GPU each op of an eager decode step is a launch: benchmarks/decode_counts.py): each
+RMSNorm is torch's `rms_norm`, one op where transformers' module dispatches eight. In every mode rotate_half's
+negation and cat are one `roll` against a sin whose first half is negated once per forward: roll(x)·signed sin
+multiplies the same numbers as rotate_half(x)·sin, the sign moved from one factor to the other, so that is
+exact in any dtype. What that keeps (tests/inference/test_lean_decoder.py; tests/test_gpu.py on CUDA):
 
-- fp32: the logits and gradients are transformers' to the bit where the linears are plain (no adapter, a
-  merged or disabled one) and under autograd (training: unmerged LoRA through PEFT's ops). rms_norm's CPU
-  kernel, and its decomposition under autograd, compute transformers' fp32 arithmetic; roll(x)·signed sin
-  multiplies the same numbers as rotate_half(x)·sin, the sign moved from one factor to the other.
-- bf16/fp16: within the dtype's rounding. rms_norm rounds once (normalised times weight, in fp32) where
-  transformers rounds the normalised value and then its product with the weight.
+- under autograd (training): transformers' logits and gradients to the bit, in any dtype (the norms are the
+  modules' own calls; unmerged LoRA goes through PEFT's ops, retrain/model/merged_lora.py).
+- without it, fp32 with plain linears (no adapter, a merged or disabled one): to the bit on the CPU, whose
+  rms_norm kernel computes transformers' fp32 arithmetic (a GPU's fused kernel may sum in another order:
+  within fp32's rounding there).
+- without it, bf16/fp16: within the dtype's rounding. rms_norm rounds once (normalised times weight, in fp32)
+  where transformers rounds the normalised value and then its product with the weight.
 
-A GPU's fused rms_norm kernel may sum the squares in another order: there fp32 is within fp32's rounding.
-The unmerged LoRA linears are retrain/model/merged_lora.py's: PEFT's ops to the bit under autograd (training),
-three ops in the compute dtype without it (sampling), where the o and down projections' base matmuls also add
-the residual (`plus_linear`): within that dtype's rounding of transformers' forward through PEFT's.
+The unmerged LoRA linears without autograd are merged_lora.py's three ops in the compute dtype, where the o and
+down projections' base matmuls also add the residual (`plus_linear`): within that dtype's rounding of
+transformers' forward through PEFT's.
 
 Any other model, a model under activation checkpointing while it trains, an attention implementation
 without sdpa's masks, or accelerate's device-map hooks take transformers' own forward.
@@ -261,8 +262,10 @@ def _mlp(module: Any, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Ten
 
 
 def _rms_norm(module: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """The RMSNorm module's output through torch's rms_norm: transformers' arithmetic (normalised in fp32, cast
-    back, times the weight), one kernel without autograd (decomposed into transformers' ops with it)."""
+    """The RMSNorm module's output: its own call under autograd (training: transformers' bits, in any dtype), else
+    torch's rms_norm, one kernel (normalised in fp32, times the weight, rounded once)."""
+    if torch.is_grad_enabled():
+        return module(hidden)
     return F.rms_norm(hidden, (hidden.shape[-1],), module.weight, module.variance_epsilon)
 
 
