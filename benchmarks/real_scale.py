@@ -13,7 +13,7 @@ rows run to the token limit: the worst case. At 2,048 tokens all B × G rows sam
 groups whose full-length KV cache fits `--kv-cache-gb` (with 10% slack) sample, so one wave of rows fills the budget.
 
 Per phase: seconds and peak memory (CUDA: torch.cuda.max_memory_allocated, reset per phase; CPU: growth of the
-resident set over the phase, sampled every 5 ms), the memory plan's predicted peak (`planned_peak_gb`), decode
+resident set over the phase, sampled every 5 ms), CUDA's allocator retries (target 0), the memory plan's predicted peak (`planned_peak_gb`), decode
 tokens/s against the memory-bandwidth bound and training tokens/s with MFU (benchmarks/_speed_bounds.py). A
 scenario whose predicted time (scaled from the one before) would overrun `--budget-s` is skipped and says so.
 Ends with a markdown table (for docs/benchmarks.md) and, with --out, the same numbers as JSON.
@@ -88,6 +88,7 @@ class Phase:
     device: torch.device
     seconds: float = 0.0
     peak_gb: float = 0.0
+    alloc_retries: int | None = None  # CUDA: the caching allocator's retries (a free-and-retry after an OOM)
     _started: float = 0.0
     _rss_start: int = 0
     _rss_peak: int = 0
@@ -98,6 +99,7 @@ class Phase:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            self.alloc_retries = -_alloc_retries(self.device)
         else:
             self._rss_start = self._rss_peak = resident_bytes()
             self._watching.set()
@@ -114,6 +116,7 @@ class Phase:
         self.seconds = time.perf_counter() - self._started
         if self.device.type == "cuda":
             self.peak_gb = torch.cuda.max_memory_allocated(self.device) / GB
+            self.alloc_retries = (self.alloc_retries or 0) + _alloc_retries(self.device)
         else:
             self._watching.clear()
             assert self._watcher is not None
@@ -125,6 +128,10 @@ class Phase:
         while self._watching.is_set():
             self._rss_peak = max(self._rss_peak, resident_bytes())
             time.sleep(RSS_PERIOD_S)
+
+
+def _alloc_retries(device: torch.device) -> int:
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
 
 
 def resident_bytes() -> int:
@@ -265,6 +272,7 @@ def run_scenario(parts: Parts, step: int, max_tokens: int, groups: int, prompt_t
                 "seconds": phase.seconds,
                 "peak_gb": phase.peak_gb,
                 "planned_peak_gb": None if planned is None else planned[name],
+                "alloc_retries": phase.alloc_retries,
             }
             for name, phase in phases.items()
         },
@@ -293,8 +301,9 @@ def fmt(value: float | None, spec: str) -> str:
 def markdown_table(scenarios: list[dict[str, Any]]) -> list[str]:
     """One row per scenario and phase: seconds, peak memory, the plan's peak, throughput against its bound."""
     lines = [
-        "| new tokens | rows | phase | seconds | peak GB | plan peak GB | tokens/s | bound tokens/s | of bound | MFU |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| new tokens | rows | phase | seconds | peak GB | plan peak GB | alloc retries | tokens/s | bound tokens/s "
+        "| of bound | MFU |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for scenario in scenarios:
         for name in PHASES:
@@ -307,7 +316,8 @@ def markdown_table(scenarios: list[dict[str, Any]]) -> list[str]:
                 rate, mfu = scenario["train_tokens_per_s"], scenario["mfu"]
             lines.append(
                 f"| {scenario['max_tokens']:,} | {scenario['rows']} | {name} | {phase['seconds']:.2f} "
-                f"| {phase['peak_gb']:.2f} | {fmt(phase['planned_peak_gb'], '.2f')} | {fmt(rate, ',.0f')} "
+                f"| {phase['peak_gb']:.2f} | {fmt(phase['planned_peak_gb'], '.2f')} "
+                f"| {fmt(phase.get('alloc_retries'), 'd')} | {fmt(rate, ',.0f')} "
                 f"| {fmt(bound, ',.0f')} | {fmt(share, '.1%')} | {fmt(mfu, '.1%')} |"
             )
     return lines

@@ -36,6 +36,7 @@ from retrain.config_checks.compose_errors import COMPOSE_ERRORS, compose_error_l
 from retrain.error_lines import one_line, user_error_behind
 from retrain.errors import UserError
 from retrain.housekeeping.threads import fitted_threads, set_openmp_waits, threads_override
+from retrain.model.cuda_allocator import use_expandable_segments
 
 log = logging.getLogger("retrain")
 
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # before anything imports torch (Hydra's callbacks do): OpenMP reads its wait policy when torch loads
     set_openmp_waits(fitted_threads(threads_override(args)))  # retrain/housekeeping/threads.py
+    use_expandable_segments()  # CUDA's allocator reads its setting when CUDA initialises
     register_configs()
     sys.argv = [sys.argv[0], *flags_before_overrides(args)]
     from retrain.campaign.sweeper import multirun_file_masked

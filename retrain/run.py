@@ -61,6 +61,7 @@ from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.pytorch import PytorchEngine
 from retrain.inference.reachable import check_server_answers
+from retrain.model.cuda_allocator import use_expandable_segments
 from retrain.model.memory_plan import MemoryPlan, plan_on_this_machine, plans_local_memory
 from retrain.model.probe import Probe
 from retrain.model.spec import ChatPrompts, ModelSpec
@@ -79,6 +80,7 @@ log = logging.getLogger("retrain")
 def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """Build every part from `cfg` and train; returns the final status."""
     run_dir = run_dir or Path(HydraConfig.get().runtime.output_dir)
+    use_expandable_segments()  # before CUDA initialises: it reads the setting then
     # one process, or this rank of a torchrun / submitit multi-task run (docs/distributed.md)
     world = join_world(str(OmegaConf.select(cfg, "backend.devices", default="cpu")))
     try:

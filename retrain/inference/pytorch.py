@@ -194,7 +194,7 @@ class PytorchEngine:
         with torch.inference_mode(), self._serving():
             decoded = decode(
                 self.model,
-                KvPool(self.kv_shape, self.device, blocks),
+                KvPool(self.kv_shape, self.device, blocks, reserve=self.device.type == "cuda"),
                 self.layer_types,
                 Prompts(prompts, lengths, group_size),
                 sampling,

@@ -95,6 +95,20 @@ def test_the_pool_keeps_its_blocks_when_its_storage_grows_and_never_beyond_its_b
         pool.take(2)
 
 
+def test_a_reserved_pool_holds_its_budget_from_the_start_and_never_reallocates() -> None:
+    """A GPU's pool: one allocation of the budget per call, the same storage whatever is taken and released."""
+    shape = KvShape(layers=2, kv_heads=1, head_dim=2, dtype=torch.float32)
+    pool = KvPool(shape, torch.device("cpu"), max_blocks=GROWTH_MIN_BLOCKS * 3, reserve=True)
+    assert pool.capacity == pool.peak_capacity == pool.max_blocks and pool.in_use == 0
+    storages = [storage.data_ptr() for storage in (*pool.keys, *pool.values)]
+    assert all(storage.shape[0] == pool.max_blocks * BLOCK_TOKENS for storage in pool.keys)
+    taken = pool.take(pool.max_blocks)
+    pool.release(taken[:GROWTH_MIN_BLOCKS])
+    pool.take(GROWTH_MIN_BLOCKS)
+    assert [storage.data_ptr() for storage in (*pool.keys, *pool.values)] == storages
+    assert pool.peak_in_use == pool.max_blocks and pool.available() == 0
+
+
 def test_the_cache_reaches_the_model_under_the_name_its_transformers_takes(tiny_spec) -> None:
     """transformers 5.24 renamed the forward's `past_key_values` to `cache`; the old name warns on every call
     (and goes in 5.40). The engine's decode loop and the trainer's shared-prompt forward pass neither warning."""

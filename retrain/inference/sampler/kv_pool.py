@@ -10,6 +10,11 @@ row's blocks go back to a free list for the next row; the G rows of a group shar
 The storage grows as blocks are taken, by GROWTH (and GROWTH_MIN_BLOCKS) at a time (the copy of a block pool into its larger
 successor is amortised), one layer after the other so that a growth holds at most one layer's old storage
 twice, and never beyond `max_blocks`: the KV budget. It lives within one sampling call.
+
+On a GPU the engine reserves the whole budget at the call's start instead (`reserve`): growing there would copy
+the pool while the call decodes and leave the caching allocator blocks of every intermediate size; one
+allocation of the same size per call is reused from its cache call after call. (A CPU's allocation costs pages
+only as they are written, and its growth keeps `engine/kv_reserved_gb` at what the call needed.)
 """
 
 from __future__ import annotations
@@ -68,7 +73,9 @@ class KvPool:
     """Keys and values of every layer in blocks; see the module docstring. A block's token slots are
     [block · BLOCK_TOKENS, (block + 1) · BLOCK_TOKENS) of each layer's [slots, kv_heads, head_dim] storage."""
 
-    def __init__(self, shape: KvShape, device: torch.device, max_blocks: int) -> None:
+    def __init__(self, shape: KvShape, device: torch.device, max_blocks: int, reserve: bool = False) -> None:
+        """`reserve`: the storage takes all `max_blocks` at once, and never grows (a GPU's: see the module
+        docstring); else it grows as blocks are taken."""
         self.shape = shape
         self.device = device
         self.max_blocks = max_blocks
@@ -80,6 +87,8 @@ class KvPool:
         self.in_use = 0
         self.peak_in_use = 0
         self.peak_capacity = 0
+        if reserve:
+            self._grow(max_blocks)
 
     def available(self) -> int:
         """Blocks that can be taken now: free ones and those the storage may still grow by."""
