@@ -169,8 +169,8 @@ def decode(
                 break  # rows that arrive enter at once, not at the window's end
             next_logits = forward.decode(running, choice.tokens, window.tensors)
             window.forwarded()
-        going, going_at = [], []
-        for at, (row, stop) in enumerate(window.ends()):  # the window's one host read
+        going: list[Row] = []
+        for row, stop in window.ends():  # the window's one host read
             if stop is not None or row.generated == limit[row.table_row]:
                 if stop is not None:
                     row.generated = stop
@@ -181,7 +181,6 @@ def decode(
                     on_finish(at_row, ids[at_row, : row.generated], logprobs[at_row, : row.generated], stop is not None)
             else:
                 going.append(row)
-                going_at.append(at)
         running, logits = [], []
         if going:
             kept = scheduler.make_room(going)
