@@ -39,7 +39,6 @@ tensor of logits is never built whole.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +56,11 @@ from retrain.model.merged_lora import plus_linear
 MIRRORED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
 SDPA_MASKED = {"sdpa", CPU_SDPA, CUDA_SDPA, CUTLASS_SDPA}  # attention that takes sdpa's boolean [B, 1, T, K] masks
 
-_head_norms: weakref.WeakKeyDictionary[torch.nn.Module, bool | None] = weakref.WeakKeyDictionary()
+# the model's own attribute holding _mirrored_head_norms' answer: looked at once per model object, and one
+# attribute torch.compile guards on as a constant (a module-level weak dict it guards key by key, and a key
+# collected between its trace and its guards failed the compile)
+_HEAD_NORMS = "_retrain_head_norms"
+_UNSEEN = object()
 
 
 def causal_lm_logits(
@@ -169,9 +172,10 @@ class LeanForward:
     def of(cls, model: Any) -> LeanForward | None:
         """The model's lean forward, or None where transformers' own forward must run now."""
         causal_lm = causal_lm_of(model)
-        if causal_lm not in _head_norms:  # the architecture is looked at once per model object
-            _head_norms[causal_lm] = _mirrored_head_norms(causal_lm)
-        head_norms = _head_norms[causal_lm]
+        head_norms = getattr(causal_lm, _HEAD_NORMS, _UNSEEN)
+        if head_norms is _UNSEEN:
+            head_norms = _mirrored_head_norms(causal_lm)
+            setattr(causal_lm, _HEAD_NORMS, head_norms)
         if head_norms is None or _checkpointing(causal_lm):
             return None
         if causal_lm.config._attn_implementation not in SDPA_MASKED:

@@ -4,6 +4,7 @@ rounding in bf16: retrain/model/lean_decoder.py), and steps aside for the rest."
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import pytest
 import torch
@@ -203,3 +204,39 @@ def _gemma_config():
     from transformers import GemmaConfig
 
     return GemmaConfig(**SIZES, head_dim=16)
+
+
+def test_a_compiled_forward_survives_another_model_being_collected_while_it_compiles(monkeypatch):
+    """torch.compile guards on what the traced code read; the lean forward's per-model look at the architecture
+    once sat in a module-level weak dict, guarded key by key, and a model collected between the trace and the
+    guards (CI's slow suite, its garbage collector at work) failed the compile. The window opened on purpose."""
+
+    class Cycle:  # freed only by the cycle collector, i.e. at a moment nobody chooses
+        def __init__(self, model):
+            self.model, self.me = model, self
+
+    def abandoned_model():
+        model = lora_model(CONFIGS["qwen3"]())
+        LeanForward.of(model)
+        Cycle(model)
+
+    model = lora_model(CONFIGS["qwen3"]())
+    build_guards = torch._dynamo.guards.CheckFunctionManager.__init__
+
+    def collect_then_build_guards(*args, **kwargs):
+        gc.collect()
+        return build_guards(*args, **kwargs)
+
+    monkeypatch.setattr(torch._dynamo.guards.CheckFunctionManager, "__init__", collect_then_build_guards)
+    torch._dynamo.reset()
+    input_ids = torch.tensor([[3, 5, 7, 11]])
+    gc.disable()  # the abandoned models live until the guards are built
+    try:
+        abandoned_model()
+        abandoned_model()
+        with torch.inference_mode(), lean_lora(plain_lora_layers(model)):
+            eager = causal_lm_logits(model, input_ids)
+            compiled = torch.compile(lambda ids: causal_lm_logits(model, ids), fullgraph=True)(input_ids)
+    finally:
+        gc.enable()
+    torch.testing.assert_close(compiled, eager)
