@@ -2,7 +2,7 @@
 
     python benchmarks/decode_counts.py [--layers 2] [--rows 8] [--group 4] [--prompt-tokens 64] [--new-tokens 16]
                                        [--dtype bf16|fp32] [--lora merged|unmerged] [--config config.json]
-                                       [--stop-check-steps 8]
+                                       [--stop-check-steps 8] [--paged-attention flex|gather]
     python benchmarks/decode_counts.py --model retrain:tiny_qwen3     # a model directory, its own weights
     python benchmarks/decode_counts.py --quick                        # the bundled tiny Qwen3, small sizes
 
@@ -61,6 +61,12 @@ def main() -> None:
     parser.add_argument(
         "--stop-check-steps", type=int, default=8, help="inference.stop_check_steps (8: the GPU's automatic value)"
     )
+    parser.add_argument(
+        "--paged-attention",
+        choices=("flex", "gather"),
+        default="flex",
+        help="inference.paged_attention (flex: the GPU's automatic value)",
+    )
     parser.add_argument("--quick", action="store_true", help=f"shorthand for {' '.join(QUICK)}")
     parser.add_argument("--out", type=Path, help="also write the numbers as JSON")
     args = parser.parse_args()
@@ -104,6 +110,7 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
             "inference=pytorch",
             f"inference.merge_lora={args.lora == 'merged'}",
             f"inference.stop_check_steps={args.stop_check_steps}",
+            f"inference.paged_attention={args.paged_attention}",
         ]
     )
     training: TrainingConfig = OmegaConf.to_object(cfg.training)  # type: ignore[assignment]

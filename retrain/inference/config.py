@@ -22,6 +22,7 @@ VLLM_KV_CACHE_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp8": "fp8", "int8"
 VLLM_ATTENTION_BACKENDS = {"default": None, "flash": "FLASH_ATTN", "triton": "TRITON_ATTN", "cutlass": "CUTLASS_MLA"}
 ATTENTION_KERNEL_KEY = "inference.attention_kernel"
 PYTORCH_ATTENTION_KERNELS = ("default", "flash", "triton", "cutlass")  # retrain/model/attention_kernels.py
+PAGED_ATTENTION_MODES = ("auto", "gather", "flex")  # inference.paged_attention (pytorch engine)
 
 
 def check_url(url: str, key: str = "inference.url") -> str:
@@ -99,9 +100,16 @@ class PytorchEngineConfig(EngineConfig):
     # decode steps between the host's reads of which rows met a stop token; 0 = automatic: 8 on a GPU, where a
     # read waits for the device, 1 elsewhere. A row that stopped decodes up to this many - 1 tokens more, unused
     stop_check_steps: int = 0
+    # how attention reads cached keys and values: flex (the pool itself, through the block tables: no copy) |
+    # gather (a dense copy per layer, then sdpa) | auto: flex on a GPU, gather elsewhere. docs/inference-engines.md
+    paged_attention: str = "auto"
 
     def __post_init__(self) -> None:
         check_pytorch_attention_kernel(self.attention_kernel)
+        if self.paged_attention not in PAGED_ATTENTION_MODES:
+            raise ConfigError(
+                f"inference.paged_attention={self.paged_attention!r}: choose one of {', '.join(PAGED_ATTENTION_MODES)}"
+            )
         if self.stop_check_steps < 0:
             raise ConfigError(f"inference.stop_check_steps must be >= 0 (0 = automatic), got {self.stop_check_steps}")
         if not self.kv_cache_gb >= 0:

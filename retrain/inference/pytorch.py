@@ -54,6 +54,7 @@ from retrain.inference.sampler.decode import (
 from retrain.inference.sampler.kv_budget import budget_blocks, kv_budget
 from retrain.inference.sampler.kv_pool import KvPool, KvShape, blocks_for
 from retrain.model.attention_kernels import attending_with, attention_implementation
+from retrain.model.lean_decoder import MIRRORED, mirrored
 from retrain.model.logprobs import left_pad
 from retrain.model.merged_lora import lean_lora, merged_lora, plain_lora_layers
 from retrain.model.probe import Probe, StaleWeightsError
@@ -88,6 +89,7 @@ class PytorchEngine:
         self.prefix_caching = config.prefix_caching
         self.kv_cache_gb = config.kv_cache_gb
         self.stop_check_steps = config.stop_check_steps or (GPU_STOP_CHECK_STEPS if self.device.type == "cuda" else 1)
+        self.paged_attention = reads_the_pool(config.paged_attention, self.model, self.device)
         self.planned_kv_bytes = resources.kv_cache_bytes
         self.kv_shape = KvShape.of(self.model.config, self.model.dtype)
         self.layer_types = getattr(self.model.config.get_text_config(), "layer_types", None)
@@ -206,6 +208,7 @@ class PytorchEngine:
                 on_finish,
                 None if more is None else self._arrivals(more, sampling, blocks),
                 self.stop_check_steps,
+                self.paged_attention,
             )
         return prompts, prompt_mask, decoded
 
@@ -362,3 +365,15 @@ def _load_trainable(model: Any, tensors: dict[str, torch.Tensor]) -> None:
 def _export(tensor: torch.Tensor) -> torch.Tensor:
     """A CPU copy made outside inference mode, so the trainer can use it next to autograd tensors."""
     return tensor.to("cpu", copy=True)
+
+
+def reads_the_pool(mode: str, model: Any, device: torch.device) -> bool:
+    """Whether attention reads cached keys from the KV pool through the block tables (inference.paged_attention):
+    flex, or auto on a GPU (eager flex_attention on the CPU scores every slot of the pool; the gather path is
+    the faster there). Only the lean forward can; flex for a model it does not mirror is a ConfigError."""
+    if mode == "flex" and not mirrored(model):
+        raise ConfigError(
+            f"inference.paged_attention=flex reads the KV pool in retrain's own forward, which "
+            f"{model.config.model_type} does not run (it mirrors {', '.join(MIRRORED)}); use paged_attention=gather"
+        )
+    return mode == "flex" or (mode == "auto" and device.type == "cuda")

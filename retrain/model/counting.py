@@ -21,7 +21,10 @@ For each compute op it also adds up the bytes an eager kernel moves (the memory 
 its output; gathers and scatters count the rows they touch, not the whole tensor they index), the bytes of
 the keys and values an attention op reads (plus what the gather that built them moved, where one did: a dense
 copy of cached keys and values costs its read and its write before attention reads it), and the FLOPs of matmuls and attention (torch's flop_counter
-formulas; attention with `is_causal` counts its causal half, as a causal kernel skips the rest).
+formulas; attention with `is_causal` counts its causal half, as a causal kernel skips the rest). flex_attention
+(a higher-order op: one fused kernel compiled) counts as one compute op that reads the key and value blocks its
+block mask lists, per query tile, and does the FLOPs of those; counted, it runs eagerly without the compile its
+eager path wraps it in (which refuses a dispatch mode).
 
 `count_decode` wraps a model's decode calls and splits the counts into decode steps: a window closes at the
 end of every forward (the LM head's output), and a window that holds exactly one forward, of one new token per
@@ -41,6 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
+from torch.nn.attention import flex_attention as flex_module
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -112,6 +117,8 @@ class OpCounter(TorchDispatchMode):
     """Counts into `counts` (`restart` begins a new window); see the module docstring. Use as a context manager:
     the Tensor methods of HOST_READ_METHODS are wrapped while it is active."""
 
+    supports_higher_order_operators = True  # flex_attention
+
     def __init__(self) -> None:
         super().__init__()
         self.counts = Counts()
@@ -119,15 +126,19 @@ class OpCounter(TorchDispatchMode):
         self.paused = False  # the counting's own ops (its hooks') are not counted
         self._gathered: dict[int, int] = {}  # storage of a gather's output -> the bytes the gather moved
         self._methods: dict[str, Callable[..., Any]] = {}
+        self._eager_flex = False  # flex_attention's own setting, restored on exit
 
     def __enter__(self) -> OpCounter:
         for name in HOST_READ_METHODS:
             self._methods[name] = original = getattr(torch.Tensor, name)
             setattr(torch.Tensor, name, self._host_read(name, original))
+        self._eager_flex = flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+        flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # see the module docstring
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
+        flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = self._eager_flex
         for name, original in self._methods.items():
             setattr(torch.Tensor, name, original)
         self._methods.clear()
@@ -165,6 +176,9 @@ class OpCounter(TorchDispatchMode):
             self.paused = False
 
     def _count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if isinstance(func, HigherOrderOperator):
+            self._count_flex_attention(func, args, out)
+            return
         counts, packet = self.counts, func.overloadpacket
         if packet in HOST_READS:
             counts.host_reads["item"] += 1
@@ -191,6 +205,28 @@ class OpCounter(TorchDispatchMode):
         counts.flops += flops
         if packet in ATTENTION_FORWARD or packet in ATTENTION_BACKWARD:
             counts.attention_flops += flops
+
+    def _count_flex_attention(self, func: HigherOrderOperator, args: tuple[Any, ...], out: Any) -> None:
+        """One fused kernel: the queries, the key and value blocks the block mask lists for each query tile (a
+        compiled kernel skips the rest), the output; the FLOPs of the scores and sums over those blocks."""
+        if func.name() != "flex_attention":
+            raise NotImplementedError(f"the op counter does not know the higher-order op {func.name()}")
+        query, key, _, _, block_mask = args[:5]
+        kv_num_blocks, kv_block_size = block_mask[2], block_mask[-2]
+        per_head = 1 if kv_num_blocks.shape[1] == 1 else 1 / kv_num_blocks.shape[1]  # a mask for every head alike
+        with self.pausing():
+            kv_tokens = int(kv_num_blocks.sum()) * kv_block_size * per_head
+        counts = self.counts
+        counts.compute["flex_attention"] += 1
+        counts.layer_compute += int(self.in_layers)
+        kv_bytes = int(kv_tokens * key.shape[1] * key.shape[-1] * key.element_size()) * 2  # keys and values
+        counts.attention_kv_bytes += kv_bytes
+        counts.bytes_moved += kv_bytes + _span_bytes(query) + _span_bytes(out[0])
+        query_tile = block_mask[-3]
+        queries_per_tile = min(query_tile, query.shape[2])
+        flops = 4.0 * query.shape[1] * queries_per_tile * kv_tokens * query.shape[-1]  # Q·Kᵀ and P·V
+        counts.flops += flops
+        counts.attention_flops += flops
 
 
 @dataclass

@@ -60,7 +60,6 @@ SDPA_MASKED = {"sdpa", CPU_SDPA, CUDA_SDPA, CUTLASS_SDPA}  # attention that take
 # attribute torch.compile guards on as a constant (a module-level weak dict it guards key by key, and a key
 # collected between its trace and its guards failed the compile)
 _HEAD_NORMS = "_retrain_head_norms"
-_UNSEEN = object()
 
 
 def causal_lm_logits(
@@ -127,10 +126,20 @@ def _lean_hidden(
 ) -> torch.Tensor:
     """`lean.hidden` with the mask and positions transformers' forward derives from its arguments."""
     past = cache.get_seq_length() if cache is not None else 0
-    mask = sdpa_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], past, input_ids.device, padded)
+    attend = cache_attention(cache)
+    mask = None
+    if attend is None:  # a cache's own attention knows which keys each query sees
+        mask = sdpa_mask(attention_mask, input_ids.shape[0], input_ids.shape[1], past, input_ids.device, padded)
     if position_ids is None:
         position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + past).unsqueeze(0)
-    return lean.hidden(input_ids, mask, position_ids, cache, keep)
+    return lean.hidden(input_ids, mask, position_ids, cache, keep, attend)
+
+
+def cache_attention(cache: Cache | None) -> Any | None:
+    """The attention function (transformers' interface) a cache brings for this forward, if any: the paged KV
+    pool's, which reads keys and values through block tables (retrain/inference/sampler/paged_cache.py)."""
+    own = getattr(cache, "attention", None)
+    return own() if callable(own) else None
 
 
 def sdpa_mask(
@@ -172,10 +181,9 @@ class LeanForward:
     def of(cls, model: Any) -> LeanForward | None:
         """The model's lean forward, or None where transformers' own forward must run now."""
         causal_lm = causal_lm_of(model)
-        head_norms = getattr(causal_lm, _HEAD_NORMS, _UNSEEN)
-        if head_norms is _UNSEEN:
-            head_norms = _mirrored_head_norms(causal_lm)
-            setattr(causal_lm, _HEAD_NORMS, head_norms)
+        if not hasattr(causal_lm, _HEAD_NORMS):
+            setattr(causal_lm, _HEAD_NORMS, _mirrored_head_norms(causal_lm))
+        head_norms: bool | None = getattr(causal_lm, _HEAD_NORMS)
         if head_norms is None or _checkpointing(causal_lm):
             return None
         if causal_lm.config._attn_implementation not in SDPA_MASKED:
@@ -189,16 +197,18 @@ class LeanForward:
         position_ids: torch.Tensor,
         cache: Cache | None,
         keep: int,
+        attend: Any | None = None,
     ) -> torch.Tensor:
         """[B, T or keep, hidden] the final norm's output, which transformers hands to the LM head; `mask`: which keys
         (cache, then input) each query sees, [B, 1, T, K] booleans, or None for plain causal attention (sdpa's
-        `is_causal`; a single query sees every key)."""
+        `is_causal`; a single query sees every key). `attend`: the attention function, where not the model's own
+        (`cache_attention`)."""
         decoder, config = self.causal_lm.model, self.causal_lm.config
         batch, length = input_ids.shape
         hidden = decoder.embed_tokens(input_ids)
         cos, sin = decoder.rotary_emb(hidden, position_ids)
         rotation = (cos.unsqueeze(2), _signed_sin(sin).unsqueeze(2))  # [B, T, 1, head_dim]: each head alike
-        attend = ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
+        attend = attend or ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
         hidden = hidden.view(batch * length, -1)
         for layer in decoder.layers[: config.num_hidden_layers]:
             normed = _rms_norm(layer.input_layernorm, hidden)
@@ -236,6 +246,11 @@ class LeanForward:
 def causal_lm_of(model: Any) -> Any:
     """The transformers *ForCausalLM inside any PEFT wrappers."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def mirrored(model: Any) -> bool:
+    """Whether the lean forward mirrors `model`'s architecture (it runs where it also may now: `LeanForward.of`)."""
+    return _mirrored_head_norms(causal_lm_of(model)) is not None
 
 
 def _mirrored_head_norms(causal_lm: Any) -> bool | None:

@@ -141,14 +141,17 @@ def test_a_sampling_call_splits_into_its_decode_steps() -> None:
     assert decode.live_kv_tokens >= decode.rows * min(len(ids) for ids in encode(backend, PROMPTS[:2]))
 
 
-@pytest.mark.parametrize("stop_check_steps", [1, 8])
-def test_a_decode_step_of_the_gpus_path_makes_its_host_wait_at_most_once_per_two_steps(stop_check_steps: int) -> None:
+@pytest.mark.parametrize(("stop_check_steps", "paged_attention"), [(1, "gather"), (8, "gather"), (8, "flex")])
+def test_a_decode_step_of_the_gpus_path_makes_its_host_wait_at_most_once_per_two_steps(
+    stop_check_steps: int, paged_attention: str
+) -> None:
     """The bundled tiny Qwen3 in bf16 with its LoRA unmerged (the GPU's path), rows of different prompt lengths
     that stop at different steps: with the stop flags read once per 8 steps (the GPU's default), a decode step
-    reads the device or builds a tensor from host data at most once per two steps, counted through generate();
-    read every step, once a step at least (the instrument sees the reads)."""
+    reads the device or builds a tensor from host data at most once per two steps, counted through generate(),
+    attention reading a gathered copy or the pool through the block tables (flex, the GPU's); read every step,
+    once a step at least (the instrument sees the reads)."""
     backend = make_backend(ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4, dtype="bf16"))
-    engine = make_engine(backend, merge_lora=False, stop_check_steps=stop_check_steps)
+    engine = make_engine(backend, merge_lora=False, stop_check_steps=stop_check_steps, paged_attention=paged_attention)
     hot = SamplingParams(max_tokens=48, temperature=2.5, top_p=0.95)  # rows run long and stop apart
     with count_decode(engine.model) as decode:
         rollouts = engine.generate(encode(backend, PROMPTS), 4, hot, 0)

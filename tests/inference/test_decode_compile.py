@@ -23,7 +23,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.mark.slow
-def test_a_decode_step_compiles_into_one_graph_and_computes_what_the_eager_step_does() -> None:
+@pytest.mark.parametrize("paged_attention", [False, True])  # attention over a gathered copy; over the pool (flex)
+def test_a_decode_step_compiles_into_one_graph_and_computes_what_the_eager_step_does(paged_attention: bool) -> None:
     torch._dynamo.reset()
     backend = make_backend(ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4, dtype="bf16"))
     engine = make_engine(backend, merge_lora=False)
@@ -32,7 +33,7 @@ def test_a_decode_step_compiles_into_one_graph_and_computes_what_the_eager_step_
     prompts = [torch.tensor(ids) for ids in encode(backend, PROMPTS[:3])]
     assert len({len(ids) for ids in prompts}) > 1  # rows of different lengths: the step's mask has padding
     scheduler = Scheduler(KvPool(engine.kv_shape, CPU, 64), [len(ids) for ids in prompts], 1, 8, False, CPU)
-    forward = Forward(model, PagedCache(scheduler.pool, engine.layer_types), scheduler, engine.pad_id)
+    forward = Forward(model, PagedCache(scheduler.pool, engine.layer_types), scheduler, engine.pad_id, paged_attention)
     sampling = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9)
     with torch.inference_mode(), lean_lora(plain_lora_layers(model)):
         running = scheduler.admit().prefilled
@@ -41,12 +42,18 @@ def test_a_decode_step_compiles_into_one_graph_and_computes_what_the_eager_step_
         steady = RunningTensors.of_rows(running, CPU)
         lengths = [row.stored + 1 for row in running]
         table = scheduler.table_rows(running, steady.table_rows)
-        plan = plan_forward(table, steady.lengths, (min(lengths), max(lengths)), tokens.unsqueeze(-1), None)
+        pool_blocks = scheduler.pool.capacity if paged_attention else None
+        plan = plan_forward(
+            table, steady.lengths, (min(lengths), max(lengths)), tokens.unsqueeze(-1), None, pool_blocks
+        )
         forward.cache.plan = plan
-        assert plan.padded and plan.attention_mask is not None
+        if paged_attention:
+            assert plan.block_mask is not None and plan.attention_mask is None
+        else:
+            assert plan.padded and plan.attention_mask is not None
 
         def step(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, uniforms: torch.Tensor):
-            logits = causal_lm_logits(model, ids, mask, positions, forward.cache, logits_to_keep=1, padded=True)
+            logits = causal_lm_logits(model, ids, mask, positions, forward.cache, logits_to_keep=1, padded=plan.padded)
             choice = choose_tokens(logits[:, -1], sampling, uniforms, with_entropy=True)
             return choice.tokens, choice.logprobs, choice.entropies
 
@@ -56,4 +63,4 @@ def test_a_decode_step_compiles_into_one_graph_and_computes_what_the_eager_step_
         compiled = torch.compile(step, fullgraph=True, dynamic=False)(*arguments)  # a graph break raises
     assert torch.equal(compiled[0], eager[0])
     for got, want in zip(compiled[1:], eager[1:], strict=True):
-        torch.testing.assert_close(got, want, rtol=0.0, atol=2e-2)  # bf16 logits; inductor fuses differently
+        torch.testing.assert_close(got, want, rtol=0.0, atol=3e-2)  # bf16 logits; inductor fuses differently

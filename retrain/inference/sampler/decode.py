@@ -21,7 +21,7 @@ from retrain.inference.sampler.kv_pool import KvPool
 from retrain.inference.sampler.paged_cache import PagedCache, plan_forward
 from retrain.inference.sampler.scheduler import KvSequence, PromptEntry, Row, Scheduler
 from retrain.inference.sampler.tokens import choose_tokens
-from retrain.model.lean_decoder import causal_lm_logits
+from retrain.model.lean_decoder import LeanForward, causal_lm_logits
 from retrain.types import SamplingParams
 
 PREFILL_TOKENS = 8192  # padded tokens per prefill forward: bounds its activations whatever the prompts
@@ -88,6 +88,7 @@ def decode(
     on_finish: Finished | None = None,
     arrivals: Arrivals | None = None,
     stop_check_steps: int = 1,
+    paged_attention: bool = False,
 ) -> Decoded:
     """Sample every row of the call; `uniforms`: [N, max_tokens] (None at T = 0). `limits`: each row's own
     max_tokens, at most sampling.max_tokens (the requests of a batch each ask their own; None: all the same).
@@ -95,7 +96,9 @@ def decode(
     endpoint answers a request then, not when its whole batch is done). `arrivals()` is asked before every window
     for rows that join the call (needs prefix caching off); they are numbered after the call's rows, wait behind
     the rows waiting already, and the call ends when no row runs, waits or arrives. `stop_check_steps`: decode
-    steps between the host's reads of which rows met a stop token (see `Window`)."""
+    steps between the host's reads of which rows met a stop token (see `Window`). `paged_attention`: attention reads
+    cached keys from the pool through the block tables (paged_attention.py), where the model's forward is the lean
+    one; else from a gathered copy."""
     device = prompts.ids.device
     rows, steps = len(prompts.lengths) * prompts.group_size, sampling.max_tokens
     limit = list(limits) if limits is not None else [steps] * rows
@@ -105,7 +108,8 @@ def decode(
     entropies = torch.zeros((rows, steps), dtype=torch.float32, device=device) if sampling.return_entropies else None
     stopped_rows: set[int] = set()
     scheduler = Scheduler(pool, prompts.lengths, prompts.group_size, steps, prefix_caching, device)
-    forward = Forward(model, PagedCache(pool, layer_types), scheduler, pad_id)
+    flex = paged_attention and LeanForward.of(model) is not None
+    forward = Forward(model, PagedCache(pool, layer_types), scheduler, pad_id, flex)
 
     running: list[Row] = []  # rows whose next-token logits are `logits`, in order
     logits: list[torch.Tensor] = []
@@ -298,6 +302,7 @@ class Forward:
     cache: PagedCache
     scheduler: Scheduler
     pad_id: int
+    paged_attention: bool = False  # attention reads the pool through the block tables (see `decode`)
 
     def prefill(self, sequences: Sequence[KvSequence], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
         """Store `tokens` (one 1-D tensor per sequence, after the `stored` ones it shares) in each sequence's
@@ -351,7 +356,8 @@ class Forward:
     ) -> torch.Tensor:
         table = self.scheduler.table_rows(sequences, None if steady is None else steady.table_rows)
         on_device = torch.tensor(lengths, device=new.device) if steady is None else steady.lengths
-        plan = plan_forward(table, on_device, (min(lengths), max(lengths)), new, real)
+        pool_blocks = self.cache.pool.capacity if self.paged_attention else None
+        plan = plan_forward(table, on_device, (min(lengths), max(lengths)), new, real, pool_blocks)
         self.cache.plan = plan
         logits = causal_lm_logits(
             self.model,

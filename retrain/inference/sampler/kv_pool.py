@@ -13,8 +13,12 @@ twice, and never beyond `max_blocks`: the KV budget. It lives within one samplin
 
 On a GPU the engine reserves the whole budget at the call's start instead (`reserve`): growing there would copy
 the pool while the call decodes and leave the caching allocator blocks of every intermediate size; one
-allocation of the same size per call is reused from its cache call after call. (A CPU's allocation costs pages
-only as they are written, and its growth keeps `engine/kv_reserved_gb` at what the call needed.)
+allocation of the same size per call is reused from its cache call after call. (On a CPU the growth keeps
+`engine/kv_reserved_gb`, and the pages written, at what the call needed.)
+
+New storage is zeroed, not left as whatever memory it got: attention over the pool reads slots no row wrote
+(a row's last block past its length, and with eager flex_attention every slot) and weighs them 0, but 0 · NaN
+is NaN. A memset of the new storage, once per growth or per call.
 """
 
 from __future__ import annotations
@@ -139,7 +143,7 @@ class KvPool:
         slots = capacity * BLOCK_TOKENS
         for storages in (self.keys, self.values):
             for layer in range(self.shape.layers):
-                grown = torch.empty(
+                grown = torch.zeros(  # never garbage: see the module docstring
                     (slots, self.shape.kv_heads, self.shape.head_dim), dtype=self.shape.dtype, device=self.device
                 )
                 if layer < len(storages):

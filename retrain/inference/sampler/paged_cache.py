@@ -6,10 +6,12 @@ out as the engine's left-padded batches always were: each row's tokens right-ali
 longest row), its new tokens the last ones, so transformers' (and the lean forward's) mask of the cache's
 `past` = W − T columns and the T new ones — causal, without the padding columns — is exactly right.
 
-Attention reads a dense [R, kv_heads, W, head_dim] copy of one layer at a time (sdpa takes no block tables):
-one layer's live keys and values, padded to the longest row, is the transient this costs. A padding column
-reads its row's first slot, a real key, so that no uninitialised memory reaches the kernel (masked keys
-weigh 0, but 0 · NaN is NaN).
+Attention over cached keys reads them one of two ways (`inference.paged_attention`). Gather: a dense
+[R, kv_heads, W, head_dim] copy of one layer at a time (sdpa takes no block tables): one layer's live keys and
+values, padded to the longest row, is the transient this costs. A padding column reads its row's first slot, a
+real key, so that no uninitialised memory reaches the kernel (masked keys weigh 0, but 0 · NaN is NaN). Flex: the
+pool itself, through the block tables (paged_attention.py), when the forward is the lean one (the cache's own
+`attention` replaces the model's attention function there; transformers' forward knows no block mask).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 from transformers import Cache
 from transformers.cache_utils import CacheLayerMixin
 
 from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, KvPool
+from retrain.inference.sampler.paged_attention import paged_attention, paged_block_mask, pool_sequence
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,8 @@ class ForwardPlan:
     position_ids: torch.Tensor  # [R, T]
     sources: torch.Tensor | None  # [n] the real new tokens among the forward's R·T (None: all of them)
     targets: torch.Tensor  # [n] the pool slots they are written to
-    reads: torch.Tensor | None  # [R·W] the slots attention reads (None: the forward's own keys: nothing cached)
+    reads: torch.Tensor | None  # [R·W] the slots attention gathers (None: its own keys, or the pool's: block_mask)
+    block_mask: BlockMask | None  # attention reads the pool through the block tables (flex), not a gathered copy
     grid: int  # W: the longest row's length
     padded: bool  # a row is shorter than W: attention_mask has padding columns
 
@@ -50,11 +55,13 @@ def plan_forward(
     bounds: tuple[int, int],
     new_tokens: torch.Tensor,
     new_mask: torch.Tensor | None,
+    pool_blocks: int | None = None,
 ) -> ForwardPlan:
     """The plan of a forward over rows with block tables `table` ([R, blocks]) and `lengths` ([R] on the device:
     tokens stored after it; `bounds` their smallest and largest, known on the host) that feeds them `new_tokens`
     ([R, T], right-aligned; `new_mask` marks the real ones, None: all). The rows' blocks must already hold
-    `lengths` slots, the written ones held by the row alone."""
+    `lengths` slots, the written ones held by the row alone. `pool_blocks`: the pool's size, where attention
+    reads cached keys from the pool through the block tables (None: from a gathered copy)."""
     shortest, grid = bounds
     width = new_tokens.shape[1]
     device = new_tokens.device
@@ -70,9 +77,12 @@ def plan_forward(
     else:
         sources, targets = new_mask.reshape(-1).nonzero().squeeze(-1), new_slots[new_mask]
         positions = ((lengths - width).unsqueeze(-1) + torch.arange(width, device=device)).clamp_min(0)
+    if grid > width and pool_blocks is not None:
+        block_mask = paged_block_mask(table, lengths, width, pool_blocks)
+        return ForwardPlan(new_tokens, None, positions, sources, targets, None, block_mask, grid, False)
     reads = None if grid == width else slots.reshape(-1)
     mask = None if width == 1 and shortest == grid else real.long()
-    return ForwardPlan(new_tokens, mask, positions, sources, targets, reads, grid, shortest < grid)
+    return ForwardPlan(new_tokens, mask, positions, sources, targets, reads, None, grid, shortest < grid)
 
 
 class PagedLayer(CacheLayerMixin):
@@ -134,9 +144,25 @@ class PagedCache(Cache):
             storage.index_copy_(
                 0, plan.targets, tokens if plan.sources is None else tokens.index_select(0, plan.sources)
             )
+        if plan.block_mask is not None:
+            return pool_sequence(pool_keys, rows), pool_sequence(pool_values, rows)
         if plan.reads is None:
             return key_states, value_states
         grid = plan.grid
         keys = pool_keys.index_select(0, plan.reads).view(rows, grid, heads, dim).transpose(1, 2)
         values = pool_values.index_select(0, plan.reads).view(rows, grid, heads, dim).transpose(1, 2)
         return keys, values
+
+    def attention(self) -> Any | None:
+        """The attention function (transformers' interface) of this forward where the cache brings its own:
+        the pool read through the block tables; None: the model's own, over what `store` returns."""
+        block_mask = self.plan.block_mask
+        if block_mask is None:
+            return None
+
+        def attend(
+            module: Any, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, None]:
+            return paged_attention(query, keys, values, block_mask, kwargs["scaling"], query.is_cuda), None
+
+        return attend

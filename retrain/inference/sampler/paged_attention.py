@@ -1,0 +1,79 @@
+"""Attention straight over the KV pool through the rows' block tables (torch's flex_attention): no dense copy.
+
+The gather path (paged_cache.py) copies one layer's live keys and values into a dense [R, kv_heads, W, head_dim]
+grid before sdpa reads it: per token and layer it moves the live KV about three times, times the longest row over
+the row's own length, plus the grid as a transient. Here attention reads the pool itself: each layer's
+[slots, kv_heads, head_dim] storage is one long key sequence that every row's queries share (a broadcast view),
+and a BlockMask lists, per row, the pool blocks of its table; compiled, flex_attention visits those blocks only,
+so a step reads each row's live keys and values once (its last block's empty slots aside: < BLOCK_TOKENS).
+
+The mask function is complete on its own (a key is seen if its block is in the row's table, at a position not
+after the query's), so eager flex_attention, which applies it to every key of the pool, computes the same: the
+CPU's tests check eager and compiled against the gather path. Compiled is the GPU's path (eager materialises
+[R, heads, T, slots] scores); on the CPU the gather path stays the default (`inference.paged_attention`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from retrain.inference.sampler.kv_pool import BLOCK_TOKENS
+
+QUERY_BLOCK = 128  # flex_attention's query tile: a decode step's single query, or a prefill piece's, per tile
+
+_compiled_flex_attention = torch.compile(flex_attention, dynamic=True)  # compiles at its first call (a GPU's)
+
+
+def paged_block_mask(table: torch.Tensor, lengths: torch.Tensor, width: int, pool_blocks: int) -> BlockMask:
+    """Which pool slots each row's queries see: the rows' block tables `table` ([R, blocks]), `lengths` ([R]: tokens
+    stored after the forward, the forward's `width` new ones the last), over a pool of `pool_blocks` blocks."""
+    rows, device = table.shape[0], table.device
+    counts = (lengths + BLOCK_TOKENS - 1) // BLOCK_TOKENS  # [R] blocks each row's table lists
+    columns = torch.arange(table.shape[1], device=device)
+    listed = columns < counts.unsqueeze(-1)
+    ranks = torch.full((rows, pool_blocks + 1), -1, dtype=torch.long, device=device)  # + a column for unlisted
+    ranks.scatter_(1, torch.where(listed, table, pool_blocks), columns.expand(rows, -1))
+    ranks = ranks[:, :pool_blocks]  # [R, pool blocks]: a block's place in the row's table, -1: not the row's
+    first_query = lengths - width  # each row's first new token's position
+
+    def visible(batch: torch.Tensor, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        rank = ranks[batch, key // BLOCK_TOKENS]
+        return (rank >= 0) & (rank * BLOCK_TOKENS + key % BLOCK_TOKENS <= first_query[batch] + query)
+
+    query_blocks = -(-width // QUERY_BLOCK)
+    listed_blocks = min(table.shape[1], pool_blocks)  # a row's listed blocks are distinct blocks of the pool
+    indices = torch.zeros((rows, 1, query_blocks, pool_blocks), dtype=torch.int32, device=device)
+    indices[..., :listed_blocks] = table[:, None, None, :listed_blocks]
+    return BlockMask.from_kv_blocks(
+        counts.to(torch.int32).view(rows, 1, 1).expand(rows, 1, query_blocks).contiguous(),
+        indices,
+        BLOCK_SIZE=(QUERY_BLOCK, BLOCK_TOKENS),
+        mask_mod=visible,
+        seq_lengths=(width, pool_blocks * BLOCK_TOKENS),
+    )
+
+
+def pool_sequence(storage: torch.Tensor, rows: int) -> torch.Tensor:
+    """A layer's [slots, kv_heads, head_dim] storage as the [R, kv_heads, slots, head_dim] keys (or values) every
+    row's queries attend over: a view, nothing copied."""
+    slots, heads, dim = storage.shape
+    return storage.view(1, slots, heads, dim).transpose(1, 2).expand(rows, heads, slots, dim)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    block_mask: BlockMask,
+    scaling: float,
+    compiled: bool,
+) -> torch.Tensor:
+    """[R, T, heads, head_dim] attention output (transformers' attention functions' layout) of [R, heads, T, dim]
+    queries over `pool_sequence` keys and values, as `block_mask` lets each row see them. `compiled`: a GPU's
+    (eager flex_attention scores every slot of the pool)."""
+    attend: Any = _compiled_flex_attention if compiled else flex_attention
+    output = attend(query, keys, values, block_mask=block_mask, scale=scaling, enable_gqa=True)
+    return output.transpose(1, 2).contiguous()

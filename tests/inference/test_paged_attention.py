@@ -1,0 +1,109 @@
+"""Attention straight over the KV pool through the block tables (inference.paged_attention=flex) computes what the
+gather path's copy and sdpa compute: per forward (eager and compiled flex_attention, decode steps and prefill
+pieces over a cached prefix, blocks shared between rows), and through the engine (same rollouts to fp32
+rounding, under budgets that queue and preempt rows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, MistralConfig
+
+from retrain.errors import ConfigError
+from retrain.inference.config import PytorchEngineConfig
+from retrain.inference.pytorch import reads_the_pool
+from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, GROWTH_MIN_BLOCKS, KvPool, KvShape
+from retrain.inference.sampler.paged_attention import paged_attention, paged_block_mask, pool_sequence
+from retrain.model.spec import ModelSpec
+from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine
+from tests.inference.test_kv_budget import GROUP, SAMPLING, assert_same_rollouts, budget_gb, one_row_blocks
+
+KV_HEADS, HEADS, DIM, POOL_BLOCKS = 2, 4, 16, 24
+
+
+def a_pool_and_tables(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys, values ([slots, kv_heads, dim]) and block tables of rows holding `lengths` tokens, their blocks
+    scattered over the pool, rows 0 and 1 sharing their first block (a group's prompt), tables padded with 0."""
+    generator = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(2, POOL_BLOCKS * BLOCK_TOKENS, KV_HEADS, DIM, generator=generator)
+    free = torch.randperm(POOL_BLOCKS, generator=generator).tolist()
+    counts = [-(-length // BLOCK_TOKENS) for length in lengths]
+    table = torch.zeros(len(lengths), max(counts) + 2, dtype=torch.long)
+    for row, count in enumerate(counts):
+        table[row, :count] = torch.tensor([free.pop() for _ in range(count)])
+    table[1, 0] = table[0, 0]
+    return keys, values, table
+
+
+def gathered_attention(query, keys, values, table, lengths, width) -> torch.Tensor:
+    """The gather path, row by row: the row's live keys copied out of the pool, sdpa with causal new queries."""
+    outputs = []
+    for row, length in enumerate(lengths):
+        index = torch.arange(length)
+        slots = table[row, index // BLOCK_TOKENS] * BLOCK_TOKENS + index % BLOCK_TOKENS
+        seen = index <= (length - width + torch.arange(width)).unsqueeze(-1)  # [T, length]
+        row_keys, row_values = (t[slots].transpose(0, 1)[None] for t in (keys, values))
+        outputs.append(
+            F.scaled_dot_product_attention(query[row : row + 1], row_keys, row_values, seen, enable_gqa=True)
+        )
+    return torch.cat(outputs).transpose(1, 2)
+
+
+@pytest.mark.parametrize("width", [1, 5])  # a decode step; a prefill piece after a cached prefix
+@pytest.mark.parametrize("compiled", [False, True])
+def test_attention_through_the_block_tables_is_the_gathered_copys(width, compiled):
+    lengths = [5, 33, 17, 48]
+    keys, values, table = a_pool_and_tables(lengths)
+    query = torch.randn(len(lengths), HEADS, width, DIM, generator=torch.Generator().manual_seed(1))
+    block_mask = paged_block_mask(table, torch.tensor(lengths), width, POOL_BLOCKS)
+    # compiled: the GPU's path (inductor's CPU template here), which visits the listed blocks only
+    got = paged_attention(query, pool_sequence(keys, 4), pool_sequence(values, 4), block_mask, DIM**-0.5, compiled)
+    torch.testing.assert_close(got, gathered_attention(query, keys, values, table, lengths, width))
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return make_backend(ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4))
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_the_engine_samples_the_same_reading_the_pool_or_a_gathered_copy(backend, prefix_caching):
+    prompt_ids = encode(backend, PROMPTS)
+    gathered = make_engine(backend, prefix_caching=prefix_caching, paged_attention="gather")
+    expected = gathered.generate(prompt_ids, GROUP, SAMPLING, 6)
+    for blocks in (one_row_blocks(prompt_ids), 30):  # rows queue and are preempted; all rows at once
+        engine = make_engine(
+            backend,
+            prefix_caching=prefix_caching,
+            paged_attention="flex",
+            kv_cache_gb=budget_gb(gathered, blocks),
+        )
+        assert engine.paged_attention
+        assert_same_rollouts(engine.generate(prompt_ids, GROUP, SAMPLING, 6), expected)
+
+
+def test_the_mode_is_checked_and_flex_needs_a_mirrored_forward(backend):
+    with pytest.raises(ConfigError, match="inference.paged_attention='paged'"):
+        PytorchEngineConfig(paged_attention="paged")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    config = MistralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=50
+    )
+    sliding = AutoModelForCausalLM.from_config(config)  # a sliding window: transformers' forward runs
+    with pytest.raises(ConfigError, match="inference.paged_attention=flex"):
+        reads_the_pool("flex", sliding, cpu)
+    assert [
+        reads_the_pool(mode, backend.model, device) for mode in ("auto", "gather", "flex") for device in (cpu, cuda)
+    ] == [False, True, False, False, True, True]
+
+
+def test_the_pool_never_hands_attention_uninitialised_slots():
+    """Attention reads whole blocks (flex: a row's last block past its length; eager: the whole pool) and weighs
+    the masked slots 0, but 0 · NaN is NaN: slots nobody wrote must hold zeros, whatever memory the pool got."""
+    shape = KvShape(layers=1, kv_heads=1, head_dim=4, dtype=torch.float32)  # small: malloc reuses freed memory
+    for _ in range(3):
+        torch.full((GROWTH_MIN_BLOCKS * BLOCK_TOKENS, 1, 4), float("nan"))  # freed at once, NaN left behind
+        pool = KvPool(shape, torch.device("cpu"), 256)
+        pool.take(GROWTH_MIN_BLOCKS + 1)  # two growths
+        assert all(bool(torch.isfinite(storage).all()) for storage in (*pool.keys, *pool.values))
