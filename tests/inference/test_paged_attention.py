@@ -1,7 +1,7 @@
 """Attention straight over the KV pool through the block tables (inference.paged_attention=flex) computes what the
-gather path's copy and sdpa compute: per forward (eager and compiled flex_attention, decode steps and prefill
-pieces over a cached prefix, blocks shared between rows), and through the engine (same rollouts to fp32
-rounding, under budgets that queue and preempt rows)."""
+gather path's copy and sdpa compute: per forward (eager and compiled flex_attention, decode steps and queries
+after a cached prefix, blocks shared between rows, rows padded to their bucket), and through the engine (same
+rollouts to fp32 rounding, under budgets that queue and preempt rows)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ from retrain.errors import ConfigError
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.pytorch import reads_the_pool
 from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, GROWTH_MIN_BLOCKS, KvPool, KvShape
-from retrain.inference.sampler.paged_attention import paged_attention, paged_block_mask, pool_sequence
+from retrain.inference.sampler.paged_attention import (
+    MIN_ROW_BUCKET,
+    paged_attention,
+    paged_block_mask,
+    pool_sequence,
+    row_bucket,
+)
 from retrain.model.spec import ModelSpec
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine
 from tests.inference.test_kv_budget import GROUP, SAMPLING, assert_same_rollouts, budget_gb, one_row_blocks
@@ -58,7 +64,10 @@ def test_attention_through_the_block_tables_is_the_gathered_copys(width, compile
     query = torch.randn(len(lengths), HEADS, width, DIM, generator=torch.Generator().manual_seed(1))
     block_mask = paged_block_mask(table, torch.tensor(lengths), width, POOL_BLOCKS)
     # compiled: the GPU's path (inductor's CPU template here), which visits the listed blocks only
-    got = paged_attention(query, pool_sequence(keys, 4), pool_sequence(values, 4), block_mask, DIM**-0.5, compiled)
+    bucket = block_mask.shape[0]  # the kernel's rows: a power of two, the padding rows seeing nothing
+    assert bucket == row_bucket(len(lengths)) == MIN_ROW_BUCKET
+    keys_seen, values_seen = pool_sequence(keys, bucket), pool_sequence(values, bucket)
+    got = paged_attention(query, keys_seen, values_seen, block_mask, DIM**-0.5, compiled)
     torch.testing.assert_close(got, gathered_attention(query, keys, values, table, lengths, width))
 
 
@@ -107,3 +116,7 @@ def test_the_pool_never_hands_attention_uninitialised_slots():
         pool = KvPool(shape, torch.device("cpu"), 256)
         pool.take(GROWTH_MIN_BLOCKS + 1)  # two growths
         assert all(bool(torch.isfinite(storage).all()) for storage in (*pool.keys, *pool.values))
+
+
+def test_rows_are_bucketed_to_powers_of_two_so_a_decode_compiles_a_few_shapes():
+    assert [row_bucket(rows) for rows in (1, 7, 8, 9, 16, 17, 128, 129)] == [8, 8, 8, 16, 16, 32, 128, 256]

@@ -18,18 +18,29 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from retrain.inference.sampler.kv_pool import BLOCK_TOKENS
 
 QUERY_BLOCK = 128  # flex_attention's query tile: a decode step's single query, or a prefill piece's, per tile
+MIN_ROW_BUCKET = 8  # the kernel sees the rows padded to a power of two from here on: few shapes, few compiles
 
-_compiled_flex_attention = torch.compile(flex_attention, dynamic=True)  # compiles at its first call (a GPU's)
+# compiled per shape (a GPU's first step of each row bucket); inductor's dynamic-shape flex template is not relied on
+_compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+
+
+def row_bucket(rows: int) -> int:
+    """The rows a kernel call computes for `rows` real ones: the next power of two, at least MIN_ROW_BUCKET."""
+    return max(MIN_ROW_BUCKET, 1 << (rows - 1).bit_length())
 
 
 def paged_block_mask(table: torch.Tensor, lengths: torch.Tensor, width: int, pool_blocks: int) -> BlockMask:
     """Which pool slots each row's queries see: the rows' block tables `table` ([R, blocks]), `lengths` ([R]: tokens
-    stored after the forward, the forward's `width` new ones the last), over a pool of `pool_blocks` blocks."""
+    stored after the forward, the forward's `width` new ones the last), over a pool of `pool_blocks` blocks. Its
+    batch is `row_bucket(R)`: the padding rows list no block and see nothing."""
+    padding = row_bucket(table.shape[0]) - table.shape[0]
+    table, lengths = F.pad(table, (0, 0, 0, padding)), F.pad(lengths, (0, padding))
     rows, device = table.shape[0], table.device
     counts = (lengths + BLOCK_TOKENS - 1) // BLOCK_TOKENS  # [R] blocks each row's table lists
     columns = torch.arange(table.shape[1], device=device)
@@ -53,6 +64,7 @@ def paged_block_mask(table: torch.Tensor, lengths: torch.Tensor, width: int, poo
         BLOCK_SIZE=(QUERY_BLOCK, BLOCK_TOKENS),
         mask_mod=visible,
         seq_lengths=(width, pool_blocks * BLOCK_TOKENS),
+        compute_q_blocks=False,  # what backward needs; sampling runs none
     )
 
 
@@ -72,8 +84,10 @@ def paged_attention(
     compiled: bool,
 ) -> torch.Tensor:
     """[R, T, heads, head_dim] attention output (transformers' attention functions' layout) of [R, heads, T, dim]
-    queries over `pool_sequence` keys and values, as `block_mask` lets each row see them. `compiled`: a GPU's
-    (eager flex_attention scores every slot of the pool)."""
+    queries over `pool_sequence` keys and values of the block mask's (bucketed) rows, as `block_mask` lets each row
+    see them. `compiled`: a GPU's (eager flex_attention scores every slot of the pool)."""
+    rows = query.shape[0]
+    query = F.pad(query, (0, 0, 0, 0, 0, 0, 0, block_mask.shape[0] - rows))
     attend: Any = _compiled_flex_attention if compiled else flex_attention
     output = attend(query, keys, values, block_mask=block_mask, scale=scaling, enable_gqa=True)
-    return output.transpose(1, 2).contiguous()
+    return output[:rows].transpose(1, 2).contiguous()

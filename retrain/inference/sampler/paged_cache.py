@@ -77,7 +77,7 @@ def plan_forward(
     else:
         sources, targets = new_mask.reshape(-1).nonzero().squeeze(-1), new_slots[new_mask]
         positions = ((lengths - width).unsqueeze(-1) + torch.arange(width, device=device)).clamp_min(0)
-    if grid > width and pool_blocks is not None:
+    if grid > width == 1 and pool_blocks is not None:  # a decode step (prefill pieces gather: few, compute-bound)
         block_mask = paged_block_mask(table, lengths, width, pool_blocks)
         return ForwardPlan(new_tokens, None, positions, sources, targets, None, block_mask, grid, False)
     reads = None if grid == width else slots.reshape(-1)
@@ -145,7 +145,8 @@ class PagedCache(Cache):
                 0, plan.targets, tokens if plan.sources is None else tokens.index_select(0, plan.sources)
             )
         if plan.block_mask is not None:
-            return pool_sequence(pool_keys, rows), pool_sequence(pool_values, rows)
+            bucket = plan.block_mask.shape[0]
+            return pool_sequence(pool_keys, bucket), pool_sequence(pool_values, bucket)
         if plan.reads is None:
             return key_states, value_states
         grid = plan.grid
