@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
+from torch.utils._triton import has_triton
 
 from retrain.errors import ConfigError
 from retrain.inference.completions import Completion, stop_token_ids
@@ -370,10 +371,17 @@ def _export(tensor: torch.Tensor) -> torch.Tensor:
 def reads_the_pool(mode: str, model: Any, device: torch.device) -> bool:
     """Whether attention reads cached keys from the KV pool through the block tables (inference.paged_attention):
     flex, or auto on a GPU (eager flex_attention on the CPU scores every slot of the pool; the gather path is
-    the faster there). Only the lean forward can; flex for a model it does not mirror is a ConfigError."""
+    the faster there). Only the lean forward can, and on a GPU only where torch.compile has triton to build the
+    kernel with: auto steps aside, flex is a ConfigError."""
     if mode == "flex" and not mirrored(model):
         raise ConfigError(
             f"inference.paged_attention=flex reads the KV pool in retrain's own forward, which "
             f"{model.config.model_type} does not run (it mirrors {', '.join(MIRRORED)}); use paged_attention=gather"
         )
-    return mode == "flex" or (mode == "auto" and device.type == "cuda")
+    compiles = device.type != "cuda" or has_triton()
+    if mode == "flex" and not compiles:
+        raise ConfigError(
+            "inference.paged_attention=flex compiles its kernel with triton on a GPU, which this environment lacks "
+            "(pip install triton); use paged_attention=gather"
+        )
+    return mode == "flex" or (mode == "auto" and device.type == "cuda" and compiles)

@@ -15,6 +15,7 @@ CPU's tests check eager and compiled against the gather path. Compiled is the GP
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -26,8 +27,12 @@ from retrain.inference.sampler.kv_pool import BLOCK_TOKENS
 QUERY_BLOCK = 128  # flex_attention's query tile: a decode step's single query, or a prefill piece's, per tile
 MIN_ROW_BUCKET = 8  # the kernel sees the rows padded to a power of two from here on: few shapes, few compiles
 
-# compiled per shape (a GPU's first step of each row bucket); inductor's dynamic-shape flex template is not relied on
-_compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+
+@functools.cache
+def _compiled_flex_attention() -> Any:
+    """flex_attention compiled per shape (a GPU's first step of each row bucket; inductor's dynamic-shape flex
+    template is not relied on), built at first use: torch.compile loads dynamo, seconds a CLI need not wait."""
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def row_bucket(rows: int) -> int:
@@ -88,6 +93,6 @@ def paged_attention(
     see them. `compiled`: a GPU's (eager flex_attention scores every slot of the pool)."""
     rows = query.shape[0]
     query = F.pad(query, (0, 0, 0, 0, 0, 0, 0, block_mask.shape[0] - rows))
-    attend: Any = _compiled_flex_attention if compiled else flex_attention
+    attend = _compiled_flex_attention() if compiled else flex_attention
     output = attend(query, keys, values, block_mask=block_mask, scale=scaling, enable_gqa=True)
     return output[:rows].transpose(1, 2).contiguous()
