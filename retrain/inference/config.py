@@ -101,7 +101,7 @@ class PytorchEngineConfig(EngineConfig):
     # read waits for the device, 1 elsewhere. A row that stopped decodes up to this many - 1 tokens more, unused
     stop_check_steps: int = 0
     # how attention reads cached keys and values: flex (the pool itself, through the block tables: no copy) |
-    # gather (a dense copy per layer, then sdpa) | auto: flex on a GPU, gather elsewhere. docs/inference-engines.md
+    # gather (a dense copy per layer, then sdpa) | auto: flex on a GPU with triton, else gather. docs/inference-engines.md
     paged_attention: str = "auto"
 
     def __post_init__(self) -> None:
