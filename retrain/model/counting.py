@@ -213,9 +213,8 @@ class OpCounter(TorchDispatchMode):
             raise NotImplementedError(f"the op counter does not know the higher-order op {func.name()}")
         query, key, _, _, block_mask = args[:5]
         kv_num_blocks, kv_block_size = block_mask[2], block_mask[-2]
-        per_head = 1 if kv_num_blocks.shape[1] == 1 else 1 / kv_num_blocks.shape[1]  # a mask for every head alike
-        with self.pausing():
-            kv_tokens = int(kv_num_blocks.sum()) * kv_block_size * per_head
+        with self.pausing():  # blocks listed per (row, head, query tile), as one mean over the heads
+            kv_tokens = int(kv_num_blocks.sum()) * kv_block_size / kv_num_blocks.shape[1]
         counts = self.counts
         counts.compute["flex_attention"] += 1
         counts.layer_compute += int(self.in_layers)

@@ -126,3 +126,20 @@ def test_the_pool_never_hands_attention_uninitialised_slots():
 
 def test_rows_are_bucketed_to_powers_of_two_so_a_decode_compiles_a_few_shapes():
     assert [row_bucket(rows) for rows in (1, 7, 8, 9, 16, 17, 128, 129)] == [8, 8, 8, 16, 16, 32, 128, 256]
+
+
+def test_the_block_mask_grows_with_rows_times_pool_blocks_not_with_tokens():
+    """A decode step's block mask at Qwen3-4B's real scale: 128 rows of 10,240 tokens each (640 blocks) over a
+    40 GiB pool (36 layers × 8 KV heads × 128 × 2 × bf16 = 144 KiB a token, 2.25 MiB a block: 18,204 blocks).
+    Its tensors are the rows' place of each pool block (int64) and the listed blocks (int32): 12 bytes per row
+    and pool block, ~27 MiB, whatever the rows' lengths; nothing of size rows × tokens or of the vocabulary."""
+    rows, pool_blocks, row_blocks = 128, (40 * 2**30) // (16 * 36 * 8 * 128 * 2 * 2), 640
+    table = torch.arange(rows * row_blocks).view(rows, row_blocks) % pool_blocks
+    lengths = torch.full((rows,), row_blocks * BLOCK_TOKENS)
+    block_mask = paged_block_mask(table, lengths, 1, pool_blocks)
+    closure = [cell.cell_contents for cell in block_mask.mask_mod.__closure__ or ()]
+    tensors = [block_mask.kv_num_blocks, block_mask.kv_indices, *(c for c in closure if isinstance(c, torch.Tensor))]
+    held = sum(tensor.untyped_storage().nbytes() for tensor in tensors)
+    per_row_and_block = 8 + 4  # ranks (int64, one spare column) and kv_indices (int32)
+    assert held <= rows * (pool_blocks + 1) * per_row_and_block + 64 * rows
+    assert held >= rows * pool_blocks * per_row_and_block  # the estimate is the real size, not a loose bound

@@ -65,11 +65,17 @@ def plan_forward(
     shortest, grid = bounds
     width = new_tokens.shape[1]
     device = new_tokens.device
+    if grid > width == 1 and new_mask is None and pool_blocks is not None:
+        # a decode step read through the block tables: only the new token's slot, no [R, W] grid of them
+        # (prefill pieces after a cached prefix gather: few, and compute-bound)
+        positions = (lengths - 1).unsqueeze(-1)
+        targets = _slots_of(table, positions).reshape(-1)
+        block_mask = paged_block_mask(table, lengths, width, pool_blocks)
+        return ForwardPlan(new_tokens, None, positions, None, targets, None, block_mask, grid, False)
     columns = torch.arange(grid, device=device)
     index = columns - (grid - lengths).unsqueeze(-1)  # [R, W] the row's token in each column; < 0: padding
     real = index >= 0
-    index = index.clamp_min(0)
-    slots = table.gather(1, index // BLOCK_TOKENS) * BLOCK_TOKENS + index % BLOCK_TOKENS
+    slots = _slots_of(table, index.clamp_min(0))
     new_slots = slots[:, grid - width :]
     if new_mask is None:
         sources, targets = None, new_slots.reshape(-1)
@@ -77,12 +83,14 @@ def plan_forward(
     else:
         sources, targets = new_mask.reshape(-1).nonzero().squeeze(-1), new_slots[new_mask]
         positions = ((lengths - width).unsqueeze(-1) + torch.arange(width, device=device)).clamp_min(0)
-    if grid > width == 1 and pool_blocks is not None:  # a decode step (prefill pieces gather: few, compute-bound)
-        block_mask = paged_block_mask(table, lengths, width, pool_blocks)
-        return ForwardPlan(new_tokens, None, positions, sources, targets, None, block_mask, grid, False)
     reads = None if grid == width else slots.reshape(-1)
     mask = None if width == 1 and shortest == grid else real.long()
     return ForwardPlan(new_tokens, mask, positions, sources, targets, reads, None, grid, shortest < grid)
+
+
+def _slots_of(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The pool slots of the rows' tokens `index` ([R, n], each row's own positions) through their block tables."""
+    return table.gather(1, index // BLOCK_TOKENS) * BLOCK_TOKENS + index % BLOCK_TOKENS
 
 
 class PagedLayer(CacheLayerMixin):
