@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from retrain.backend.option_rules import at_least
+from retrain.backend.option_rules import at_least, one_of
 from retrain.backend.prime_rl.config import PrimeRlBackendConfig
 from retrain.backend.tinker.config import TinkerBackendConfig
 
 CHECKPOINTING_CHOICES = ("auto", "true", "false")
+TRAIN_ATTENTION_MODES = ("auto", "mask", "flex")  # backend.train_attention
 
 
 def checkpointing_choice(value: object) -> str:
@@ -51,6 +52,17 @@ class LocalBackendConfig:
             "help": "recompute activations in backward (less memory, ~30% slower): true | false | auto (on when the "
             "memory plan says activations would not fit otherwise)",
             "validator": checkpointing_choice,
+        },
+    )
+
+    train_attention: str = field(
+        default="auto",
+        metadata={
+            "help": "the training forward's attention: flex (every row's real tokens back to back, flex_attention "
+            "over a document BlockMask: no padding, no masked scores; a GPU with triton, no activation "
+            "checkpointing) | mask (groups packed with a dense mask, or a shared prompt prefill) | auto (flex "
+            "where it can run, else mask)",
+            "validator": one_of(TRAIN_ATTENTION_MODES),
         },
     )
 

@@ -34,7 +34,8 @@ from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.distributed.gradients import all_reduce_gradients
 from retrain.distributed.world import all_max, all_sum
 from retrain.errors import ConfigError
-from retrain.model.logprobs import completion_logprobs, completion_logprobs_and_entropy
+from retrain.model.document_packing import trains_with_documents
+from retrain.model.logprobs import ForwardTokens, completion_logprobs, completion_logprobs_and_entropy
 from retrain.model.merged_lora import lean_lora, plain_lora_layers
 from retrain.model.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from retrain.model.probe import Probe, probe_tolerance
@@ -89,6 +90,10 @@ class LocalBackend:
         self.activation_checkpointing = checkpointing_choice(config.gradient_checkpointing) == "true"
         if self.activation_checkpointing:
             enable_activation_checkpointing(self.model)
+        self.documents = trains_with_documents(
+            config.train_attention, self.model, self.device, self.activation_checkpointing
+        )
+        self.forward_tokens = ForwardTokens()  # the step's, for train/padding_frac
         self.adapter = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
         self.trainable = list(self.adapter.values())
         self.optimizer = torch.optim.AdamW(
@@ -136,6 +141,7 @@ class LocalBackend:
         lr = self.optimizer.param_groups[0]["lr"]  # the batch's first step's, from the schedule
         sums = _StepSums()
         metrics: dict[str, float] = {}
+        self.forward_tokens = ForwardTokens()
         # the base model's log-probs first, through PEFT's own forward (which honours the disabled adapter)
         base = self._no_grad_logprobs(rollouts, rows, adapter=False) if settings.kl_coef > 0 else None
         with lean_lora(self.plain_lora_layers):  # routed once per batch, for every micro-batch
@@ -168,6 +174,7 @@ class LocalBackend:
                 **({"policy/entropy": sums.entropy / max(1, sums.tokens)} if settings.entropy_coef > 0 else {}),
                 **({"optim/lr": lr} if self._scheduled else {}),
                 **({"optim/steps": float(sums.steps)} if self.optim_settings.steps_per_batch > 1 else {}),
+                "train/padding_frac": self._padding_frac(),
             }
         )
         update = None
@@ -345,13 +352,26 @@ class LocalBackend:
     def _rows_logprobs(self, rollouts: Rollouts, rows: torch.Tensor) -> torch.Tensor:
         """[len(rows), width] log-probs of the rows' completions at the sampler's temperature (width: the
         chosen rows' longest completion), their prompts trimmed of all-padding columns."""
-        return completion_logprobs(*self._rows_inputs(rollouts, rows), share_prompts=not self.activation_checkpointing)
+        return completion_logprobs(*self._rows_inputs(rollouts, rows), **self._forward_layout)
 
     def _rows_logprobs_and_entropy(self, rollouts: Rollouts, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`_rows_logprobs` and each token's entropy, from the same chunks of logits."""
-        return completion_logprobs_and_entropy(
-            *self._rows_inputs(rollouts, rows), share_prompts=not self.activation_checkpointing
-        )
+        return completion_logprobs_and_entropy(*self._rows_inputs(rollouts, rows), **self._forward_layout)
+
+    @property
+    def _forward_layout(self) -> dict[str, Any]:
+        """completion_logprobs' layout arguments (how its forwards lay out the rows), and the step's token count."""
+        return {
+            "share_prompts": not self.activation_checkpointing,
+            "documents": self.documents,
+            "tokens": self.forward_tokens,
+        }
+
+    def _padding_frac(self) -> float:
+        """The fraction of the step's training forwards' token positions (every rank's) that held padding."""
+        tokens = self.forward_tokens
+        computed, real = all_sum(torch.tensor([tokens.computed, tokens.real], dtype=torch.float64)).tolist()
+        return 1 - real / computed if computed else 0.0
 
     def _rows_inputs(
         self, rollouts: Rollouts, rows: torch.Tensor

@@ -49,6 +49,16 @@ def zero_or_at_least(low: float, zero_means: str) -> Rule:
     return rule
 
 
+def one_of(choices: tuple[str, ...]) -> Rule:
+    """Refuses a value that is not one of `choices`."""
+
+    def rule(value: Any) -> None:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+
+    return rule
+
+
 def must_be_true(why: str) -> Rule:
     """Refuses false: a setting kept only so that turning it off is refused with `why`, not ignored."""
 

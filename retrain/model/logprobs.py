@@ -22,6 +22,7 @@ each token's distribution (training.entropy_coef) is computed inside the same ch
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from retrain.model.document_packing import document_hidden
 from retrain.model.lean_decoder import causal_lm_hidden, causal_lm_logits, causal_lm_of
 from retrain.model.packing import packed_hidden
 from retrain.model.rows import positions_from_mask, rows_of
@@ -43,6 +45,19 @@ PLAIN_HEAD = frozenset(
 
 # features of a forward: the decoder's hidden states, or a model's full logits (causal_lm_hidden's arguments)
 Forward = Callable[..., torch.Tensor]
+
+
+@dataclass
+class ForwardTokens:
+    """Token positions the training forwards computed, and how many of them held a real token (the rest: padding,
+    `train/padding_frac`); a prompt shared by its rows counts once where its forward runs it once."""
+
+    computed: int = 0
+    real: int = 0
+
+    def add(self, computed: int, real: int) -> None:
+        self.computed += computed
+        self.real += real
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,6 +94,8 @@ def completion_logprobs(
     completion_mask: torch.Tensor,
     temperature: float,
     share_prompts: bool = True,
+    documents: bool = False,
+    tokens: ForwardTokens | None = None,
 ) -> torch.Tensor:
     """[R, T] fp32 log-prob of each completion token given its prompt and the completion tokens before it
     (0 on padding); differentiable when grad is enabled.
@@ -87,10 +104,12 @@ def completion_logprobs(
     runs once: packed with its rows' completions into one row (retrain/model/packing.py) where that
     applies, else as a prefill whose KV cache (with its autograd graph) is repeated for its rows, as the
     sampler does; otherwise every row runs prompt + completion in one forward (needed under activation
-    checkpointing, which drops KV caches). The head runs as the module docstring says.
+    checkpointing, which drops KV caches). With `documents`, all rows run as one sequence of documents through
+    flex_attention instead (retrain/model/document_packing.py; the lean forward's, on a GPU). The head runs as the
+    module docstring says. `tokens`: where given, counts the positions the forwards computed.
     """
     head, features, targets = _real_token_features(
-        model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask, share_prompts
+        model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask, share_prompts, documents, tokens
     )
     return _scattered(completion_mask, head_logprobs(head, features, targets, temperature))
 
@@ -104,11 +123,13 @@ def completion_logprobs_and_entropy(
     completion_mask: torch.Tensor,
     temperature: float,
     share_prompts: bool = True,
+    documents: bool = False,
+    tokens: ForwardTokens | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`completion_logprobs` and, [R, T] too, the entropy of each token's whole tempered distribution (0 on
     padding), computed inside the same chunks of logits (training.entropy_coef)."""
     head, features, targets = _real_token_features(
-        model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask, share_prompts
+        model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask, share_prompts, documents, tokens
     )
     both = _over_chunks(_chunk_logprobs_and_entropy, head, features, targets, temperature)
     return _scattered(completion_mask, both[:, 0]), _scattered(completion_mask, both[:, 1])
@@ -122,20 +143,36 @@ def _real_token_features(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     share_prompts: bool,
+    documents: bool,
+    tokens: ForwardTokens | None,
 ) -> tuple[torch.nn.Module | None, torch.Tensor, torch.Tensor]:
     """The head, the [N, F] features that predict the N real completion tokens, and those tokens."""
     head = output_head(model)
     forward: Forward = causal_lm_logits if head is None else causal_lm_hidden
     shared = (model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask)
-    packed = packed_hidden(*shared) if share_prompts and head is not None else None
-    if packed is not None:
-        features = packed
+    groups, prompt_width = prompt_ids.shape
+    rows, width = completion_ids.shape
+    packed = packed_hidden(*shared) if share_prompts and head is not None and not documents else None
+    if documents:
+        features, packing = document_hidden(*shared)
+        computed = packing.length
+    elif packed is not None:
+        features, layout = packed
+        computed = groups * layout.length
     elif share_prompts:
         features = _features_with_shared_prompts(forward, *shared)
+        computed = groups * prompt_width + rows * (width - 1)
     else:
         features = _features_in_one_forward(
             forward, model, prompt_ids[prompt_index], prompt_mask[prompt_index], completion_ids, completion_mask
         )
+        computed = rows * (prompt_width + width)
+    if tokens is not None:  # the real tokens among them: each prompt once where it runs once
+        once = documents or share_prompts
+        prompts, inputs = (
+            (prompt_mask, completion_mask[:, :-1]) if once else (prompt_mask[prompt_index], completion_mask)
+        )
+        tokens.add(computed, int(prompts.sum()) + int(inputs.sum()))
     real = completion_mask.flatten().nonzero().squeeze(1)
     return head, rows_of(features.flatten(0, 1), real), completion_ids.flatten()[real]
 

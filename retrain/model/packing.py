@@ -105,10 +105,10 @@ def packed_hidden(
     prompt_index: torch.Tensor,
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
-) -> torch.Tensor | None:
+) -> tuple[torch.Tensor, PackedGroups] | None:
     """[R, T, hidden] last hidden states that predict every completion token (the LM head's input; see
-    `causal_lm_hidden`), from one forward of packed groups (see the module docstring), or None where packing does
-    not apply. Arguments as completion_logprobs takes them; every prompt has at least one row."""
+    `causal_lm_hidden`), from one forward of packed groups (see the module docstring), and their layout; or None
+    where packing does not apply. Arguments as completion_logprobs takes them; every prompt has at least one row."""
     lean = LeanForward.of(model)
     if lean is None:
         return None
@@ -126,4 +126,4 @@ def packed_hidden(
     hidden = lean.hidden(input_ids, mask, packing.positions(prompt_mask), None, keep=1 + packing.slots * packing.width)
     kept = packing.kept(completion_ids.shape[1])
     flat = prompt_index.unsqueeze(1) * hidden.shape[1] + kept
-    return rows_of(hidden.flatten(0, 1), flat.flatten()).view(*kept.shape, -1)
+    return rows_of(hidden.flatten(0, 1), flat.flatten()).view(*kept.shape, -1), packing

@@ -216,6 +216,20 @@ def test_gradient_checkpointing_keeps_the_gradient(tiny_spec):
     assert results[0].grad_norm == pytest.approx(results[1].grad_norm, rel=1e-5)
 
 
+def test_a_step_reports_the_padding_its_forwards_computed(tiny_spec):
+    """train/padding_frac, checked where the layout is simplest: under activation checkpointing every row runs its
+    prompt and completion in one forward, padded to the longest of each (the step's log-prob passes alike)."""
+    backend = make_backend(tiny_spec, gradient_checkpointing=True)
+    rollouts = sample(backend)
+    result = backend.train(batch_for(rollouts))
+    prompt_lengths = rollouts.prompt_mask.sum(dim=1).repeat_interleave(rollouts.group_size)
+    completion_lengths = rollouts.completion_mask.sum(dim=1)
+    real = int(prompt_lengths.sum() + completion_lengths.sum())
+    computed = rollouts.num_rows * (int(prompt_lengths.max()) + int(completion_lengths.max()))
+    assert result.metrics["train/padding_frac"] == pytest.approx(1 - real / computed)
+    assert 0 < result.metrics["train/padding_frac"] < 1
+
+
 class TestPolicyTokenLoss:
     ratios = torch.tensor([0.5, 0.9, 1.0, 1.1, 1.5, 0.5, 1.5])
     advantages = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0])
