@@ -29,6 +29,7 @@ from retrain.model.memory_plan import (
     plan_memory,
     plan_on_this_machine,
     plans_by_gpu_size,
+    adapter_cast_bytes,
     saved_bytes_per_token_layer,
 )
 from retrain.model.merged_lora import lean_lora, plain_lora_layers
@@ -77,10 +78,12 @@ def test_saved_activations_per_token_and_layer_are_what_autograd_saves(dtype: st
     decoder = model.base_model.model.model
     decoder.layers = decoder.layers[:2]
     two_layers = saved_bytes(model, ids, mask)
-    measured = (four_layers - two_layers) / 2 / (rows * length)
     shape = ModelShape.from_config(json.loads((TINY_MODEL_DIR / "config.json").read_text()))
+    dtype_bytes = 4 if dtype == "fp32" else 2
+    cast_per_layer = adapter_cast_bytes(shape, dtype_bytes, spec.lora_rank, spec.target_modules) / shape.layers
+    measured = ((four_layers - two_layers) / 2 - cast_per_layer) / (rows * length)
     derived = saved_bytes_per_token_layer(
-        shape, 4 if dtype == "fp32" else 2, spec.lora_rank, spec.target_modules, length if padded else 0
+        shape, dtype_bytes, spec.lora_rank, spec.target_modules, length if padded else 0
     )
     assert derived == pytest.approx(measured, rel=0.01)
 

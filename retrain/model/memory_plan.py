@@ -121,35 +121,40 @@ def saved_bytes_per_token_layer(
     """Bytes autograd saves per token in one LoRA-adapted decoder layer for backward (base weights frozen).
 
     A frozen base linear saves nothing of its input (its weight gives the input's gradient). A LoRA linear saves
-    its input cast to the adapter's fp32 (a copy per linear on a bf16/fp16 model; on an fp32 model the input
-    itself, shared by the linears reading it) and A's rank-r output. RMSNorm saves its input in fp32 and one rstd
-    per row (the two layer norms, q_norm and k_norm per head). Attention saves q and k after RoPE, v, its output
-    and one log-sum-exp per head, plus the padding mask sdpa makes of a padded batch (`sequence_tokens` keys per
-    token, in the model's dtype, per layer). The gated MLP saves gate's output (SiLU's input), SiLU's and up's
-    outputs and down's fp32 input. Matches autograd's saved tensors exactly on Qwen3 (tests/test_memory_plan.py).
+    its input (the linears reading one input share it; o_proj's is the output attention saves) and A's rank-r
+    output, in the model's dtype: a bf16/fp16 model's fp32 adapters are cast to it for the branch
+    (retrain/model/merged_lora.py), so nothing per token is saved in fp32 there. RMSNorm saves its input in fp32
+    and one rstd per row (the two layer norms, q_norm and k_norm per head). Attention saves q and k after RoPE, v,
+    its output and one log-sum-exp per head, plus the padding mask sdpa makes of a padded batch
+    (`sequence_tokens` keys per token, in the model's dtype, per layer). The gated MLP saves gate's output (SiLU's
+    input), SiLU's and up's outputs and down's input. Matches autograd's saved tensors exactly on Qwen3
+    (tests/test_memory_plan.py).
     """
     h, i = shape.hidden, shape.intermediate
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     b = dtype_bytes
     adapted = set(targets) & set(shape.projections())
-    shared = dtype_bytes == FP32  # an fp32 input is the adapter's own: no cast, no copy
 
-    def casts(width: int, names: tuple[str, ...]) -> int:
-        """The fp32 inputs the adapters of `names`, reading one `width`-wide input, save."""
-        used = len(adapted & set(names))
-        return width * FP32 * (min(used, 1) if shared else used)
+    def inputs(width: int, names: tuple[str, ...]) -> int:
+        """The input the adapters of `names`, reading one `width`-wide input, save (once, shared)."""
+        return width * b * min(len(adapted & set(names)), 1)
 
     norms = 2 * (h * FP32 + FP32) + (q + kv) * FP32 + (shape.heads + shape.kv_heads) * FP32
     attention = (q + 2 * kv) * b + q * b + shape.heads * FP32 + sequence_tokens * b
     mlp = 3 * i * b
     adapters = (
-        casts(h, ("q_proj", "k_proj", "v_proj"))
-        + (0 if shared else casts(q, ("o_proj",)))  # fp32: o_proj reads the very output attention saved
-        + casts(h, ("gate_proj", "up_proj"))
-        + casts(i, ("down_proj",))
-        + len(adapted) * rank * LORA_BYTES
+        inputs(h, ("q_proj", "k_proj", "v_proj"))
+        + inputs(h, ("gate_proj", "up_proj"))
+        + inputs(i, ("down_proj",))
+        + len(adapted) * rank * b
     )
     return norms + attention + mlp + adapters
+
+
+def adapter_cast_bytes(shape: ModelShape, dtype_bytes: int, rank: int, targets: Sequence[str]) -> int:
+    """The LoRA adapters cast to a bf16/fp16 model's dtype for the training forward, which autograd keeps for
+    backward (retrain/model/merged_lora.py): the adapter's size in that dtype, whatever the tokens; none in fp32."""
+    return 0 if dtype_bytes == FP32 else shape.lora_params(rank, targets) * dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -419,16 +424,18 @@ def plan_memory(
         chunk_tokens * shape.vocab * FP32 * LOGITS_CHUNK_COPIES,
         f"{chunk_tokens} tokens × {shape.vocab} vocab × 4 B × {LOGITS_CHUNK_COPIES}",
     )
+    casts = adapter_cast_bytes(shape, b, inputs.lora_rank, inputs.targets)
     full = Part(
         "activations",
         "training",
-        shared * shape.layers * per_layer,
-        f"{shared} tokens × {shape.layers} layers × {per_layer} B",
+        shared * shape.layers * per_layer + casts,
+        f"{shared} tokens × {shape.layers} layers × {per_layer} B"
+        + (f", + the adapter in {dtype} ({casts} B)" if casts else ""),
     )
     checkpointed = Part(
         "activations (checkpointed)",
         "training",
-        whole * shape.layers * shape.hidden * b + whole * per_layer,
+        whole * shape.layers * shape.hidden * b + whole * per_layer + casts // shape.layers,
         f"{whole} tokens × {shape.layers} layer inputs × {shape.hidden * b} B, + {per_layer} B/token of the layer recomputed",
     )
     training_memory = device_bytes[-1]

@@ -13,10 +13,15 @@ precision, which drops most of a small LoRA update, so the engine would sample f
 than the one being trained. In fp32 the two paths agree to rounding (log-probs within ~1e-6).
 The cost is a second copy of the adapted weights (`inference.merge_lora=false` avoids it).
 
-Training keeps PEFT's arithmetic but not its bookkeeping: within `lean_lora(layers)` the same layers
-compute base + B·A·dropout(x)·s with the same ops in the same order and the same casts (bit-identical
-losses and gradients, in any precision; a bf16 model's adapters stay fp32 as PEFT keeps them) without
-PEFT's adapter lookups and four submodule calls per layer (~2% of the tiny model's step).
+Training leaves out PEFT's bookkeeping: within `lean_lora(layers)` the layers compute without PEFT's adapter
+lookups and four submodule calls per layer (~2% of the tiny model's step). An fp32 model's compute base +
+B·A·dropout(x)·s with PEFT's ops in PEFT's order (bit-identical losses and gradients). A bf16/fp16 model's
+adapters stay fp32 (the master weights, as PEFT keeps them and AdamW updates them), but its LoRA branch runs in
+the compute dtype, A and s·B cast inside the autograd graph, as torch.autocast would: PEFT instead casts each
+adapted linear's input to fp32 and adds the fp32 branch to the base output, an fp32 copy of the input (kept for
+backward) and an fp32 [tokens, out] sum per linear, about as many bytes moved as the base matmuls themselves.
+The losses and gradients are PEFT's within the compute dtype's rounding, and the branch's arithmetic is the
+sampler's (below), op for op.
 
 Without autograd and dropout (sampling where a layer is not merged, the probe, the trainer's log-prob
 passes) a layer is three ops, not PEFT's seven: base(x), x·A, and one addmm adding (x·A)·(s·B), with A and
@@ -94,18 +99,33 @@ def _routed(layers: list[Any], forward: Callable[[Any], Callable[..., torch.Tens
 
 
 def _lean_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """PEFT's LoRA forward for one unmerged adapter, op for op: base(x) + B(A(dropout(x)))·s, x cast to the
-    adapter's dtype for the adapter and the sum cast back to the base output's (no-ops when they agree).
-    Without autograd and dropout, `_inference_forward`'s three ops instead."""
+    """PEFT's LoRA forward for one unmerged adapter, op for op, where x and the adapter share a dtype (fp32):
+    base(x) + B(A(dropout(x)))·s. Without autograd and dropout, `_inference_forward`'s three ops; under autograd
+    with an fp32 adapter on a bf16/fp16 model, `_compute_dtype_forward`."""
     if args or kwargs:
         return LoraLinear.forward(layer, x, *args, **kwargs)
     if not torch.is_grad_enabled() and _no_dropout(layer):
         return _inference_forward(layer, x)
     lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    if x.dtype != lora_a.dtype:
+        return _compute_dtype_forward(layer, x)
     base = F.linear(x, layer.base_layer.weight, layer.base_layer.bias)
-    adapter_input = x if x.dtype == lora_a.dtype else x.to(lora_a.dtype)
-    lora = F.linear(F.linear(layer.lora_dropout["default"](adapter_input), lora_a), lora_b)
-    return (base + lora * layer.scaling["default"]).to(base.dtype)
+    lora = F.linear(F.linear(layer.lora_dropout["default"](x), lora_a), lora_b)
+    return base + lora * layer.scaling["default"]
+
+
+def _compute_dtype_forward(layer: Any, x: torch.Tensor) -> torch.Tensor:
+    """base(x) + (dropout(x)·A)·(s·B) with A and s·B cast to x's dtype inside the autograd graph (fp32 master
+    weights, their gradients summed back in fp32 through the casts; what torch.autocast does with a matmul): no
+    fp32 copy of x and no fp32 [tokens, out] sum per layer, which PEFT makes (its casts moved about as many bytes
+    as the base matmuls), and the sampler's arithmetic (`_inference_forward`), the add fused into the second
+    matmul."""
+    lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    rows = x.reshape(-1, x.shape[-1])
+    base = F.linear(rows, layer.base_layer.weight, layer.base_layer.bias)
+    down = F.linear(layer.lora_dropout["default"](rows), lora_a.to(x.dtype))
+    out = torch.addmm(base, down, (lora_b * layer.scaling["default"]).to(x.dtype).t())
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def plus_linear(layer: Any, x: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
