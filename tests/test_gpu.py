@@ -77,7 +77,8 @@ def test_a_killed_deterministic_gpu_run_resumes_exactly(tmp_path: Path) -> None:
 
 
 def test_on_the_gpu_the_lean_lora_forward_trains_as_peft_does_in_bf16() -> None:
-    """The GPU default is bf16: the lean forward must cast where PEFT does, to the bit, there too."""
+    """The GPU default is bf16: the lean forward's LoRA branch runs in bf16 (fp32 master weights), PEFT's in fp32;
+    the same loss and fp32 gradients within bf16's rounding."""
     model = ModelSpec(name_or_path=str(TINY_MODEL_DIR), lora_rank=8).load_lora_model(torch.device("cuda", 0), seed=0)
     assert model.dtype == torch.bfloat16
     model.eval()  # no dropout draws between the two passes
@@ -99,8 +100,10 @@ def test_on_the_gpu_the_lean_lora_forward_trains_as_peft_does_in_bf16() -> None:
 
     lean_loss, lean_gradients = loss_and_gradients(lean=True)
     peft_loss, peft_gradients = loss_and_gradients(lean=False)
-    assert torch.equal(lean_loss, peft_loss)
-    assert all(torch.equal(a, b) for a, b in zip(lean_gradients, peft_gradients, strict=True))
+    torch.testing.assert_close(lean_loss, peft_loss, rtol=2e-2, atol=0)
+    lean, peft = torch.cat([g.flatten() for g in lean_gradients]), torch.cat([g.flatten() for g in peft_gradients])
+    assert lean.dtype == torch.float32
+    assert (lean - peft).norm() <= 0.05 * peft.norm()
 
 
 def test_on_the_gpu_the_lean_decoder_gives_transformers_logits_and_gradients_in_bf16() -> None:

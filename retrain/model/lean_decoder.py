@@ -18,7 +18,7 @@ multiplies the same numbers as rotate_half(x)·sin, the sign moved from one fact
 exact in any dtype. What that keeps (tests/inference/test_lean_decoder.py; tests/test_gpu.py on CUDA):
 
 - under autograd (training): transformers' logits and gradients to the bit, in any dtype (the norms are the
-  modules' own calls; unmerged LoRA goes through PEFT's ops, retrain/model/merged_lora.py).
+  modules' own calls; the LoRA linears compute as retrain/model/merged_lora.py routes them, in both).
 - without it, fp32 with plain linears (no adapter, a merged or disabled one): to the bit on the CPU, whose
   rms_norm kernel computes transformers' fp32 arithmetic (a GPU's fused kernel may sum in another order:
   within fp32's rounding there).
