@@ -135,3 +135,23 @@ def test_on_the_gpu_the_lean_decoder_gives_transformers_logits_and_gradients_in_
     reference_logits, reference_gradients = logits_and_gradients(transformers_forward)
     assert torch.equal(lean_logits, reference_logits)
     assert all(torch.equal(a, b) for a, b in zip(lean_gradients, reference_gradients, strict=True))
+
+
+def test_on_the_gpu_a_bf16_model_writes_fp32_logits_with_a_bf16_linear_s_gradient() -> None:
+    """retrain/model/output_logits.py: the head's matmul writes fp32 (no bf16 rounding of a logit), through
+    transformers' forward and the lean one, and its backward is a bf16 linear's."""
+    model = ModelSpec(name_or_path=str(TINY_MODEL_DIR), lora_rank=8).load_lora_model(torch.device("cuda", 0), seed=0)
+    head = model.get_base_model().lm_head
+    assert model.dtype == torch.bfloat16 and "forward" in vars(head)
+    ids = torch.randint(0, 250, (3, 10), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    mask = torch.ones_like(ids)
+    lean = causal_lm_logits(model, ids, mask, positions_from_mask(mask.bool()))
+    own = model(input_ids=ids, attention_mask=mask).logits
+    assert lean.dtype == own.dtype == torch.float32
+    hidden = torch.randn(7, head.in_features, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    logits = head(hidden)
+    reference = hidden.detach().float() @ head.weight.float().t()
+    torch.testing.assert_close(logits, reference, atol=1e-4, rtol=1e-4)  # fp32 sums of the same products
+    weights = torch.randn_like(logits)
+    (logits * weights).sum().backward()
+    torch.testing.assert_close(hidden.grad, (weights.bfloat16() @ head.weight).to(hidden.grad.dtype))

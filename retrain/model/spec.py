@@ -115,6 +115,7 @@ class ModelSpec:
         from transformers import AutoModelForCausalLM
 
         from retrain.model.attention import use_fast_sdpa
+        from retrain.model.output_logits import use_fp32_logits
 
         path, from_hub = self.source()
         with self._loading(from_hub, "weights"):
@@ -135,11 +136,13 @@ class ModelSpec:
             try:
                 with warnings.catch_warnings():  # PEFT calls a transformers API deprecated in v5
                     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-                    return get_peft_model(base, lora)
+                    model = get_peft_model(base, lora)
             except ValueError as error:
                 raise ConfigError(
                     f"model.target_modules={self.target_modules} do not fit {self.name_or_path}: {error}"
                 ) from error
+        use_fp32_logits(model)  # after PEFT: a head it adapts keeps its own dtype
+        return model
 
     @contextmanager
     def _loading(self, from_hub: bool, what: str) -> Iterator[None]:
