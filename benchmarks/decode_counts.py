@@ -18,6 +18,9 @@ LoRA A/B included, each row's live KV read and its new KV written), and the byte
 attention reads (with the gathers that copied them out of the KV pool) against the live KV. Then one counted `train()` over the sampled rows, their completions cut to lengths
 spread over [new-tokens / 4, new-tokens]: the positions its forwards ran against the tokens (a group's prompt
 once), and FLOPs executed against the causal FLOPs needed (benchmarks/_speed_bounds.py, causal_training_flops).
+Last, one forward of the same rows without autograd through each training layout (`backend.train_attention`:
+mask, and flex, whose backward the CPU lacks): attention's FLOPs executed against the causal ones, and the
+share of its positions that held padding.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from omegaconf import OmegaConf
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig, compose
 from retrain.model.counting import Counts, DecodeCounts, count_decode, count_ops
+from retrain.model.logprobs import ForwardTokens, completion_logprobs
 from retrain.run import build_part
 from retrain.types import SamplingParams, TrainBatch
 
@@ -146,6 +150,10 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     with count_ops() as training_counts:
         backend.train(batch)
     handle.remove()
+    forwards = {
+        documents: training_forward(backend.engine_resources().model, batch, args.group, documents)
+        for documents in (False, True)
+    }
     adapter = sum(p.numel() for p in backend.engine_resources().model.parameters() if p.requires_grad)
     prompt_lengths = rollouts.prompt_mask.sum(dim=1).tolist()
     groups = [completion_lengths[at : at + args.group] for at in range(0, args.rows, args.group)]
@@ -168,7 +176,35 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
         "train_attention_flops_needed": attention_needed,
         "train_compute_ops": training_counts.compute_ops,
         "train_syncs": training_counts.syncs,
+        # one forward of the same rows without autograd, each layout (flex_attention has no CPU backward)
+        **{
+            f"forward_{'flex' if documents else 'mask'}_{key}": value
+            for documents, (counts, tokens) in forwards.items()
+            for key, value in (
+                ("attention_flops_executed", counts.attention_flops),
+                ("padding_frac", 1 - tokens.real / tokens.computed),
+            )
+        },
+        "forward_attention_flops_needed": attention_needed * 2 / 7,  # 2 of its 7 matmuls run forward
     }
+
+
+def training_forward(model: Any, batch: TrainBatch, group: int, documents: bool) -> tuple[Counts, ForwardTokens]:
+    """Counted log-probs of the batch's rows in one forward without autograd, through the document layout
+    (flex_attention over a block mask) or the mask layout (packed groups or a shared prefill)."""
+    rollouts = batch.rollouts
+    width = int(rollouts.completion_mask.sum(dim=1).max())
+    tokens = ForwardTokens()
+    arguments = (
+        rollouts.prompt_ids,
+        rollouts.prompt_mask,
+        torch.arange(rollouts.completion_mask.shape[0]) // group,
+        rollouts.completion_ids[:, :width],
+        rollouts.completion_mask[:, :width],
+    )
+    with torch.no_grad(), count_ops() as counts:
+        completion_logprobs(model, *arguments, rollouts.temperature, documents=documents, tokens=tokens)
+    return counts, tokens
 
 
 def decode_numbers(decode: DecodeCounts, layers: int, weights: int, kv_token_bytes: int) -> dict[str, Any]:
@@ -275,6 +311,12 @@ def print_results(results: dict[str, Any]) -> None:
         ("  executed / needed", f"{results['train_flops_executed'] / results['train_flops_needed']:.2f}×"),
         ("  attention alone: executed / needed", _ratio(results, "train_attention_flops")),
         ("training: compute ops; host syncs", f"{results['train_compute_ops']}; {results['train_syncs']}"),
+        ("one forward, attention executed / needed: mask", _forward_ratio(results, "mask")),
+        ("  flex (documents)", _forward_ratio(results, "flex")),
+        (
+            "  padding of its positions: mask; flex",
+            f"{results['forward_mask_padding_frac']:.2f}; {results['forward_flex_padding_frac']:.2f}",
+        ),
     ]
     width = max(len(name) for name, _ in lines)
     for name, value in lines:
@@ -285,6 +327,11 @@ def print_results(results: dict[str, Any]) -> None:
 
 def _ratio(results: dict[str, Any], key: str) -> str:
     executed, needed = results[f"{key}_executed"], results[f"{key}_needed"]
+    return f"{executed:.3g} / {needed:.3g} = {executed / needed:.2f}×"
+
+
+def _forward_ratio(results: dict[str, Any], layout: str) -> str:
+    executed, needed = results[f"forward_{layout}_attention_flops_executed"], results["forward_attention_flops_needed"]
     return f"{executed:.3g} / {needed:.3g} = {executed / needed:.2f}×"
 
 

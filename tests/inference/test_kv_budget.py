@@ -12,7 +12,7 @@ import retrain.inference.sampler.decode as decode_module
 from retrain.errors import ConfigError
 from retrain.inference.config import PytorchEngineConfig
 from retrain.inference.pytorch import PytorchEngine
-from retrain.inference.sampler.kv_budget import GIB, free_bytes, kv_budget
+from retrain.inference.sampler.kv_budget import GIB, free_bytes, kv_budget, size_class
 from retrain.inference.sampler.kv_pool import blocks_for
 from retrain.model.spec import ModelSpec
 from retrain.types import Rollouts, SamplingParams
@@ -126,6 +126,15 @@ def test_without_a_budget_the_engine_takes_the_free_memory_less_a_margin():
     assert 0 < budget.bytes < free_bytes(cpu) and "inference.kv_cache_gb=0" in budget.source
     assert kv_budget(1.5, 123, cpu).bytes == int(1.5 * GIB)  # the key wins over the plan
     assert kv_budget(0.0, 123, cpu).bytes == 123
+    assert size_class(budget.bytes) == budget.bytes
+
+
+def test_an_automatic_budget_is_one_of_eight_sizes_per_doubling():
+    """The free memory moves between calls; the pool's size (the flex kernel's shape) should not with it."""
+    sizes = range(40 * GIB, 80 * GIB, 2**24)
+    classes = {size_class(size) for size in sizes}
+    assert len(classes) == 8
+    assert all(0.875 * size < size_class(size) <= size for size in sizes)
 
 
 def test_no_seed_draws_one_from_torchs_generator(backend, prompt_ids):

@@ -18,6 +18,7 @@ GIB = 2**30  # `inference.kv_cache_gb` counts GiB, as the memory plan does
 # left for the decode step's logits, attention's per-layer copy of the keys and values, and the allocator's slack
 AUTO_MARGIN_SHARE = 0.1
 AUTO_MARGIN_MIN = GIB
+SIZE_CLASS_BITS = 4  # an automatic budget is one of 8 sizes per doubling (`size_class`)
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,16 @@ def kv_budget(configured_gb: float, planned_bytes: int | None, device: torch.dev
     if planned_bytes is not None:
         return KvBudget(planned_bytes, f"the memory plan's budget for {KEY}=0 ({planned_bytes / GIB:.3g} GiB)")
     free = free_bytes(device)
-    usable = max(0, free - max(AUTO_MARGIN_MIN, int(AUTO_MARGIN_SHARE * free)))
+    usable = size_class(max(0, free - max(AUTO_MARGIN_MIN, int(AUTO_MARGIN_SHARE * free))))
     return KvBudget(usable, f"{KEY}=0: {device.type}'s free memory ({free / GIB:.3g} GiB) less a margin")
+
+
+def size_class(size: int) -> int:
+    """`size` rounded down to its leading SIZE_CLASS_BITS bits (at most 1/8 less with 4): the free memory moves a
+    little between calls, and each new pool size compiles a GPU's paged-attention kernel again (its shape is the
+    pool's), so calls whose free memory differs a little take the same pool."""
+    shift = max(0, size.bit_length() - SIZE_CLASS_BITS)
+    return (size >> shift) << shift
 
 
 def free_bytes(device: torch.device) -> int:
