@@ -24,12 +24,12 @@ from retrain.model.memory_plan import (
     GPU_SIZES_GB,
     MemoryInputs,
     ModelShape,
+    adapter_cast_bytes,
     memory_report,
     plan_for,
     plan_memory,
     plan_on_this_machine,
     plans_by_gpu_size,
-    adapter_cast_bytes,
     saved_bytes_per_token_layer,
 )
 from retrain.model.merged_lora import lean_lora, plain_lora_layers
