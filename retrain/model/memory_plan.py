@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from retrain.inference.sampler.kv_pool import BLOCK_TOKENS
+from retrain.inference.sampler.paged_attention import block_mask_bytes
 from retrain.model.config_files import model_config, params_from_config
 from retrain.model.logprobs import LOGITS_CHUNK_BYTES
 
@@ -173,6 +175,7 @@ class MemoryInputs:
     checkpointing: str  # auto | true | false
     engine: str  # pytorch | vllm | other (an engine on a server: nothing on this machine's devices)
     kv_cache_gb: float  # inference=pytorch's budget; 0 = automatic
+    paged_attention: str  # inference=pytorch: auto | gather | flex
     merge_lora: bool  # inference=pytorch: an fp32 model samples through merged weights
     vllm_share: float  # inference=vllm: gpu_memory_utilization
     vllm_sleeps: bool  # inference=vllm: sleep_mode (CUDA): its memory is free while training runs
@@ -209,6 +212,7 @@ class MemoryInputs:
             checkpointing=str(backend.get("gradient_checkpointing", "false")).lower(),
             engine=engine,
             kv_cache_gb=float(inference.get("kv_cache_gb", 0.0)),
+            paged_attention=str(inference.get("paged_attention", "auto")),
             merge_lora=bool(inference.get("merge_lora", False)),
             vllm_share=float(inference.get("gpu_memory_utilization", 0.0)),
             vllm_sleeps=bool(inference.get("sleep_mode", False)),
@@ -459,6 +463,7 @@ def plan_memory(
             inputs.rows * shape.vocab * FP32 * DECODE_LOGITS_COPIES,
             f"{inputs.rows} rows × {shape.vocab} vocab × 4 B × {DECODE_LOGITS_COPIES}",
         )
+        attention = attention_part(shape, inputs, b, on_gpu, kv_full)
         if inputs.kv_cache_gb > 0:
             kv_budget = min(int(inputs.kv_cache_gb * GIB), kv_full)
         elif device_bytes[0] is None:
@@ -466,7 +471,7 @@ def plan_memory(
             notes.append("device memory unknown: the KV budget is what all rows at full length need")
         else:
             resident = sum(p.bytes for p in sampler) + (0 if two_memories else weights.bytes + adapter.bytes)
-            left = usable(device_bytes[0], names[0]) - resident - decode.bytes
+            left = usable(device_bytes[0], names[0]) - resident - decode.bytes - attention.bytes
             if split and not two_memories:
                 left -= sum(p.bytes for p in training)  # both phases at once in one memory
             kv_budget = max(0, min(left, kv_full))
@@ -478,7 +483,7 @@ def plan_memory(
             f"{per_token} B/token ({shape.layers} layers × {shape.kv_heads} KV heads × {shape.head_dim} × 2 × {b} B); "
             f"{rows_at_once} of {inputs.rows} rows at {row} tokens",
         )
-        sampling = [kv, decode]
+        sampling = [kv, decode, attention]
         if rows_at_once == 0:
             notes.append(
                 f"the KV budget holds no row of {row} tokens ({inputs.prompt_source} prompt + max_tokens): the "
@@ -521,6 +526,28 @@ def plan_memory(
         rows_at_once=rows_at_once,
         micro_batch_tokens=micro,
         notes=tuple(notes),
+    )
+
+
+def attention_part(shape: ModelShape, inputs: MemoryInputs, dtype_bytes: int, on_gpu: bool, kv_full: int) -> Part:
+    """What a decode step's attention adds beside the KV pool (`inference.paged_attention`, auto: flex on a GPU):
+    flex, the block mask over the pool's blocks; gather, one layer's live keys and values copied out of the pool
+    for every row (at most all rows at full length)."""
+    if inputs.paged_attention == "flex" or (inputs.paged_attention == "auto" and on_gpu):
+        pool_blocks = kv_full // (BLOCK_TOKENS * shape.kv_bytes_per_token(dtype_bytes))
+        return Part(
+            "paged attention (flex)",
+            "sampling",
+            block_mask_bytes(inputs.rows, pool_blocks),
+            f"the block mask: {inputs.rows} rows × {pool_blocks} pool blocks at most",
+        )
+    per_layer = shape.kv_bytes_per_token(dtype_bytes) // shape.layers
+    tokens = inputs.rows * inputs.row_tokens
+    return Part(
+        "paged attention (gather)",
+        "sampling",
+        tokens * per_layer,
+        f"one layer's keys and values copied out of the pool: {tokens} tokens × {per_layer} B",
     )
 
 

@@ -17,6 +17,7 @@ from retrain.inference.pytorch import reads_the_pool
 from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, GROWTH_MIN_BLOCKS, KvPool, KvShape
 from retrain.inference.sampler.paged_attention import (
     MIN_ROW_BUCKET,
+    block_mask_bytes,
     paged_attention,
     paged_block_mask,
     pool_sequence,
@@ -140,6 +141,5 @@ def test_the_block_mask_grows_with_rows_times_pool_blocks_not_with_tokens():
     closure = [cell.cell_contents for cell in block_mask.mask_mod.__closure__ or ()]
     tensors = [block_mask.kv_num_blocks, block_mask.kv_indices, *(c for c in closure if isinstance(c, torch.Tensor))]
     held = sum(tensor.untyped_storage().nbytes() for tensor in tensors)
-    per_row_and_block = 8 + 4  # ranks (int64, one spare column) and kv_indices (int32)
-    assert held <= rows * (pool_blocks + 1) * per_row_and_block + 64 * rows
-    assert held >= rows * pool_blocks * per_row_and_block  # the estimate is the real size, not a loose bound
+    assert held <= block_mask_bytes(rows, pool_blocks)  # the memory plan's count
+    assert held >= rows * pool_blocks * (8 + 4)  # ranks (int64) and kv_indices (int32): the count is not loose

@@ -40,6 +40,12 @@ def row_bucket(rows: int) -> int:
     return max(MIN_ROW_BUCKET, 1 << (rows - 1).bit_length())
 
 
+def block_mask_bytes(rows: int, pool_blocks: int) -> int:
+    """What `paged_block_mask` holds for `rows` rows over `pool_blocks` blocks, the most (the memory plan's
+    count): per bucketed row and pool block its rank (int64, one spare column) and a listed block (int32)."""
+    return row_bucket(rows) * ((pool_blocks + 1) * 8 + pool_blocks * 4 + 64)
+
+
 def paged_block_mask(table: torch.Tensor, lengths: torch.Tensor, width: int, pool_blocks: int) -> BlockMask:
     """Which pool slots each row's queries see: the rows' block tables `table` ([R, blocks]), `lengths` ([R]: tokens
     stored after the forward, the forward's `width` new ones the last), over a pool of `pool_blocks` blocks. Its
