@@ -68,24 +68,13 @@ class DocumentPacking:
     ) -> DocumentPacking:
         """The packing of completion_logprobs' arguments: packing.py's group rows with their padding dropped."""
         groups, prompt_width = prompt_ids.shape
-        layout = PackedGroups.of(prompt_index, prompt_width, groups, completion_ids.shape[1])
-        input_ids = prompt_ids.new_zeros((groups, layout.length))
-        real = prompt_mask.new_zeros((groups, layout.length))
-        input_ids[:, :prompt_width], real[:, :prompt_width] = prompt_ids, prompt_mask
-        group_of_row, columns = prompt_index.unsqueeze(1), layout.columns()
-        input_ids[group_of_row, columns] = completion_ids[:, :-1]
-        real[group_of_row, columns] = completion_mask[:, :-1]
+        completion_width = completion_ids.shape[1]
+        layout = PackedGroups.of(prompt_index, prompt_width, groups, completion_width)
+        input_ids, real = layout.tokens(prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask)
         kept = real.flatten().nonzero().squeeze(1)  # group by group: its prompt, then its completions in order
         tokens = len(kept)
         padding = bucket(tokens) - tokens
-        segment_of_column = torch.zeros(layout.length, dtype=torch.long, device=kept.device)
-        segment_of_column[prompt_width:] = torch.arange(1, layout.slots + 1, device=kept.device).repeat_interleave(
-            layout.width
-        )
-        offsets = torch.arange(completion_ids.shape[1], device=kept.device)
-        predicting_column = torch.where(
-            offsets == 0, prompt_width - 1, prompt_width + layout.slot.unsqueeze(1) * layout.width + offsets - 1
-        )
+        predicting_column = prompt_width - 1 + layout.kept(completion_width)  # the prompt's last, then the slot's
         packed_position = real.flatten().long().cumsum(0) - 1  # a real token's place among the kept ones
         predicting = packed_position[prompt_index.unsqueeze(1) * layout.length + predicting_column]
         return cls(
@@ -93,7 +82,7 @@ class DocumentPacking:
             position_ids=F.pad(layout.positions(prompt_mask).flatten()[kept], (0, padding)).unsqueeze(0),
             document=F.pad(kept // layout.length, (0, padding), value=groups),
             segment=torch.cat(
-                [segment_of_column[kept % layout.length], -torch.arange(1, padding + 1, device=kept.device)]
+                [layout.segments()[kept % layout.length], -torch.arange(1, padding + 1, device=kept.device)]
             ),
             predicting=predicting.clamp(min=0),
             real_tokens=tokens,

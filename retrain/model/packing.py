@@ -80,13 +80,38 @@ class PackedGroups:
         in_slot = torch.arange(self.width, device=prompt_mask.device).repeat(self.slots)
         return torch.cat([positions_from_mask(prompt_mask), prompt_mask.sum(dim=1, keepdim=True) + in_slot], dim=1)
 
+    def tokens(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        prompt_index: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[G, L] input ids of the packed rows and which of them are real tokens (not padding), from
+        completion_logprobs' arguments."""
+        groups, prompt_width = prompt_ids.shape
+        input_ids = prompt_ids.new_zeros((groups, self.length))
+        real = prompt_mask.new_zeros((groups, self.length))
+        input_ids[:, :prompt_width], real[:, :prompt_width] = prompt_ids, prompt_mask
+        group_of_row, columns = prompt_index.unsqueeze(1), self.columns()
+        input_ids[group_of_row, columns] = completion_ids[:, :-1]
+        real[group_of_row, columns] = completion_mask[:, :-1]
+        return input_ids, real
+
+    def segments(self) -> torch.Tensor:
+        """[L] each column's part of its row: 0 the prompt, s the s-th slot."""
+        segment = torch.zeros(self.length, dtype=torch.long, device=self.slot.device)
+        segment[self.prompt_width :] = torch.arange(1, self.slots + 1, device=self.slot.device).repeat_interleave(
+            self.width
+        )
+        return segment
+
     def attends(self) -> torch.Tensor:
         """[L, L] which position may see which, padding aside: itself and the positions before it in the
         prompt or in its own slot."""
-        device = self.slot.device
-        segment = torch.zeros(self.length, dtype=torch.long, device=device)
-        segment[self.prompt_width :] = torch.arange(1, self.slots + 1, device=device).repeat_interleave(self.width)
-        position = torch.arange(self.length, device=device)
+        segment = self.segments()
+        position = torch.arange(self.length, device=self.slot.device)
         causal = position.unsqueeze(0) <= position.unsqueeze(1)
         same_or_prompt = (segment.unsqueeze(0) == 0) | (segment.unsqueeze(0) == segment.unsqueeze(1))
         return causal & same_or_prompt
@@ -116,12 +141,7 @@ def packed_hidden(
     packing = PackedGroups.of(prompt_index, prompt_width, groups, completion_ids.shape[1])
     if not packing.pays():
         return None
-    input_ids = prompt_ids.new_zeros((groups, packing.length))
-    real = prompt_mask.new_zeros((groups, packing.length))  # not padding
-    input_ids[:, :prompt_width], real[:, :prompt_width] = prompt_ids, prompt_mask
-    group_of_row, columns = prompt_index.unsqueeze(1), packing.columns()
-    input_ids[group_of_row, columns] = completion_ids[:, :-1]
-    real[group_of_row, columns] = completion_mask[:, :-1]
+    input_ids, real = packing.tokens(prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask)
     mask = (packing.attends() & real[:, None, :]).unsqueeze(1)
     hidden = lean.hidden(input_ids, mask, packing.positions(prompt_mask), None, keep=1 + packing.slots * packing.width)
     kept = packing.kept(completion_ids.shape[1])
