@@ -4,12 +4,14 @@ packing.py packs each group into one padded row (prompt | completion 1 | complet
 dense [G, 1, L, L] mask: sdpa then computes every masked score (G × L² per head and layer), and on a GPU a
 masked call cannot take grouped-query attention, so its key and value heads are repeated for the query heads.
 Here the padding goes too: the groups' rows are laid end to end, their padding dropped, into one sequence of N
-tokens (padded at its end to a `bucket`, so a GPU compiles few kernels). Each token belongs to a document (its
-group) and a segment (0: the group's prompt, s: its s-th completion); a token sees the tokens of its document at
+tokens. Each token belongs to a document (its group) and a segment (0: the group's prompt, s: its s-th completion); a token sees the tokens of its document at
 or before it that are its prompt's or its own segment's. A BlockMask lists, per 128-token query block, the key
 blocks where any of that holds (built from the segments' extents, never from an N × N mask), and flex_attention,
 compiled, computes those blocks only, the key/value heads shared by their query heads (`enable_gqa`). A completion
-token's hidden states are the KV-cache way's and the packed way's, up to fp32 rounding.
+token's hidden states are the KV-cache way's and the packed way's, up to fp32 rounding. Only attention pads:
+its queries, keys and values are padded at the end to a `bucket` of few lengths, so that a GPU compiles few
+kernels (a padding position sees itself alone: the diagonal blocks); the linears and the MLP run on the N real
+tokens.
 
 flex_attention has no backward on the CPU: there the trainer keeps packing.py's and logprobs.py's layouts
 (`backend.train_attention`), and the CPU's tests check this layout's mask (as a dense mask through sdpa, with
@@ -50,12 +52,11 @@ def bucket(tokens: int) -> int:
 class DocumentPacking:
     """Where each real token of a forward's rows sits in the packed sequence, and which tokens it sees."""
 
-    input_ids: torch.Tensor  # [1, N]
+    input_ids: torch.Tensor  # [1, N] the real tokens
     position_ids: torch.Tensor  # [1, N]
-    document: torch.Tensor  # [N] the token's group; the end's padding is one more document
-    segment: torch.Tensor  # [N] 0: a prompt token, s: a token of its group's s-th completion, < 0: padding (itself)
+    document: torch.Tensor  # [L] the token's group, over the attention's `bucket(N)` positions: its padding is one more
+    segment: torch.Tensor  # [L] 0: a prompt token, s: a token of its group's s-th completion, < 0: padding (itself)
     predicting: torch.Tensor  # [R, T] the packed position whose hidden states predict each completion token
-    real_tokens: int
 
     @classmethod
     def of(
@@ -78,18 +79,23 @@ class DocumentPacking:
         packed_position = real.flatten().long().cumsum(0) - 1  # a real token's place among the kept ones
         predicting = packed_position[prompt_index.unsqueeze(1) * layout.length + predicting_column]
         return cls(
-            input_ids=F.pad(input_ids.flatten()[kept], (0, padding)).unsqueeze(0),
-            position_ids=F.pad(layout.positions(prompt_mask).flatten()[kept], (0, padding)).unsqueeze(0),
+            input_ids=input_ids.flatten()[kept].unsqueeze(0),
+            position_ids=layout.positions(prompt_mask).flatten()[kept].unsqueeze(0),
             document=F.pad(kept // layout.length, (0, padding), value=groups),
             segment=torch.cat(
                 [layout.segments()[kept % layout.length], -torch.arange(1, padding + 1, device=kept.device)]
             ),
             predicting=predicting.clamp(min=0),
-            real_tokens=tokens,
         )
 
     @property
+    def tokens(self) -> int:
+        """N: the real tokens, the positions the forward's linears compute."""
+        return self.input_ids.shape[1]
+
+    @property
     def length(self) -> int:
+        """L: the positions attention computes, N padded to a `bucket`."""
         return self.document.shape[0]
 
     def mask_mod(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -181,11 +187,14 @@ def document_hidden(
     block_mask = packing.block_mask()
     compiled = prompt_ids.is_cuda
 
+    padding = (0, 0, 0, packing.length - packing.tokens)  # the kernel's positions: few shapes, few compiles
+
     def attend(module: Any, query: Any, key: Any, value: Any, mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
         flex = _compiled_flex_attention() if compiled else _training_flex
+        query, key, value = (F.pad(tensor, padding) for tensor in (query, key, value))
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             output = flex(query, key, value, block_mask, kwargs["scaling"])
-        return output.transpose(1, 2).contiguous(), None
+        return output[:, :, : packing.tokens].transpose(1, 2).contiguous(), None
 
     hidden = lean.hidden(packing.input_ids, None, packing.position_ids, None, 0, attend)
     predicting = packing.predicting

@@ -155,7 +155,7 @@ def _real_token_features(
     packed = packed_hidden(*shared) if share_prompts and head is not None and not documents else None
     if documents:
         features, packing = document_hidden(*shared)
-        computed = packing.length
+        computed = packing.tokens
     elif packed is not None:
         features, layout = packed
         computed = groups * layout.length
