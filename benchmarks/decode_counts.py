@@ -182,7 +182,7 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
             for documents, (counts, tokens) in forwards.items()
             for key, value in (
                 ("attention_flops_executed", counts.attention_flops),
-                ("padding_frac", 1 - tokens.real / tokens.computed),
+                ("padding_frac", 1 - float(tokens.real) / tokens.computed),
             )
         },
         "forward_attention_flops_needed": attention_needed * 2 / 7,  # 2 of its 7 matmuls run forward

@@ -370,7 +370,7 @@ class LocalBackend:
     def _padding_frac(self) -> float:
         """The fraction of the step's training forwards' token positions (every rank's) that held padding."""
         tokens = self.forward_tokens
-        computed, real = all_sum(torch.tensor([tokens.computed, tokens.real], dtype=torch.float64)).tolist()
+        computed, real = all_sum(torch.tensor([tokens.computed, float(tokens.real)], dtype=torch.float64)).tolist()
         return 1 - real / computed if computed else 0.0
 
     def _rows_inputs(

@@ -53,11 +53,11 @@ class ForwardTokens:
     `train/padding_frac`); a prompt shared by its rows counts once where its forward runs it once."""
 
     computed: int = 0
-    real: int = 0
+    real: torch.Tensor | int = 0  # a count on the forwards' device: read once a step, not once a forward
 
-    def add(self, computed: int, real: int) -> None:
+    def add(self, computed: int, real: torch.Tensor) -> None:
         self.computed += computed
-        self.real += real
+        self.real = self.real + real
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +172,7 @@ def _real_token_features(
         prompts, inputs = (
             (prompt_mask, completion_mask[:, :-1]) if once else (prompt_mask[prompt_index], completion_mask)
         )
-        tokens.add(computed, int(prompts.sum()) + int(inputs.sum()))
+        tokens.add(computed, prompts.sum() + inputs.sum())
     real = completion_mask.flatten().nonzero().squeeze(1)
     return head, rows_of(features.flatten(0, 1), real), completion_ids.flatten()[real]
 

@@ -111,7 +111,7 @@ def test_completion_logprobs_through_flex_attention_are_the_kv_cache_ways(
     torch.testing.assert_close(documents, kv_cache, atol=2e-5, rtol=1e-5)
     prompt_mask, completion_mask = arguments[1], arguments[4]
     real = int(prompt_mask.sum()) + int(completion_mask[:, :-1].sum())  # each prompt once, every input token
-    assert tokens.computed == tokens.real == real  # no padding: the kernel's own pads attention alone
+    assert tokens.computed == int(tokens.real) == real  # no padding: the kernel's own pads attention alone
 
 
 def test_the_compiled_kernel_visits_only_the_listed_blocks_and_computes_what_eager_does():
