@@ -287,6 +287,9 @@ def test_decode_counts_quick_mode_counts_the_decode_steps_and_the_training_step(
     assert counts["roofline_bytes_per_token"] > 0 and counts["bytes_per_token"] > 0
     assert counts["train_flops_executed"] > 0 and counts["train_flops_needed"] > 0
     assert "compute ops per step ÷ layers" in result.stdout and "executed / needed" in result.stdout
+    # one forward through each training layout: the documents' has no padding, the padded rows' some
+    assert counts["forward_flex_padding_frac"] == 0 < counts["forward_mask_padding_frac"]
+    assert counts["forward_flex_attention_flops_executed"] >= counts["forward_attention_flops_needed"] > 0
 
 
 @pytest.mark.slow  # a 2-layer model of the tiny Qwen3's config.json with random weights: ~20 s on 2 cores
