@@ -152,11 +152,10 @@ def _real_token_features(
     shared = (model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask)
     groups, prompt_width = prompt_ids.shape
     rows, width = completion_ids.shape
-    packed = packed_hidden(*shared) if share_prompts and head is not None and not documents else None
-    if documents:
+    if documents:  # a mirrored model (backend.train_attention): its head is plain, `features` hidden states
         features, packing = document_hidden(*shared)
         computed = packing.tokens
-    elif packed is not None:
+    elif share_prompts and head is not None and (packed := packed_hidden(*shared)) is not None:
         features, layout = packed
         computed = groups * layout.length
     elif share_prompts:
