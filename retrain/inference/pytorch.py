@@ -58,6 +58,7 @@ from retrain.model.attention_kernels import attending_with, attention_implementa
 from retrain.model.lean_decoder import MIRRORED, mirrored
 from retrain.model.logprobs import left_pad
 from retrain.model.merged_lora import lean_lora, merged_lora, plain_lora_layers
+from retrain.model.output_logits import use_fp32_logits
 from retrain.model.probe import Probe, StaleWeightsError
 from retrain.model.resources import EngineResources
 from retrain.model.train_mode import set_training
@@ -84,6 +85,7 @@ class PytorchEngine:
         self.model = resources.model
         if resources.overlap:  # split mode: sample with a copy on our own device while the backend trains
             self.model = copy.deepcopy(resources.model).to(resources.device)
+            use_fp32_logits(self.model)  # where the copy's device writes fp32 logits and the backend's does not
         self.tokenizer = tokenizer
         self.device = torch.device(resources.device)
         self._attention = attention_implementation(config.attention_kernel, self.device, self.model.dtype)

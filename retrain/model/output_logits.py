@@ -35,7 +35,10 @@ def use_fp32_logits(model: Any) -> None:
 
 
 def _fp32_forward(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
-    """[..., vocabulary] fp32 logits of [..., hidden] half-precision hidden states."""
+    """[..., vocabulary] fp32 logits of [..., hidden] half-precision hidden states on a GPU (a copy of the model
+    moved off it computes as the head does)."""
+    if not hidden.is_cuda:
+        return torch.nn.functional.linear(hidden, head.weight)
     rows = hidden.reshape(-1, hidden.shape[-1])
     if torch.is_grad_enabled() and (rows.requires_grad or head.weight.requires_grad):
         logits = _Fp32Logits.apply(rows, head.weight)

@@ -120,6 +120,7 @@ def test_the_default_step_has_no_mismatch_metrics(tiny_spec) -> None:
         "policy/ratio_max",
         "policy/clip_frac",
         "engine/logprob_abs_diff",
+        "train/padding_frac",
     }
 
 
