@@ -295,6 +295,7 @@ def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu:
         checkpointing="false",
         engine="pytorch",
         kv_cache_gb=0.0,
+        paged_attention="auto",
         merge_lora=True,
         vllm_share=0.0,
         vllm_sleeps=False,
