@@ -185,12 +185,10 @@ def document_hidden(
     assert lean is not None, "document packing runs retrain's lean forward"
     packing = DocumentPacking.of(prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask)
     block_mask = packing.block_mask()
-    compiled = prompt_ids.is_cuda
-
+    flex = _compiled_flex_attention() if prompt_ids.is_cuda else _training_flex  # a GPU's; eager scores every pair
     padding = (0, 0, 0, packing.length - packing.tokens)  # the kernel's positions: few shapes, few compiles
 
     def attend(module: Any, query: Any, key: Any, value: Any, mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
-        flex = _compiled_flex_attention() if compiled else _training_flex
         query, key, value = (F.pad(tensor, padding) for tensor in (query, key, value))
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             output = flex(query, key, value, block_mask, kwargs["scaling"])
