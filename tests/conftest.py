@@ -24,10 +24,11 @@ if os.environ.get("CI"):
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """How many worker processes `-n auto` (pyproject's addopts) starts. Two for the default suite: most of a test
-    is one core's imports and Python. None (one process) for any other `-m`, such as `-m slow`: a slow test keeps
-    both cores busy, and the SLURM ones time jobs on a one-node cluster (docs/slurm.md)."""
-    return 2 if config.option.markexpr == "not slow" else 0
+    """How many worker processes `-n auto` (pyproject's addopts) starts: two, for the default suite and the slow
+    one alike. Most of a default test is one core's imports and Python; most of a slow one is a one-thread CLI run
+    (`run_cli`) or a wait on a server, a SLURM job or a time limit, which the other worker overlaps. A module's
+    tests run on one worker (`--dist loadfile`), so that a module-scoped server or engine starts once."""
+    return 2
 
 
 # The offline demo, cut to what a test of the run itself needs: no held-out evaluation, one reward worker, a quiet

@@ -17,7 +17,7 @@ from retrain.campaign.manifest import CampaignSettings, start_manifest
 from retrain.campaign.plan import expand
 from retrain.commands.status import main
 from tests.campaign.rundirs import dead_pid, simulate_run
-from tests.conftest import QUICK, cli_env
+from tests.conftest import QUICK, cli_env, read_metrics
 
 
 def test_a_live_run_is_running_and_a_vanished_one_dead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -222,7 +222,9 @@ def test_watch_follows_a_real_run_to_its_end(tmp_path: Path) -> None:
 def test_a_stopped_run_names_the_command_that_resumes_it(tmp_path: Path) -> None:
     """A real run stopped by SIGTERM after a step; the command its status prints continues it in its own dir."""
     run_dir = tmp_path / "run"
-    args = [*QUICK, "training.max_steps=3", "training.batch_size=2", "training.group_size=2"]
+    # more steps than it can take before the signal lands, however fast the machine; the resume then stops one
+    # step later (the printed command with a smaller max_steps typed after it)
+    args = [*QUICK, "training.max_steps=200", "training.batch_size=2", "training.group_size=2"]
     training = subprocess.Popen(
         [sys.executable, "-m", "retrain", *args, f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
@@ -242,8 +244,9 @@ def test_a_stopped_run_names_the_command_that_resumes_it(tmp_path: Path) -> None
     command = shlex.join(["python", "-m", "retrain", *args, f"hydra.run.dir={run_dir}"])
     assert f"  resume: cd {tmp_path} && {command}" in status.stdout.splitlines(), status.stdout
     python_first = {**cli_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    one_more = f"training.max_steps={len(read_metrics(run_dir)) + 1}"
     resumed = subprocess.run(
-        ["bash", "-c", status.stdout.split("  resume: ")[1].splitlines()[0]],
+        ["bash", "-c", f"{status.stdout.split('  resume: ')[1].splitlines()[0]} {one_more}"],
         capture_output=True,
         text=True,
         env=python_first,

@@ -155,6 +155,8 @@ class VllmEngine:
         self.fault_skip_weight_sync = config.fault_skip_weight_sync
         self.sleeps = device.type == "cuda" and config.sleep_mode and not resources.overlap  # split: own GPU
         self.stop_ids = stop_token_ids(tokenizer, _generation_config(resources.spec))
+        # vLLM makes the process group of its one worker unless the run's ranks made theirs already
+        self.owns_process_group = not torch.distributed.is_initialized()
         self.llm = _start_llm(arguments, device)
         self.publisher = AdapterPublisher(resources.spec) if self.merged_from is None else None
         self.lora: Any = None  # the LoRARequest of the served version (None: the base model)
@@ -334,6 +336,10 @@ class VllmEngine:
             self.publisher.close()
         llm, self.llm = self.llm, None
         del llm
+        if self.owns_process_group:  # leave the process as the engine found it: another engine may start in it
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

@@ -4,26 +4,26 @@ Failures are not verdicts: a parse or comparison that times out or breaks raises
 scores the completion 0.0 *and* counts it in `reward/errors`. A completion with no boxed answer,
 or whose answer is simply different, is a plain 0.0.
 
-math-verify bounds its own work with SIGALRM, which only works in a process's main thread. The
-scorer's worker processes run rewards in their main thread, so those bounds apply there; called
-from any other thread, this reward runs math-verify without them (math-verify refuses signals
-off the main thread) and relies on the scorer's per-completion timeout alone.
+math-verify's work is bounded by SIGALRM, which only works in a process's main thread. The scorer's
+worker processes run rewards in their main thread, so the bounds apply there; called from any other
+thread, this reward runs math-verify without them and relies on the scorer's per-completion timeout.
 
 An alarm that fires while the interpreter runs a garbage-collector callback is swallowed there
-(Python reports it as "unraisable" and the work goes on), so a bounded call is also timed: one
-that returns after its bound raises the same TimeoutError as one the alarm stopped.
+(Python reports it as "unraisable" and the work goes on: a comparison of huge powers then ran for
+ten minutes). math-verify's own alarm fires once, so this reward sets its own, which repeats every
+ALARM_REPEAT_S until the bounded call has ended.
 """
 
 from __future__ import annotations
 
 import functools
+import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from math_verify import LatexExtractionConfig, parse, verify
-from math_verify.errors import TimeoutException
 
 from retrain.plugins import built_in
 from retrain.reward.config import MathRewardConfig
@@ -35,18 +35,39 @@ _EXTRACTION = (LatexExtractionConfig(),)
 _T = TypeVar("_T")
 
 
-def _within(bound_s: int, call: Callable[[int | None], _T], failure: str) -> _T:
-    """`call(bound)` under math-verify's alarm in the main thread (no bound elsewhere); past it, TimeoutError."""
+ALARM_REPEAT_S = 0.1  # after an alarm lost in a gc callback, the next one
+
+
+class _Expired(BaseException):
+    """The alarm, raised in the bounded call: a BaseException, so no `except Exception` in math-verify or sympy
+    takes it for a failed parse."""
+
+
+def _within(bound_s: int, call: Callable[[], _T], failure: str) -> _T:
+    """`call()` stopped by an alarm `bound_s` after it starts (main thread only; no bound elsewhere): TimeoutError."""
     if threading.current_thread() is not threading.main_thread():
-        return call(None)
+        return call()
+    armed = True
+
+    def expire(signum: int, frame: Any) -> None:
+        if armed:
+            raise _Expired
+
+    previous = signal.signal(signal.SIGALRM, expire)
     started = time.monotonic()
+    outer_delay, outer_repeat = signal.setitimer(signal.ITIMER_REAL, bound_s, ALARM_REPEAT_S)
     try:
-        result = call(bound_s)
-    except TimeoutException as exc:  # a BaseException: make it an ordinary, countable failure
-        raise TimeoutError(failure) from exc
-    if time.monotonic() - started > bound_s:  # the alarm fired inside a gc callback and was lost
-        raise TimeoutError(failure)
-    return result
+        try:
+            return call()
+        finally:
+            armed = False  # an alarm already on its way lands here harmlessly
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            if outer_delay > 0:  # a timer the caller had set (pytest-timeout's, say) keeps its deadline
+                left = outer_delay - (time.monotonic() - started)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), outer_repeat)
+    except _Expired:
+        raise TimeoutError(failure) from None
 
 
 @built_in
@@ -59,7 +80,6 @@ class MathReward:
     """
 
     def __init__(self, config: MathRewardConfig) -> None:
-        # math-verify's alarms take whole seconds.
         self.parse_timeout_s = int(config.parse_timeout_s)
         self.verify_timeout_s = int(config.verify_timeout_s)
         self.cache_size = int(config.cache_size)
@@ -77,7 +97,7 @@ class MathReward:
             return 0.0
         equal = _within(
             self.verify_timeout_s,
-            lambda bound: verify(gold, predicted, timeout_seconds=bound, raise_on_error=True),
+            lambda: verify(gold, predicted, timeout_seconds=None, raise_on_error=True),
             f"math-verify could not compare within {self.verify_timeout_s} s",
         )
         return 1.0 if equal else 0.0
@@ -91,8 +111,8 @@ class MathReward:
     def _parse(self, answer: str) -> list[Any]:
         return _within(
             self.parse_timeout_s,
-            lambda bound: parse(
-                f"\\boxed{{{answer}}}", extraction_config=_EXTRACTION, parsing_timeout=bound, raise_on_error=True
+            lambda: parse(
+                f"\\boxed{{{answer}}}", extraction_config=_EXTRACTION, parsing_timeout=None, raise_on_error=True
             ),
             f"math-verify could not parse {answer[:80]!r} within {self.parse_timeout_s} s",
         )

@@ -6,6 +6,7 @@ python -m pytest -m slurm tests/campaign/test_slurm.py
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -13,7 +14,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,10 +57,15 @@ def _cluster_problem() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster() -> None:
+def slurm_cluster() -> Iterator[None]:
+    """The cluster, held by this module alone: the two test workers may each take a SLURM module, and the node's two
+    CPUs run one module's jobs at a time (a job queued behind the other module's would miss the times it is held to)."""
     problem = _cluster_problem()
     if problem:
         pytest.skip(problem)
+    with open(Path(tempfile.gettempdir()) / "retrain-tests-slurm-cluster.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _env() -> dict[str, str]:

@@ -81,7 +81,7 @@ def _interrupted_run(tmp_path: Path, kind: str, srun: list[str], save_every: int
     run_dir = sweep_dir / "maxrl_gtpo_sepa_s5"
     started = time.monotonic()
     job_id, driver, output, reference, reference_error = run_interrupted(
-        [*TORCHRUN, "--standalone", "--nproc-per-node=2", "-m", "retrain", *common, f"hydra.run.dir={reference_dir}"],
+        [*TORCHRUN, "--nproc-per-node=2", "-m", "retrain", *common, f"hydra.run.dir={reference_dir}"],
         [
             "--multirun",
             *common,
