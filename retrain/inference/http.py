@@ -128,6 +128,7 @@ class HttpClient:
         self.timeout_s = timeout_s
         self.max_reply_bytes = max_reply_bytes
         self._interruptible: set[Future[Any]] = set()  # post_all calls in flight (see interrupt)
+        self._interrupts = 0  # interrupt() calls so far: one that lands while a call is being registered cancels it
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -175,6 +176,7 @@ class HttpClient:
 
         Safe from a signal handler and from any thread (a stop request during a stuck step); single
         `get`/`post` calls (weight loading, the freshness probe) are left to finish or time out."""
+        self._interrupts += 1
         for future in list(self._interruptible):
             future.cancel()
 
@@ -204,9 +206,12 @@ class HttpClient:
         if self._closed:
             coroutine.close()
             raise RuntimeError(f"the HTTP client of {self.base_url} is closed")
+        interrupts = self._interrupts
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         if interruptible:
             self._interruptible.add(future)
+            if self._interrupts != interrupts:  # a stop request came after the requests went out, before the add
+                future.cancel()
         try:
             return future.result()
         except concurrent.futures.CancelledError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import gzip
 import logging
@@ -261,6 +262,34 @@ def test_interrupt_cancels_sampling_in_flight_and_close_leaves_no_pending_task(c
         release.set()
         gc.collect()
     assert not [record for record in caplog.records if "destroyed" in record.getMessage()]
+
+
+def test_an_interrupt_that_lands_as_the_requests_go_out_cancels_them(monkeypatch):
+    """The window opened on purpose (seen in CI, on a loaded machine): the requests are sent, the server holds them
+    and the stop request's signal handler runs before the caller has registered the call as in flight."""
+    release = threading.Event()
+
+    def stuck(body):
+        release.wait(10)
+        return ok({})
+
+    with serve({"POST /v1/x": stuck}) as server:
+        http = client(server.url)
+        schedule = asyncio.run_coroutine_threadsafe
+
+        def scheduled_then_interrupted(coroutine, loop):
+            future = schedule(coroutine, loop)
+            http.interrupt()
+            return future
+
+        monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", scheduled_then_interrupted)
+        started = time.perf_counter()
+        with pytest.raises(SamplingInterrupted):
+            http.post_all("/v1/x", [{"n": 1}])
+        assert time.perf_counter() - started < 3
+        monkeypatch.undo()
+        release.set()
+        http.close()
 
 
 def test_close_cancels_a_request_whose_caller_gave_up(caplog):
