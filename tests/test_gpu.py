@@ -155,3 +155,40 @@ def test_on_the_gpu_a_bf16_model_writes_fp32_logits_with_a_bf16_linear_s_gradien
     weights = torch.randn_like(logits)
     (logits * weights).sum().backward()
     torch.testing.assert_close(hidden.grad, (weights.bfloat16() @ head.weight).to(hidden.grad.dtype))
+
+
+def test_on_the_gpu_replayed_cuda_graphs_sample_what_the_same_steps_sample_eagerly() -> None:
+    """inference.cuda_graphs (the GPU's default): each row bucket's decode forward, recorded as a CUDA graph and
+    replayed, samples exactly what the same bucketed steps sample run eagerly (same kernels, same shapes), as rows
+    leave and queue; and a replayed step launches a graph and the draw's kernels, not every op of the forward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from retrain.types import SamplingParams
+    from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine
+    from tests.inference.test_kv_budget import assert_same_rollouts, budget_gb
+
+    backend = make_backend(ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4, dtype="bf16"), devices="gpu:0")
+    prompt_ids = encode(backend, PROMPTS)
+    sampling = SamplingParams(max_tokens=40, temperature=2.5, top_p=0.95, return_entropies=True)
+    for blocks in (120, 12):  # all rows at once; rows queue
+        gb = budget_gb(make_engine(backend), blocks)
+        graphs = make_engine(backend, kv_cache_gb=gb)
+        assert graphs.paged_attention and graphs.step_recorder is not None  # the defaults on a GPU
+        eager = make_engine(backend, kv_cache_gb=gb)
+        eager.step_recorder = lambda: lambda step: (step(), step)  # the same bucketed steps, run each time
+        assert_same_rollouts(graphs.generate(prompt_ids, 4, sampling, 6), eager.generate(prompt_ids, 4, sampling, 6))
+    gb = budget_gb(make_engine(backend), 120)
+    launches = {}
+    for recorded in (True, False):
+        engine = make_engine(backend, kv_cache_gb=gb, cuda_graphs=recorded)
+        engine.generate(prompt_ids, 4, sampling, 6)  # flex_attention compiles its kernels for these shapes
+        with profile(activities=[ProfilerActivity.CPU]) as trace:
+            rollouts = engine.generate(prompt_ids, 4, sampling, 6)
+        events = [event.name for event in trace.events()]
+        launches[recorded] = sum(
+            events.count(name) for name in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx")
+        )
+        if recorded:
+            steps = int(rollouts.completion_mask.sum(dim=1).max())
+            assert events.count("cudaGraphLaunch") >= steps - 4  # every decode step but each bucket's first
+    assert launches[True] < 0.5 * launches[False], launches  # 4 layers of ~40 ops a step, now one graph launch

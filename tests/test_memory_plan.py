@@ -171,6 +171,21 @@ def test_the_automatic_kv_budget_is_what_is_left_capped_at_all_rows_at_full_leng
     assert fixed is not None and fixed.kv_budget_bytes == 4 * 2**30
 
 
+def test_recorded_decode_steps_hold_each_row_buckets_logits_where_they_are_recorded() -> None:
+    """On a GPU with flex attention (the defaults there) each row bucket's recorded step keeps its fp32 logits:
+    128 rows' bucket and the smaller ones, < 2 × 128 × vocab × 4 B; nothing where steps run eagerly."""
+
+    def graphs_bytes(*overrides: str, on_gpu: bool = True) -> int:
+        plan = plan_for(default_config(*overrides), [80 * GB], on_gpu=on_gpu)
+        assert plan is not None
+        return sum(part.bytes for part in plan.devices[0].parts if part.name == "decode graphs")
+
+    assert graphs_bytes() == 2 * 128 * QWEN3_4B["vocab_size"] * 4
+    assert graphs_bytes("inference.cuda_graphs=false") == 0
+    assert graphs_bytes("inference.paged_attention=gather") == 0
+    assert graphs_bytes(on_gpu=False) == 0
+
+
 def test_split_mode_gives_each_device_its_own_parts() -> None:
     plan = plan_for(default_config("backend.devices=gpu:0\\,gpu:1"), [80 * GB, 80 * GB], on_gpu=True)
     assert plan is not None
@@ -296,6 +311,7 @@ def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu:
         engine="pytorch",
         kv_cache_gb=0.0,
         paged_attention="auto",
+        cuda_graphs=None,
         merge_lora=True,
         vllm_share=0.0,
         vllm_sleeps=False,

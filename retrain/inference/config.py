@@ -103,6 +103,9 @@ class PytorchEngineConfig(EngineConfig):
     # how attention reads cached keys and values: flex (the pool itself, through the block tables: no copy) |
     # gather (a dense copy per layer, then sdpa) | auto: flex on a GPU with triton, else gather. docs/inference-engines.md
     paged_attention: str = "auto"
+    # record each row bucket's decode forward as a CUDA graph once per call and replay it: one launch a step, not
+    # one per op (needs CUDA and flex paged attention); null = automatic: on where it can be
+    cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         check_pytorch_attention_kernel(self.attention_kernel)

@@ -54,6 +54,7 @@ from retrain.inference.sampler.decode import (
 )
 from retrain.inference.sampler.kv_budget import budget_blocks, kv_budget
 from retrain.inference.sampler.kv_pool import KvPool, KvShape, blocks_for
+from retrain.inference.sampler.step_graphs import Recorder, Step, cuda_graph_recorder
 from retrain.model.attention_kernels import attending_with, attention_implementation
 from retrain.model.lean_decoder import MIRRORED, mirrored
 from retrain.model.logprobs import left_pad
@@ -93,6 +94,11 @@ class PytorchEngine:
         self.kv_cache_gb = config.kv_cache_gb
         self.stop_check_steps = config.stop_check_steps or (GPU_STOP_CHECK_STEPS if self.device.type == "cuda" else 1)
         self.paged_attention = reads_the_pool(config.paged_attention, self.model, self.device)
+        # a sampling call's recorder of decode steps (CUDA graphs); None: steps run eagerly
+        self.step_recorder: Callable[[], Recorder] | None = None
+        if records_steps(config.cuda_graphs, self.paged_attention, self.device):
+            self.step_recorder = lambda: cuda_graph_recorder(self.device)
+        self._graphs_required = config.cuda_graphs is True
         self.planned_kv_bytes = resources.kv_cache_bytes
         self.kv_shape = KvShape.of(self.model.config, self.model.dtype)
         self.layer_types = getattr(self.model.config.get_text_config(), "layer_types", None)
@@ -190,16 +196,19 @@ class PytorchEngine:
         left-padded prompts, their mask, and what the loop sampled (rows that joined it included)."""
         prompts, prompt_mask = left_pad(prompt_ids, self.pad_id, self.device)
         lengths = prompt_mask.sum(dim=1).tolist()
+        record = self._recorder()
+        sink = record is not None  # the recorded steps' padding rows write to a block of their own
         blocks = budget_blocks(
             kv_budget(self.kv_cache_gb, self.planned_kv_bytes, self.device),
             self.kv_shape,
             max(lengths) + sampling.max_tokens,
+            sink,
         )
         set_training(self.model, False)  # no dropout; it stays so until the backend trains
         with torch.inference_mode(), self._serving():
             decoded = decode(
                 self.model,
-                KvPool(self.kv_shape, self.device, blocks, reserve=self.device.type == "cuda"),
+                KvPool(self.kv_shape, self.device, blocks, reserve=self.device.type == "cuda" or sink, sink=sink),
                 self.layer_types,
                 Prompts(prompts, lengths, group_size),
                 sampling,
@@ -209,14 +218,42 @@ class PytorchEngine:
                 self.prefix_caching and more is None,
                 limits,
                 on_finish,
-                None if more is None else self._arrivals(more, sampling, blocks),
+                None if more is None else self._arrivals(more, sampling, blocks - sink),
                 self.stop_check_steps,
                 self.paged_attention,
+                record,
             )
         return prompts, prompt_mask, decoded
 
+    def _recorder(self) -> Recorder | None:
+        """This call's recorder of decode steps, if they are recorded. Where the setting is automatic, a step that
+        cannot be recorded runs eagerly instead, and so do the engine's later calls (said once, in a warning)."""
+        if self.step_recorder is None:
+            return None
+        record = self.step_recorder()
+        if self._graphs_required:
+            return record
+
+        def record_or_run(step: Step) -> tuple[torch.Tensor, Step]:
+            if self.step_recorder is None:  # failed earlier in this call
+                return step(), step
+            try:
+                return record(step)
+            except Exception as error:  # a recorder's failure on a device never tried before: sample on
+                log.warning(
+                    "inference.cuda_graphs (automatic): a decode step could not be recorded (%s: %s); decode steps "
+                    "run eagerly from now on (set inference.cuda_graphs=false to skip recording)",
+                    type(error).__name__,
+                    error,
+                )
+                self.step_recorder = None
+                return step(), step
+
+        return record_or_run
+
     def _arrivals(self, more: MoreRequests, sampling: SamplingParams, blocks: int) -> Arrivals:
-        """The rows of the requests `more` hands over, for decode to admit into the running call."""
+        """The rows of the requests `more` hands over, for decode to admit into the running call; `blocks`: the
+        rows' budget."""
 
         def fits(request: TokenRequest) -> bool:
             asked = request.sampling
@@ -368,6 +405,19 @@ def _load_trainable(model: Any, tensors: dict[str, torch.Tensor]) -> None:
 def _export(tensor: torch.Tensor) -> torch.Tensor:
     """A CPU copy made outside inference mode, so the trainer can use it next to autograd tensors."""
     return tensor.to("cpu", copy=True)
+
+
+def records_steps(setting: bool | None, reads_pool: bool, device: torch.device) -> bool:
+    """Whether decode steps are recorded as CUDA graphs (inference.cuda_graphs): on CUDA where attention reads the
+    pool (a gathered copy's shapes change every step); automatic (None): wherever that holds."""
+    if setting is True and device.type != "cuda":
+        raise ConfigError(f"inference.cuda_graphs=true records CUDA graphs, but the engine samples on {device.type}")
+    if setting is True and not reads_pool:
+        raise ConfigError(
+            "inference.cuda_graphs=true needs attention that reads the KV pool (inference.paged_attention=flex or "
+            "auto): the gathered copy's shapes change every step"
+        )
+    return setting is not False and device.type == "cuda" and reads_pool
 
 
 def reads_the_pool(mode: str, model: Any, device: torch.device) -> bool:

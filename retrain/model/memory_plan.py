@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from retrain.inference.sampler.kv_pool import BLOCK_TOKENS
-from retrain.inference.sampler.paged_attention import block_mask_bytes
+from retrain.inference.sampler.paged_attention import block_mask_bytes, row_bucket
 from retrain.model.config_files import model_config, params_from_config
 from retrain.model.logprobs import LOGITS_CHUNK_BYTES
 
@@ -176,6 +176,7 @@ class MemoryInputs:
     engine: str  # pytorch | vllm | other (an engine on a server: nothing on this machine's devices)
     kv_cache_gb: float  # inference=pytorch's budget; 0 = automatic
     paged_attention: str  # inference=pytorch: auto | gather | flex
+    cuda_graphs: bool | None  # inference=pytorch: decode steps recorded as CUDA graphs; None: automatic
     merge_lora: bool  # inference=pytorch: an fp32 model samples through merged weights
     vllm_share: float  # inference=vllm: gpu_memory_utilization
     vllm_sleeps: bool  # inference=vllm: sleep_mode (CUDA): its memory is free while training runs
@@ -213,6 +214,7 @@ class MemoryInputs:
             engine=engine,
             kv_cache_gb=float(inference.get("kv_cache_gb", 0.0)),
             paged_attention=str(inference.get("paged_attention", "auto")),
+            cuda_graphs=inference.get("cuda_graphs"),
             merge_lora=bool(inference.get("merge_lora", False)),
             vllm_share=float(inference.get("gpu_memory_utilization", 0.0)),
             vllm_sleeps=bool(inference.get("sleep_mode", False)),
@@ -464,6 +466,7 @@ def plan_memory(
             f"{inputs.rows} rows × {shape.vocab} vocab × 4 B × {DECODE_LOGITS_COPIES}",
         )
         attention = attention_part(shape, inputs, b, on_gpu, kv_full)
+        graphs = graphs_part(shape, inputs, on_gpu)
         if inputs.kv_cache_gb > 0:
             kv_budget = min(int(inputs.kv_cache_gb * GIB), kv_full)
         elif device_bytes[0] is None:
@@ -471,7 +474,7 @@ def plan_memory(
             notes.append("device memory unknown: the KV budget is what all rows at full length need")
         else:
             resident = sum(p.bytes for p in sampler) + (0 if two_memories else weights.bytes + adapter.bytes)
-            left = usable(device_bytes[0], names[0]) - resident - decode.bytes - attention.bytes
+            left = usable(device_bytes[0], names[0]) - resident - decode.bytes - attention.bytes - graphs.bytes
             if split and not two_memories:
                 left -= sum(p.bytes for p in training)  # both phases at once in one memory
             kv_budget = max(0, min(left, kv_full))
@@ -483,7 +486,7 @@ def plan_memory(
             f"{per_token} B/token ({shape.layers} layers × {shape.kv_heads} KV heads × {shape.head_dim} × 2 × {b} B); "
             f"{rows_at_once} of {inputs.rows} rows at {row} tokens",
         )
-        sampling = [kv, decode, attention]
+        sampling = [kv, decode, attention, *([graphs] if graphs.bytes else [])]
         if rows_at_once == 0:
             notes.append(
                 f"the KV budget holds no row of {row} tokens ({inputs.prompt_source} prompt + max_tokens): the "
@@ -526,6 +529,22 @@ def plan_memory(
         rows_at_once=rows_at_once,
         micro_batch_tokens=micro,
         notes=tuple(notes),
+    )
+
+
+def graphs_part(shape: ModelShape, inputs: MemoryInputs, on_gpu: bool) -> Part:
+    """What recorded decode steps (`inference.cuda_graphs`, automatic on a GPU with flex attention) hold while a call
+    samples: each row bucket's fp32 [bucket, vocab] logits, the graph's own output (buckets of 8, 16, 32 ... rows:
+    together less than twice the largest). Their intermediates are those of the eager step, counted already."""
+    flex = inputs.paged_attention == "flex" or (inputs.paged_attention == "auto" and on_gpu)
+    if not (on_gpu and flex and inputs.cuda_graphs is not False):
+        return Part("decode graphs", "sampling", 0, "decode steps run eagerly")
+    largest = row_bucket(inputs.rows)
+    return Part(
+        "decode graphs",
+        "sampling",
+        2 * largest * shape.vocab * FP32,
+        f"each row bucket's logits, up to {largest} rows × {shape.vocab} vocab × 4 B, < 2× that in all",
     )
 
 

@@ -20,6 +20,7 @@ from retrain.inference.sampler.kv_budget import GIB
 from retrain.inference.sampler.kv_pool import KvPool
 from retrain.inference.sampler.paged_cache import PagedCache, plan_forward
 from retrain.inference.sampler.scheduler import KvSequence, PromptEntry, Row, Scheduler
+from retrain.inference.sampler.step_graphs import Recorder, StepGraphs
 from retrain.inference.sampler.tokens import choose_tokens
 from retrain.model.lean_decoder import LeanForward, causal_lm_logits
 from retrain.types import SamplingParams
@@ -89,6 +90,7 @@ def decode(
     arrivals: Arrivals | None = None,
     stop_check_steps: int = 1,
     paged_attention: bool = False,
+    record: Recorder | None = None,
 ) -> Decoded:
     """Sample every row of the call; `uniforms`: [N, max_tokens] (None at T = 0). `limits`: each row's own
     max_tokens, at most sampling.max_tokens (the requests of a batch each ask their own; None: all the same).
@@ -98,7 +100,8 @@ def decode(
     the rows waiting already, and the call ends when no row runs, waits or arrives. `stop_check_steps`: decode
     steps between the host's reads of which rows met a stop token (see `Window`). `paged_attention`: attention reads
     cached keys from the pool through the block tables (paged_attention.py), where the model's forward is the lean
-    one; else from a gathered copy."""
+    one; else from a gathered copy. `record`: decode forwards are recorded once per row bucket and replayed
+    (step_graphs.py: CUDA graphs), where attention reads the pool (the pool needs its sink block)."""
     device = prompts.ids.device
     rows, steps = len(prompts.lengths) * prompts.group_size, sampling.max_tokens
     limit = list(limits) if limits is not None else [steps] * rows
@@ -109,7 +112,9 @@ def decode(
     stopped_rows: set[int] = set()
     scheduler = Scheduler(pool, prompts.lengths, prompts.group_size, steps, prefix_caching, device)
     flex = paged_attention and LeanForward.of(model) is not None
-    forward = Forward(model, PagedCache(pool, layer_types), scheduler, pad_id, flex)
+    cache = PagedCache(pool, layer_types)
+    graphs = StepGraphs(model, cache, pad_id, record) if flex and record is not None else None
+    forward = Forward(model, cache, scheduler, pad_id, flex, graphs)
 
     running: list[Row] = []  # rows whose next-token logits are `logits`, in order
     logits: list[torch.Tensor] = []
@@ -303,6 +308,7 @@ class Forward:
     scheduler: Scheduler
     pad_id: int
     paged_attention: bool = False  # attention reads the pool through the block tables (see `decode`)
+    graphs: StepGraphs | None = None  # decode steps replay recorded graphs
 
     def prefill(self, sequences: Sequence[KvSequence], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
         """Store `tokens` (one 1-D tensor per sequence, after the `stored` ones it shares) in each sequence's
@@ -340,8 +346,11 @@ class Forward:
     def decode(self, rows: list[Row], tokens: torch.Tensor, steady: RunningTensors) -> torch.Tensor:
         """[R, V] next-token logits after feeding each row its sampled token `tokens` ([R]); `steady`: the rows'
         tensors on the device."""
-        lengths = [row.stored + 1 for row in rows]
-        logits = self._forward(rows, lengths, tokens.unsqueeze(-1), None, steady)
+        if self.graphs is not None:
+            logits = self.graphs.logits(self.scheduler.block_tables(), steady.table_rows, steady.lengths, tokens)
+        else:
+            lengths = [row.stored + 1 for row in rows]
+            logits = self._forward(rows, lengths, tokens.unsqueeze(-1), None, steady)
         for row in rows:
             row.stored += 1
         return logits

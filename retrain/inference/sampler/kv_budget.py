@@ -65,11 +65,12 @@ def free_bytes(device: torch.device) -> int:
     raise ConfigError(f"inference=pytorch cannot read the free memory of a {device.type} device: set {KEY}")
 
 
-def budget_blocks(budget: KvBudget, shape: KvShape, longest_row: int) -> int:
+def budget_blocks(budget: KvBudget, shape: KvShape, longest_row: int, sink: bool = False) -> int:
     """Blocks the budget holds; ConfigError naming the key when they cannot hold one row of `longest_row`
-    tokens (a prompt and max_tokens) and the copy of its shared prompt block."""
+    tokens (a prompt and max_tokens) and the copy of its shared prompt block (and the pool's `sink` block, which
+    no row takes: step_graphs.py)."""
     blocks = budget.bytes // shape.block_bytes
-    need = blocks_for(longest_row) + 1
+    need = blocks_for(longest_row) + 1 + int(sink)
     if blocks < need:
         raise ConfigError(
             f"the KV cache budget ({budget.source}) holds {blocks * shape.block_bytes / GIB:.3g} GiB, but one row "

@@ -77,9 +77,12 @@ class KvPool:
     """Keys and values of every layer in blocks; see the module docstring. A block's token slots are
     [block · BLOCK_TOKENS, (block + 1) · BLOCK_TOKENS) of each layer's [slots, kv_heads, head_dim] storage."""
 
-    def __init__(self, shape: KvShape, device: torch.device, max_blocks: int, reserve: bool = False) -> None:
+    def __init__(
+        self, shape: KvShape, device: torch.device, max_blocks: int, reserve: bool = False, sink: bool = False
+    ) -> None:
         """`reserve`: the storage takes all `max_blocks` at once, and never grows (a GPU's: see the module
-        docstring); else it grows as blocks are taken."""
+        docstring); else it grows as blocks are taken. `sink`: one of the reserved blocks is no row's, the
+        `sink` that a recorded decode step's padding rows write to (step_graphs.py)."""
         self.shape = shape
         self.device = device
         self.max_blocks = max_blocks
@@ -91,8 +94,14 @@ class KvPool:
         self.in_use = 0
         self.peak_in_use = 0
         self.peak_capacity = 0
+        self.sink: int | None = None
         if reserve:
             self._grow(max_blocks)
+        if sink:
+            if not reserve:
+                raise ValueError("a sink block needs the storage reserved: growing would move it")
+            self.sink = self.free.pop(0)  # the last block; held for good, so never taken or freed
+            self.refs[self.sink] = 1
 
     def available(self) -> int:
         """Blocks that can be taken now: free ones and those the storage may still grow by."""

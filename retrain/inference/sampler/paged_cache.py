@@ -66,12 +66,8 @@ def plan_forward(
     width = new_tokens.shape[1]
     device = new_tokens.device
     if grid > width == 1 and new_mask is None and pool_blocks is not None:
-        # a decode step read through the block tables: only the new token's slot, no [R, W] grid of them
         # (prefill pieces after a cached prefix gather: few, and compute-bound)
-        positions = (lengths - 1).unsqueeze(-1)
-        targets = _slots_of(table, positions).reshape(-1)
-        block_mask = paged_block_mask(table, lengths, width, pool_blocks)
-        return ForwardPlan(new_tokens, None, positions, None, targets, None, block_mask, grid, False)
+        return plan_paged_decode(table, lengths, new_tokens, pool_blocks, grid)
     columns = torch.arange(grid, device=device)
     index = columns - (grid - lengths).unsqueeze(-1)  # [R, W] the row's token in each column; < 0: padding
     real = index >= 0
@@ -86,6 +82,19 @@ def plan_forward(
     reads = None if grid == width else slots.reshape(-1)
     mask = None if width == 1 and shortest == grid else real.long()
     return ForwardPlan(new_tokens, mask, positions, sources, targets, reads, None, grid, shortest < grid)
+
+
+def plan_paged_decode(
+    table: torch.Tensor, lengths: torch.Tensor, new_tokens: torch.Tensor, pool_blocks: int, grid: int
+) -> ForwardPlan:
+    """The plan of a decode step whose attention reads the pool through the block tables: only the new token's
+    slot, no [R, W] grid of them; arguments as `plan_forward` takes them (`grid`: the longest row's length, which
+    only transformers' forward asks for). Built from device tensors alone, so a recorded step rebuilds it when
+    replayed (step_graphs.py)."""
+    positions = (lengths - 1).unsqueeze(-1)
+    targets = _slots_of(table, positions).reshape(-1)
+    block_mask = paged_block_mask(table, lengths, 1, pool_blocks)
+    return ForwardPlan(new_tokens, None, positions, None, targets, None, block_mask, grid, False)
 
 
 def _slots_of(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -185,13 +185,18 @@ class Scheduler:
     def table_rows(self, sequences: Sequence[KvSequence], index: torch.Tensor | None = None) -> torch.Tensor:
         """[R, blocks] block tables of `sequences`, with every block taken so far; `index`: their table rows on
         the device, when the caller has them."""
+        table = self.block_tables()
+        if index is None:
+            index = torch.tensor([sequence.table_row for sequence in sequences], device=table.device)
+        return table[index]
+
+    def block_tables(self) -> torch.Tensor:
+        """[table rows, blocks] every sequence's block table, with every block taken so far."""
         if self._table_updates:
             rows, positions, blocks = torch.tensor(self._table_updates, device=self.table.device).unbind(-1)
             self.table.index_put_((rows, positions), blocks)  # one copy from the host, not two
             self._table_updates.clear()
-        if index is None:
-            index = torch.tensor([sequence.table_row for sequence in sequences], device=self.table.device)
-        return self.table[index]
+        return self.table
 
     def _blocks_to_write(self, row: Row, tokens: int) -> int:
         position = row.stored // BLOCK_TOKENS
