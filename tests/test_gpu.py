@@ -192,3 +192,9 @@ def test_on_the_gpu_replayed_cuda_graphs_sample_what_the_same_steps_sample_eager
             steps = int(rollouts.completion_mask.sum(dim=1).max())
             assert events.count("cudaGraphLaunch") >= steps - 4  # every decode step but each bucket's first
     assert launches[True] < 0.5 * launches[False], launches  # 4 layers of ~40 ops a step, now one graph launch
+    engine = make_engine(backend, kv_cache_gb=gb)
+    engine.generate(prompt_ids, 4, sampling, 6)
+    reserved = torch.cuda.memory_reserved()
+    for seed in (7, 8, 9):
+        engine.generate(prompt_ids, 4, sampling, seed)
+    assert torch.cuda.memory_reserved() <= reserved  # each call's graph memory went back with it

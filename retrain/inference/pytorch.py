@@ -196,7 +196,7 @@ class PytorchEngine:
         left-padded prompts, their mask, and what the loop sampled (rows that joined it included)."""
         prompts, prompt_mask = left_pad(prompt_ids, self.pad_id, self.device)
         lengths = prompt_mask.sum(dim=1).tolist()
-        record = self._recorder()
+        record = self._recorder()  # this call's: the memory of its graphs goes when it does
         sink = record is not None  # the recorded steps' padding rows write to a block of their own
         blocks = budget_blocks(
             kv_budget(self.kv_cache_gb, self.planned_kv_bytes, self.device),

@@ -21,15 +21,17 @@ tensors that outlive it, and nothing the host decides inside it may change betwe
   the next forward, as it must (a replay overwrites it).
 
 The draw and the window's bookkeeping stay eager (~20 kernels a step). Every graph of a call shares one memory
-pool: they replay one at a time, so a step's intermediates may take the memory another's used.
+pool: they replay one at a time, so a step's intermediates may take the memory another's used; the pool lives as
+long as the call's recorder, so nothing of it stays while the trainer runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -47,8 +49,14 @@ Recorder = Callable[[Step], tuple[torch.Tensor, Step]]
 def cuda_graph_recorder(device: torch.device) -> Recorder:
     """A Recorder of CUDA graphs on `device` for one sampling call, its graphs sharing one memory pool. The first
     run is torch's warm-up on a side stream (a compiled kernel compiles at its first call, cuBLAS sets up its
-    workspace: neither may happen while a graph records)."""
-    memory = torch.cuda.graph_pool_handle()
+    workspace: neither may happen while a graph records). Only this thread is held to what recording allows: a
+    trainer's thread may use the device meanwhile (sampling ahead, docs/async.md). `capture_begin`, not
+    `torch.cuda.graph`: that one synchronises the device and empties the allocator's cache before every recording,
+    which would hand the memory training keeps cached back to CUDA at each bucket of each call. The pool is the
+    recorder's: when the call ends its graphs go, then the recorder, and the pool's memory goes back to CUDA with
+    it (a graph pool left to the allocator would be freed only by an allocation that fails first: a retry)."""
+    with torch.cuda.device(device):
+        memory = torch.cuda.MemPool()
 
     def record(step: Step) -> tuple[torch.Tensor, Step]:
         current = torch.cuda.current_stream(device)
@@ -59,8 +67,15 @@ def cuda_graph_recorder(device: torch.device) -> Recorder:
         current.wait_stream(side)
         first.record_stream(current)  # the caller reads it on the current stream
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=memory):
-            output = step()
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool=cast(Any, memory.id), capture_error_mode="thread_local")  # typed as a handle
+            try:
+                output = step()
+            except BaseException:
+                with contextlib.suppress(RuntimeError):  # the capture is void; the step's error is the one to see
+                    graph.capture_end()
+                raise
+            graph.capture_end()
 
         def replay() -> torch.Tensor:
             graph.replay()
