@@ -148,7 +148,8 @@ def use_usable_cpus(configured: int) -> None:
     for ignored in ignored_settings():
         log.warning(ignored)
     choice = fitted_threads(configured)
-    torch.set_num_threads(choice.threads)
+    if torch.get_num_threads() != choice.threads:  # a call even with the same count slows MKL inside parallel ops
+        torch.set_num_threads(choice.threads)
     log.info(choice.line())
 
 

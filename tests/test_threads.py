@@ -236,3 +236,20 @@ def test_a_local_sweep_job_gets_its_launchers_cpus_per_task(launcher: str | None
         assert local_sweep_job_cpus() == cpus
     finally:
         HydraConfig.instance().cfg = None
+
+
+def test_torch_keeps_its_thread_pool_when_it_already_has_the_chosen_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.set_num_threads, even with the count torch has, turns MKL's dynamic threading off for good, and
+    MKL's small matrix products inside torch's parallel ops then compete for the cores (CPU attention ~4× slower,
+    docs/benchmarks.md): the run calls it only to change the count."""
+    import torch
+
+    from retrain.run import use_usable_cpus
+
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    current = torch.get_num_threads()
+    use_usable_cpus(current)
+    assert calls == []
+    use_usable_cpus(current + 1)
+    assert calls == [current + 1]
