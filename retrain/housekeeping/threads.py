@@ -20,6 +20,12 @@ OpenMP runtime reads the policy once, when torch loads, so the command line sets
 (`set_openmp_waits`), unless the environment sets it; it knows `training.threads` there only as an
 override on the command line (the run's log says when the policy came too late). A load that starts
 after the run does is not seen. Measurements: benchmarks/threads.py, docs/benchmarks.md.
+
+The run calls `torch.set_num_threads` only when the count differs from torch's own: the call, even with the count
+torch has, also turns MKL's dynamic threading off for good, and MKL's small matrix products inside torch's
+parallel ops (CPU attention's) then compete for the cores: ~4× slower attention on the tiny model, 72 → 53 ms a
+quickstart step without the call (docs/benchmarks.md, "The CPU step won back"). Where the count does change
+(fewer usable CPUs than cores), that cost remains: torch offers no way to set the count without it.
 """
 
 from __future__ import annotations
