@@ -38,9 +38,12 @@ import torch
 from _real_scale_model import qwen3_4b_config, write_random_model  # benchmarks/ is sys.path[0] as a script
 from _speed_bounds import causal_attention_flops, causal_training_flops
 from omegaconf import OmegaConf
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig, compose
+from retrain.inference.sampler.kv_pool import blocks_for
+from retrain.inference.sampler.step_graphs import Step
 from retrain.model.counting import Counts, DecodeCounts, count_decode, count_ops
 from retrain.model.logprobs import ForwardTokens, completion_logprobs
 from retrain.run import build_part
@@ -138,6 +141,7 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     engine.generate(prompt_ids, args.group, SamplingParams(max_tokens=2, temperature=1.0), 0)  # warm-up
     with count_decode(engine.model) as decode:
         rollouts = engine.generate(prompt_ids, args.group, sampling, 1)
+    replayed = _replayed_steps(engine, prompt_ids, args.group, sampling) if args.paged_attention == "flex" else {}
     model_config = engine.model.config
     layers = model_config.num_hidden_layers
     weights = weight_bytes(engine.model)
@@ -168,6 +172,7 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,
         **decode_numbers(decode, layers, weights, kv_token_bytes),
+        **replayed,
         "train_tokens": int(sum(prompt_lengths) + sum(completion_lengths)),
         "train_positions": sum(positions),
         "train_flops_executed": training_counts.flops,
@@ -186,6 +191,40 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
             )
         },
         "forward_attention_flops_needed": attention_needed * 2 / 7,  # 2 of its 7 matmuls run forward
+    }
+
+
+def _replayed_steps(engine: Any, prompt_ids: list[list[int]], group: int, sampling: SamplingParams) -> dict[str, Any]:
+    """The same call with its decode forwards recorded once per row bucket and replayed (inference.cuda_graphs,
+    a GPU's automatic choice): a replayed step's launches, the replay counted as one. On a CPU torch's tracer
+    (make_fx) records in CUDA's stead, as tests/inference/test_step_graphs.py does; the recording launches
+    nothing. The pool is reserved at the size all rows need (a recorded step needs it fixed)."""
+    rows = len(prompt_ids) * group
+    blocks = rows * (blocks_for(max(map(len, prompt_ids)) + sampling.max_tokens) + 1) + 2
+    budget = blocks * engine.kv_shape.block_bytes / 2**30
+    saved_budget, saved_recorder = engine.kv_cache_gb, engine.step_recorder
+    with count_decode(engine.model) as decode:
+
+        def record(step: Step) -> tuple[torch.Tensor, Step]:
+            first = step()
+            with decode.uncounted():
+                graph = make_fx(step)()
+            return first, lambda: decode.replayed(graph)
+
+        engine.kv_cache_gb, engine.step_recorder = budget, lambda: record
+        try:
+            engine.generate(prompt_ids, group, sampling, 1)
+        finally:
+            engine.kv_cache_gb, engine.step_recorder = saved_budget, saved_recorder
+    if not decode.replays:
+        raise RuntimeError("no decode step was replayed: the recording failed (see the warning above)")
+    counts = decode.replayed_step
+    return {
+        "replayed_steps": decode.replays,
+        "replayed_launches_per_step": counts.compute_ops / decode.replays,
+        "replayed_graphs_per_step": counts.compute["graph_replay"] / decode.replays,
+        "replayed_syncs_per_step": counts.syncs / decode.replays,
+        "replayed_top_ops": {name: count / decode.replays for name, count in counts.compute.most_common(8)},
     }
 
 
@@ -318,11 +357,20 @@ def print_results(results: dict[str, Any]) -> None:
             f"{results['forward_mask_padding_frac']:.2f}; {results['forward_flex_padding_frac']:.2f}",
         ),
     ]
+    if "replayed_steps" in results:
+        lines += [
+            ("decode steps replayed (inference.cuda_graphs)", f"{results['replayed_steps']}"),
+            ("  launches per replayed step (the graph: 1)", f"{results['replayed_launches_per_step']:.1f}"),
+            ("  host syncs per replayed step", f"{results['replayed_syncs_per_step']:.2f}"),
+        ]
     width = max(len(name) for name, _ in lines)
     for name, value in lines:
         print(f"{name:<{width}}  {value}")
     top = ", ".join(f"{name} {count:.1f}" for name, count in results["top_ops_per_step"].items())
     print(f"most frequent ops per step: {top}")
+    if "replayed_top_ops" in results:
+        top = ", ".join(f"{name} {count:.1f}" for name, count in results["replayed_top_ops"].items())
+        print(f"most frequent launches per replayed step: {top}")
 
 
 def _ratio(results: dict[str, Any], key: str) -> str:

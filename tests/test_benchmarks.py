@@ -290,6 +290,11 @@ def test_decode_counts_quick_mode_counts_the_decode_steps_and_the_training_step(
     # one forward through each training layout: the documents' has no padding, the padded rows' some
     assert counts["forward_flex_padding_frac"] == 0 < counts["forward_mask_padding_frac"]
     assert counts["forward_flex_attention_flops_executed"] >= counts["forward_attention_flops_needed"] > 0
+    # the same call with its decode forwards recorded and replayed (inference.cuda_graphs): a replayed step
+    # launches the graph, the draw and the buffer copies, not the forward's ops; and reads nothing back
+    assert counts["replayed_steps"] > 0 and counts["replayed_graphs_per_step"] == 1
+    assert counts["replayed_launches_per_step"] < 0.2 * counts["ops_per_step_per_layer"] * counts["layers"]
+    assert counts["replayed_syncs_per_step"] == 0
 
 
 @pytest.mark.slow  # a 2-layer model of the tiny Qwen3's config.json with random weights: ~20 s on 2 cores

@@ -29,7 +29,9 @@ eager path wraps it in (which refuses a dispatch mode).
 `count_decode` wraps a model's decode calls and splits the counts into decode steps: a window closes at the
 end of every forward (the LM head's output), and a window that holds exactly one forward, of one new token per
 row, is a decode step: its sampling, bookkeeping and forward. Windows with a prefill and the call's tail are
-kept apart (`other`), so per-step figures are exact. Ops between the first decoder layer's input norm and the
+kept apart (`other`), so per-step figures are exact. A decode forward replayed from a recording (a CUDA graph:
+retrain/inference/sampler/step_graphs.py) runs uncounted through `replayed`, as the one launch it is on a GPU, and
+its step is kept apart too (`replayed_step`). Ops between the first decoder layer's input norm and the
 final norm count as the layers'. The lean forward (retrain/model/lean_decoder.py) calls no norm module: there the
 layers' ops run from the first layer's query projection to the LM head, the first input norm counted outside
 and the final norm inside in its stead (both one rms_norm).
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,11 +171,11 @@ class OpCounter(TorchDispatchMode):
     @contextmanager
     def pausing(self) -> Iterator[None]:
         """Nothing the block runs is counted."""
-        self.paused = True
+        paused, self.paused = self.paused, True
         try:
             yield
         finally:
-            self.paused = False
+            self.paused = paused
 
     def _count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         if isinstance(func, HigherOrderOperator):
@@ -237,6 +239,12 @@ class DecodeCounts:
     live_kv_tokens: int = 0  # over all decode steps: each row's cached tokens, the new one included
     step: Counts = field(default_factory=Counts)  # summed over the decode steps
     other: Counts = field(default_factory=Counts)  # prefills, admissions and the call's tail
+    replayed_step: Counts = field(default_factory=Counts)  # summed over the decode steps whose forward was replayed
+    replays: int = 0  # those steps (`replayed`)
+    # `replayed(replay)`: runs a recorded decode forward as one launch and closes its step; `uncounted()`: a block
+    # whose ops and forwards are not counted (a recording, which launches nothing); both set by count_decode
+    replayed: Callable[[Callable[[], torch.Tensor]], torch.Tensor] = field(default=lambda replay: replay())
+    uncounted: Callable[[], AbstractContextManager[Any]] = field(default=nullcontext)
 
 
 @contextmanager
@@ -251,19 +259,32 @@ def count_decode(model: Any) -> Iterator[DecodeCounts]:
     live: list[int] = []
 
     def started(_: Any, inputs: tuple[Any, ...]) -> None:
-        forwards.append(tuple(inputs[0].shape[:2]))
+        if not counter.paused:
+            forwards.append(tuple(inputs[0].shape[:2]))
 
     def positions(_: Any, inputs: tuple[Any, ...]) -> None:
-        with counter.pausing():
-            live.append(int((inputs[1][:, -1] + 1).sum()))  # the rotation's position ids: [R, T]
+        if not counter.paused:
+            with counter.pausing():
+                live.append(int((inputs[1][:, -1] + 1).sum()))  # the rotation's position ids: [R, T]
 
-    def close() -> None:
+    def replayed(replay: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A recorded decode forward: one launch (a CUDA graph's), whatever it runs."""
+        with counter.pausing():
+            logits = replay()
+        counter.counts.compute["graph_replay"] += 1
+        result.replays += 1
+        close(replay=True)
+        return logits
+
+    def close(replay: bool = False) -> None:
+        if counter.paused:
+            return
         decoding = len(forwards) == 1 and forwards[0][1] == 1
-        if decoding:
+        if decoding and not replay:
             result.steps += 1
             result.rows += forwards[0][0]
             result.live_kv_tokens += live[-1]
-        (result.step if decoding else result.other).add(counter.restart())
+        (result.replayed_step if replay else result.step if decoding else result.other).add(counter.restart())
         forwards.clear()
         live.clear()
 
@@ -282,6 +303,7 @@ def count_decode(model: Any) -> Iterator[DecodeCounts]:
         causal_lm.lm_head.register_forward_pre_hook(out_of_layers),
         causal_lm.lm_head.register_forward_hook(lambda *_: close()),
     ]
+    result.replayed, result.uncounted = replayed, counter.pausing
     try:
         with counter:
             yield result
