@@ -56,7 +56,7 @@ from retrain.housekeeping.determinism import reproducible_torch
 from retrain.housekeeping.launch import claimed_run_dir, record_launch
 from retrain.housekeeping.rundir import STATE_FILE, Checkpoint, RunDir
 from retrain.housekeeping.secrets import shown_config
-from retrain.housekeeping.threads import fitted_threads, ignored_settings
+from retrain.housekeeping.threads import fitted_threads, ignored_settings, set_torch_threads
 from retrain.inference.base import ENGINE_CHECKS, InferenceEngine
 from retrain.inference.endpoint import EngineEndpoint
 from retrain.inference.pytorch import PytorchEngine
@@ -143,13 +143,10 @@ def run_as(world: World, cfg: DictConfig, run_dir: Path, attempt: str = "") -> d
 
 def use_usable_cpus(configured: int) -> None:
     """torch computes with as many threads as the idle CPUs this process may use (retrain/housekeeping/threads.py); logged."""
-    import torch
-
     for ignored in ignored_settings():
         log.warning(ignored)
     choice = fitted_threads(configured)
-    if torch.get_num_threads() != choice.threads:  # a call even with the same count slows MKL inside parallel ops
-        torch.set_num_threads(choice.threads)
+    set_torch_threads(choice.threads)
     log.info(choice.line())
 
 

@@ -21,7 +21,7 @@ OpenMP runtime reads the policy once, when torch loads, so the command line sets
 override on the command line (the run's log says when the policy came too late). A load that starts
 after the run does is not seen. Measurements: benchmarks/threads.py, docs/benchmarks.md.
 
-The run calls `torch.set_num_threads` only when the count differs from torch's own: the call, even with the count
+`set_torch_threads` calls `torch.set_num_threads` only when the count differs from torch's own: the call, even with the count
 torch has, also turns MKL's dynamic threading off for good, and MKL's small matrix products inside torch's
 parallel ops (CPU attention's) then compete for the cores: ~4× slower attention on the tiny model, 72 → 53 ms a
 quickstart step without the call (docs/benchmarks.md, "The CPU step won back"). Where the count does change
@@ -215,6 +215,15 @@ def threads_override(args: list[str]) -> int:
     counts as none here; composing the config then refuses it, naming the key."""
     values = [arg.split("=", 1)[1] for arg in args if arg.lstrip("+").split("=", 1)[0] == "training.threads"]
     return (whole_number(values[-1]) or 0) if values else 0
+
+
+def set_torch_threads(count: int) -> None:
+    """torch computes with `count` threads; its thread pool is left alone when it has that many (see the module
+    docstring: setting the same count again slows MKL inside torch's parallel ops)."""
+    import torch  # not at the top: the command line uses this module before torch loads
+
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
 
 
 def set_openmp_waits(choice: ThreadChoice, environ: MutableMapping[str, str] = os.environ) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from retrain.errors import ConfigError
+from retrain.housekeeping.threads import set_torch_threads
 from retrain.inference.adapters import AdapterPublisher, adapter_name, initial_update
 from retrain.inference.base import NucleusLogprobsWarning
 from retrain.inference.completions import (
@@ -415,5 +416,5 @@ def _start_llm(arguments: dict[str, Any], device: torch.device) -> Any:
     # vLLM's CPU worker drops torch to one thread and replaces torch.set_num_threads with a no-op for
     # the whole process; training wants its threads back, and later code its working setter
     torch.set_num_threads = set_num_threads
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
     return llm

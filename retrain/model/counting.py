@@ -279,8 +279,8 @@ def count_decode(model: Any) -> Iterator[DecodeCounts]:
     def close(replay: bool = False) -> None:
         if counter.paused:
             return
-        decoding = len(forwards) == 1 and forwards[0][1] == 1
-        if decoding and not replay:
+        decoding = len(forwards) == 1 and forwards[0][1] == 1  # a replay ran no hooked forward: never
+        if decoding:
             result.steps += 1
             result.rows += forwards[0][0]
             result.live_kv_tokens += live[-1]

@@ -135,7 +135,6 @@ class StepGraphs:
                 torch.empty(size, dtype=torch.long, device=device),
                 torch.empty((size, width), dtype=torch.long, device=device),
                 torch.empty(size, dtype=torch.long, device=device),
-                rows=size,
             )
             self._sink_rows(bucket, 0)
             self._buckets[size, width] = bucket
