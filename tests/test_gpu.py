@@ -6,6 +6,7 @@ Skipped where no GPU is visible (CI has none); run on a lent GPU with `pytest te
 from __future__ import annotations
 
 import contextlib
+import gc
 from pathlib import Path
 
 import pytest
@@ -194,7 +195,12 @@ def test_on_the_gpu_replayed_cuda_graphs_sample_what_the_same_steps_sample_eager
     assert launches[True] < 0.5 * launches[False], launches  # 4 layers of ~40 ops a step, now one graph launch
     engine = make_engine(backend, kv_cache_gb=gb)
     engine.generate(prompt_ids, 4, sampling, 6)
-    reserved = torch.cuda.memory_reserved()
-    for seed in (7, 8, 9):
-        engine.generate(prompt_ids, 4, sampling, seed)
-    assert torch.cuda.memory_reserved() <= reserved  # each call's graph memory went back with it
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    gc.disable()  # freed by reference counting, when the call returns: not whenever the cycle collector runs
+    try:
+        for seed in (7, 8, 9):
+            engine.generate(prompt_ids, 4, sampling, seed)
+            assert torch.cuda.memory_allocated() == allocated  # the pool and the graphs went with the call
+    finally:
+        gc.enable()
+    assert torch.cuda.memory_reserved() <= reserved  # each call's graph memory went back to CUDA

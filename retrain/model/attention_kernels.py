@@ -19,12 +19,13 @@ import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface, AttentionMaskInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from retrain.errors import ConfigError
@@ -51,10 +52,19 @@ KERNELS = {
 }
 
 
-def cutlass_sdpa_attention(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention (same arguments) on torch's memory-efficient (CUTLASS) kernel only."""
+def cutlass_sdpa_attention(
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention (same arguments) on torch's memory-efficient (CUTLASS) kernel only. That
+    kernel takes no grouped key heads (sdpa's `enable_gqa`, which transformers asks for where no mask is passed:
+    "No available kernel" on a GPU), so the key and value heads are repeated to the query's here, and transformers
+    sees a module without groups."""
+    groups = query.shape[1] // key.shape[1]
+    ungrouped = SimpleNamespace(is_causal=getattr(module, "is_causal", True), layer_idx=getattr(module, "layer_idx", 0))
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
-        return sdpa_attention_forward(*args, **kwargs)
+        return sdpa_attention_forward(
+            ungrouped, query, repeat_kv(key, groups), repeat_kv(value, groups), *args, **kwargs
+        )
 
 
 AttentionInterface.register(CUTLASS_SDPA, cutlass_sdpa_attention)

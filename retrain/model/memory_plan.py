@@ -467,8 +467,9 @@ def plan_memory(
         )
         attention = attention_part(shape, inputs, b, on_gpu, kv_full)
         graphs = graphs_part(shape, inputs, on_gpu)
-        if inputs.kv_cache_gb > 0:
-            kv_budget = min(int(inputs.kv_cache_gb * GIB), kv_full)
+        if inputs.kv_cache_gb > 0:  # a GPU's engine takes all of it at each call (kv_pool.py: `reserve`)
+            configured = int(inputs.kv_cache_gb * GIB)
+            kv_budget = configured if on_gpu else min(configured, kv_full)
         elif device_bytes[0] is None:
             kv_budget = kv_full
             notes.append("device memory unknown: the KV budget is what all rows at full length need")

@@ -199,6 +199,8 @@ def decode(
                 tokens, steady = tokens[index], steady.of(index)
             running, logits = kept, [forward.decode(kept, tokens, steady)]
             steady = steady.forwarded()
+    if graphs is not None:
+        graphs.release()
     generated = torch.tensor([row.generated for row in scheduler.rows], device=device)
     mask = torch.arange(steps, device=device) < generated.unsqueeze(-1)
     ids.masked_fill_(~mask, pad_id)  # what rows drew after their stop, while the host did not know yet

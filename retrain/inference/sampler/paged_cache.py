@@ -107,9 +107,9 @@ class PagedLayer(CacheLayerMixin):
 
     is_sliding = False  # the pool keeps every key; a sliding-window layer's mask (transformers') limits the window
 
-    def __init__(self, cache: PagedCache, index: int, sliding: bool) -> None:
+    def __init__(self, writes: PoolWrites, index: int, sliding: bool) -> None:
         super().__init__()
-        self.cache, self.index, self.is_sliding = cache, index, sliding
+        self.writes, self.index, self.is_sliding = writes, index, sliding
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -118,24 +118,24 @@ class PagedLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cache.store(self.index, key_states, value_states)
+        return self.writes.store(self.index, key_states, value_states)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.cache.plan.past + query_length, 0
+        return self.writes.plan.past + query_length, 0
 
     def get_seq_length(self) -> int:
-        return self.cache.plan.past
+        return self.writes.plan.past
 
     def get_max_length(self) -> int:
         return -1
 
 
-class PagedCache(Cache):
-    """transformers' Cache over a KvPool; the decode loop sets `plan` before every forward."""
+class PoolWrites:
+    """The pool and the plan of the forward under way: what the cache and each of its layers share. The layers
+    hold this, not the cache, so that no reference cycle keeps the pool (on a GPU the whole KV budget) after its
+    call until Python's cycle collector runs: then the trainer would meet it still allocated."""
 
-    def __init__(self, pool: KvPool, layer_types: list[str] | None) -> None:
-        kinds = layer_types or ["full_attention"] * pool.shape.layers
-        super().__init__(layers=[PagedLayer(self, i, kind == "sliding_attention") for i, kind in enumerate(kinds)])
+    def __init__(self, pool: KvPool) -> None:
         self.pool = pool
         self._plan: ForwardPlan | None = None
 
@@ -170,6 +170,29 @@ class PagedCache(Cache):
         keys = pool_keys.index_select(0, plan.reads).view(rows, grid, heads, dim).transpose(1, 2)
         values = pool_values.index_select(0, plan.reads).view(rows, grid, heads, dim).transpose(1, 2)
         return keys, values
+
+
+class PagedCache(Cache):
+    """transformers' Cache over a KvPool; the decode loop sets `plan` before every forward."""
+
+    def __init__(self, pool: KvPool, layer_types: list[str] | None) -> None:
+        kinds = layer_types or ["full_attention"] * pool.shape.layers
+        self.writes = PoolWrites(pool)
+        super().__init__(
+            layers=[PagedLayer(self.writes, i, kind == "sliding_attention") for i, kind in enumerate(kinds)]
+        )
+
+    @property
+    def pool(self) -> KvPool:
+        return self.writes.pool
+
+    @property
+    def plan(self) -> ForwardPlan:
+        return self.writes.plan
+
+    @plan.setter
+    def plan(self, plan: ForwardPlan) -> None:
+        self.writes.plan = plan
 
     def attention(self) -> Any | None:
         """The attention function (transformers' interface) of this forward where the cache brings its own:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any, cast
 
 import torch
@@ -57,10 +57,10 @@ def cuda_graph_recorder(device: torch.device) -> Recorder:
     it (a graph pool left to the allocator would be freed only by an allocation that fails first: a retry)."""
     with torch.cuda.device(device):
         memory = torch.cuda.MemPool()
+    side = recording_stream(device)
 
     def record(step: Step) -> tuple[torch.Tensor, Step]:
         current = torch.cuda.current_stream(device)
-        side = torch.cuda.Stream(device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
             first = step()
@@ -84,6 +84,14 @@ def cuda_graph_recorder(device: torch.device) -> Recorder:
         return first, replay
 
     return record
+
+
+@cache
+def recording_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one stream a process records graphs on, per device: cuBLAS keeps a workspace for each stream it meets
+    (tens of MiB that stay allocated), and torch hands out new streams from a pool of 32 per device, so a stream
+    per recording would leave up to 32 workspaces behind."""
+    return torch.cuda.Stream(device)
 
 
 @dataclass
@@ -126,6 +134,14 @@ class StepGraphs:
             first, bucket.replay = self.record(partial(self._step, bucket))
             return first[:count]
         return bucket.replay()[:count]
+
+    def release(self) -> None:
+        """Drop the call's recorded steps when it ends. A replay may hold its step, which holds its bucket and this
+        object (the eager stand-ins' do): cycles that would keep the graphs and the pool they read until the
+        collector runs."""
+        for bucket in self._buckets.values():
+            bucket.replay = None
+        self._buckets.clear()
 
     def _bucket(self, size: int, width: int) -> _Bucket:
         bucket = self._buckets.get((size, width))
