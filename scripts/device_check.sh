@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The checks of a lent GPU in one call (issue 51): the GPU tests, the real-scale step, the quickstart step with
-# CUDA graphs on and off. Each part has its own time limit and its log under $OUT; a failing part does not stop
-# the next. The device image has torch, transformers and peft but no Hydra: the packages retrain needs beyond it
-# travel as wheels in .whl/ (see docs/benchmarks.md, "GPU").
+# CUDA graphs on and off. Each part has its own time limit (seconds, overridable) and its log under $OUT; a failing
+# part does not stop the next. The device image has torch, transformers and peft but no Hydra: what retrain needs
+# beyond it travels as wheels in .whl/ (docs/benchmarks.md, "GPU", says which and how).
 #
-#   bash scripts/device_check.sh [tests] [real_scale] [steps] [real_scale_eager]   (default: the first three)
+#   bash scripts/device_check.sh [tests] [cli] [real_scale] [steps] [real_scale_eager]   (default: all but the last)
+#
+# Measured on an H200 (2026-11-30): tests ~60 s, real_scale ~175 s (two scenarios, the first compiling), steps
+# ~70 s; cli (8 quickstart runs of 8 steps) did not finish in 110 s. pytest prints failures only at its end, so a
+# part cut by its limit says which tests failed but not why: give each part room.
 set -u
 OUT=${OUT:-/tmp/device_check}
 mkdir -p "$OUT"
-parts=" ${*:-tests real_scale steps} "
+parts=" ${*:-tests cli real_scale steps} "
 wants() { [[ $parts == *" $1 "* ]]; }
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -30,12 +34,19 @@ run_part() {  # name, time limit (s), command...
     echo "== $name: rc=$rc in $((SECONDS - began)) s"
 }
 
+GPU_TESTS=(tests/test_gpu.py tests/inference/test_document_packing.py tests/inference/test_paged_attention.py
+    tests/inference/test_packing.py tests/inference/test_attention_kernels.py tests/test_memory_plan.py)
+CLI_TESTS="run_repeats or run_samples or run_resumes"  # test_gpu.py's runs of `python -m retrain`
+pytest_part() {  # name, time limit, -k expression
+    run_part "$1" "$2" python3 -m pytest -p no:cacheprovider -m "slow or not slow" -n 8 --dist load -v -rfEs \
+        --tb=short --timeout=200 --durations=10 -k "$3" "${GPU_TESTS[@]}"
+    grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/$1.log" | tail -40
+}
 if wants tests; then
-    run_part tests "${TESTS_S:-170}" python3 -m pytest -p no:cacheprovider -m "slow or not slow" -n 8 --dist load -v -rfEs \
-        --durations=10 -k "gpu or mode_is_checked" \
-        tests/test_gpu.py tests/inference/test_document_packing.py tests/inference/test_paged_attention.py \
-        tests/inference/test_packing.py tests/inference/test_attention_kernels.py tests/test_memory_plan.py
-    grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/tests.log" | tail -40
+    pytest_part tests "${TESTS_S:-120}" "(gpu or mode_is_checked) and not ($CLI_TESTS)"
+fi
+if wants cli; then
+    pytest_part cli "${CLI_S:-240}" "$CLI_TESTS"
 fi
 if wants real_scale; then
     # twice: the first compiles the kernels (the inductor cache starts empty on a fresh machine)

@@ -57,7 +57,9 @@ def main(settings: dict) -> dict:
         seed=0,
     )
     tokenizer = backend.spec.load_tokenizer()
-    engine = PytorchEngine(PytorchEngineConfig(), tokenizer, backend.engine_resources())
+    engine = PytorchEngine(
+        PytorchEngineConfig(kv_cache_gb=settings.get("kv_cache_gb", 0.0)), tokenizer, backend.engine_resources()
+    )
     stops = set(engine.eos_ids.tolist()) | {engine.pad_id}
     allowed = torch.tensor([i for i in range(len(tokenizer)) if i not in stops])
     prompts = [

@@ -263,10 +263,21 @@ MEASURED = {
 }
 
 
+def gpu_kv_cache_gb(model_dir: Path, workload: dict) -> float:
+    """The KV budget a run's plan gives a GPU's engine (every row at full length: run.py, automatic_kv_bytes), which
+    the engine reserves whole at each call. The probe's engine is given it, as is the plan the test computes: an
+    engine without one would take the GPU's free memory."""
+    shape = ModelShape.from_config(json.loads((model_dir / "config.json").read_text()))
+    rows = workload["batch_size"] * workload["group_size"]
+    row = workload["prompt_tokens"] + workload["max_tokens"]
+    return rows * row * shape.kv_bytes_per_token(2) / 2**30  # bf16
+
+
 def measured_step(model_dir: Path, workload: dict, device: str = "cpu", dtype: str = "fp32") -> dict:
     """tests/memory_probe.py in a fresh process: one real sampling + training step and its peaks."""
     row = workload["prompt_tokens"] + workload["max_tokens"]
     settings = {
+        "kv_cache_gb": gpu_kv_cache_gb(model_dir, workload) if device.startswith("gpu") else 0.0,
         "model": str(model_dir),
         "lora_rank": 32,
         "batch_size": workload["batch_size"],
@@ -293,7 +304,8 @@ def measured_step(model_dir: Path, workload: dict, device: str = "cpu", dtype: s
 
 def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu: bool, dtype: str) -> int:
     """The plan's peak for the measured step, at the completion width the step reached (the trainer forwards
-    the longest completion's width, not max_tokens), the device's size unknown (the KV cache at full length)."""
+    the longest completion's width, not max_tokens), the device's size unknown (the KV cache at full length; on a
+    GPU the budget the probe's engine reserves)."""
     shape = ModelShape.from_config(json.loads((model_dir / "config.json").read_text()))
     rows = workload["batch_size"] * workload["group_size"]
     row = workload["prompt_tokens"] + completion_width
@@ -309,7 +321,7 @@ def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu:
         micro_batch_tokens=workload["micro_rows"] * row,
         checkpointing="false",
         engine="pytorch",
-        kv_cache_gb=0.0,
+        kv_cache_gb=gpu_kv_cache_gb(model_dir, workload) if on_gpu else 0.0,
         paged_attention="auto",
         cuda_graphs=None,
         merge_lora=True,

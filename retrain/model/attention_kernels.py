@@ -60,7 +60,9 @@ def cutlass_sdpa_attention(
     "No available kernel" on a GPU), so the key and value heads are repeated to the query's here, and transformers
     sees a module without groups."""
     groups = query.shape[1] // key.shape[1]
-    ungrouped = SimpleNamespace(is_causal=getattr(module, "is_causal", True), layer_idx=getattr(module, "layer_idx", 0))
+    ungrouped: Any = SimpleNamespace(
+        is_causal=getattr(module, "is_causal", True), layer_idx=getattr(module, "layer_idx", 0)
+    )
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
         return sdpa_attention_forward(
             ungrouped, query, repeat_kv(key, groups), repeat_kv(value, groups), *args, **kwargs
