@@ -1,7 +1,8 @@
 """The real workload's shape: Qwen3-4B (random weights), LoRA rank 32, B=8 × G=16, 2,048 and 10,240 new tokens
 (a script, not a test).
 
-    python benchmarks/real_scale.py [--tokens 2048 10240] [--budget-s 450] [--out real_scale.json] [override ...]
+    python benchmarks/real_scale.py [--tokens 2048 10240] [--budget-s 450] [--out real_scale.json]
+        [--profile-tokens 128] [override ...]
     python benchmarks/real_scale.py --layers 2 --batch 1 --group 2 --tokens 4 8 --prompt-tokens 16   # CPU smoke
 
 A model directory with Qwen3-4B-Instruct-2507's exact config (`--layers` cuts its depth) and a tokenizer of its
@@ -16,7 +17,9 @@ Per phase: seconds and peak memory (CUDA: torch.cuda.max_memory_allocated, reset
 resident set over the phase, sampled every 5 ms), CUDA's allocator retries (target 0), the memory plan's predicted peak (`planned_peak_gb`), decode
 tokens/s against the memory-bandwidth bound and training tokens/s with MFU (benchmarks/_speed_bounds.py). A
 scenario whose predicted time (scaled from the one before) would overrun `--budget-s` is skipped and says so.
-Ends with a markdown table (for docs/benchmarks.md) and, with --out, the same numbers as JSON.
+Ends with a markdown table (for docs/benchmarks.md) and, with --out, the same numbers as JSON. `--profile-tokens N`
+adds one more step at N tokens under torch.profiler (not in the table): its sampling's and training's ops by their
+own time on the device, the kernels on a GPU, and that time's sum against the phase's wall time.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import resource
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -44,6 +49,7 @@ from _speed_bounds import (
     peak_bf16_flops,
 )
 from omegaconf import DictConfig, OmegaConf
+from torch.profiler import ProfilerActivity, profile
 
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig, compose
@@ -60,6 +66,7 @@ GB = 1e9
 KV_SLACK = 0.9  # share of the KV budget the full-length rows may fill (page rounding, the prefill's transients)
 RSS_PERIOD_S = 0.005
 PHASES = ("sample", "train", "sync")
+PROFILE_ROWS = 25  # ops listed per profiled phase
 PROMPT_WORDS = ("solve", "the", "sum", "of", "seven", "and", "nine", "then", "explain", "why")
 
 
@@ -130,6 +137,29 @@ class Phase:
             time.sleep(RSS_PERIOD_S)
 
 
+@contextmanager
+def profiled(name: str, device: torch.device, tables: dict[str, str] | None) -> Iterator[None]:
+    """torch.profiler around a phase where `tables` collects them: the ops by their own time on the device (on a
+    GPU the kernels, those of replayed CUDA graphs included), and that time's sum against the phase's wall time:
+    what a step spends its time on, for the next change to aim at."""
+    if tables is None:
+        yield
+        return
+    cuda = device.type == "cuda"
+    started = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as trace:
+        yield
+        if cuda:
+            torch.cuda.synchronize(device)
+    wall_s = time.perf_counter() - started
+    events = trace.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    busy_s = sum(getattr(event, key) for event in events) / 1e6
+    tables[name] = f"{name}: the ops' {key} sums to {busy_s:.2f} s over the phase's {wall_s:.2f} s\n" + events.table(
+        sort_by=key, row_limit=PROFILE_ROWS
+    )
+
+
 def _alloc_retries(device: torch.device) -> int:
     return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
 
@@ -137,17 +167,6 @@ def _alloc_retries(device: torch.device) -> int:
 def resident_bytes() -> int:
     """This process's resident set (Linux /proc)."""
     return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
-
-
-class ForwardCounter:
-    """Counts model forwards (each reads every weight once) through the input embedding's hook."""
-
-    def __init__(self, model: Any) -> None:
-        self.count = 0
-        model.get_input_embeddings().register_forward_hook(self._seen)
-
-    def _seen(self, *_: Any) -> None:
-        self.count += 1
 
 
 @dataclass
@@ -162,7 +181,6 @@ class Parts:
     planning: Any
     prompts: ChatPrompts
     freshness: FreshnessProof
-    forwards: ForwardCounter
     device: torch.device
     bandwidth: float  # bytes/s of a large copy on `device`
 
@@ -194,7 +212,6 @@ def build_parts(cfg: DictConfig) -> Parts:
         planning=planning_detection(algorithm, tokenizer),
         prompts=ChatPrompts(tokenizer, model.name_or_path),
         freshness=freshness,
-        forwards=ForwardCounter(backend.engine_resources().model),
         device=backend.device,
         bandwidth=copy_bandwidth(backend.device),
     )
@@ -215,18 +232,20 @@ def groups_admitted(parts: Parts, prompt_tokens: int, max_tokens: int, kv_cache_
     return max(1, min(batch, math.floor(KV_SLACK * kv_cache_gb * GB / (row * parts.training.group_size))))
 
 
-def run_scenario(parts: Parts, step: int, max_tokens: int, groups: int, prompt_tokens: int) -> dict[str, Any]:
-    """One real step at `max_tokens` new tokens for `groups` prompts: each phase timed, with its bounds."""
+def run_scenario(
+    parts: Parts, step: int, max_tokens: int, groups: int, prompt_tokens: int, profiles: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One real step at `max_tokens` new tokens for `groups` prompts: each phase timed, with its bounds; sampling
+    and training profiled into `profiles` where given."""
     training, group_size, device = parts.training, parts.training.group_size, parts.device
     sampling = replace(
         SamplingParams.from_config(training, return_entropies=parts.algorithm.needs_entropies), max_tokens=max_tokens
     )
     prompt_ids = parts.prompts([prompt_text(index, prompt_tokens) for index in range(groups)])
     model = parts.backend.engine_resources().model
-    parts.forwards.count = 0
-    with Phase(device) as sample:
+    with Phase(device) as sample, profiled("sample", device, profiles):
         rollouts = parts.engine.generate(prompt_ids, group_size, sampling, step)
-    forwards = parts.forwards.count
+    forwards = int(rollouts.metrics["engine/forwards"])  # replayed CUDA graphs run no module hook: the engine counts
 
     step_metrics = parts.algorithm.begin_step(step)
     rewards = torch.tensor([vowel_share(text, "") for text in rollouts.texts]).view(groups, group_size)
@@ -234,7 +253,7 @@ def run_scenario(parts: Parts, step: int, max_tokens: int, groups: int, prompt_t
     advantage = parts.algorithm.compute(rewards, rollouts.logprobs, rollouts.trained_mask, rollouts.entropies, planning)
     row_mask = advantage.group_has_signal.repeat_interleave(group_size)
     batch = TrainBatch(rollouts=rollouts, advantages=advantage.token_advantages, row_mask=row_mask)
-    with Phase(device) as train:
+    with Phase(device) as train, profiled("train", device, profiles):
         result = parts.backend.train(batch)
     planned = planned_peak_gb(parts.cfg, groups, max_tokens, int(rollouts.prompt_mask.sum(dim=1).max()))
     with Phase(device) as sync:
@@ -335,6 +354,9 @@ def main() -> None:
     )
     parser.add_argument("--budget-s", type=float, default=450.0, help="skip a scenario predicted to end after this")
     parser.add_argument("--out", type=Path, help="write the measurements as JSON here")
+    parser.add_argument(
+        "--profile-tokens", type=int, default=0, help="then one more step at this many tokens, profiled (0: none)"
+    )
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides, e.g. backend.gradient_checkpointing=true")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -386,6 +408,12 @@ def main() -> None:
                 f"({at_limit:.0%} of the rows ran to the limit)",
                 flush=True,
             )
+        profiles: dict[str, str] = {}
+        if args.profile_tokens > 0:
+            groups = groups_admitted(parts, args.prompt_tokens, args.profile_tokens, kv_cache_gb, args.batch)
+            run_scenario(parts, len(args.tokens), args.profile_tokens, groups, args.prompt_tokens, profiles)
+            print(f"\nprofiled: a step at {args.profile_tokens} tokens × {groups * args.group} rows (not in the table)")
+            print("\n\n".join(profiles.values()))
     memory = "torch.cuda.max_memory_allocated per phase" if cuda else "RSS growth over the phase (CPU)"
     print(f"\npeak GB: {memory}; tokens/s: decode (sample), prompt + completion tokens trained (train)")
     print("\n".join(markdown_table(scenarios)))
@@ -408,6 +436,7 @@ def main() -> None:
             "total_s": total_s,
             "scenarios": scenarios,
             "skipped": skipped,
+            "profiles": profiles,
             "overrides": overrides[1:],
         }
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -6,6 +6,9 @@
 #
 #   bash scripts/device_check.sh [tests] [cli] [real_scale] [steps] [real_scale_eager]   (default: all but the last)
 #
+# All parts together outrun one call's 10 minutes: run `tests cli` in one call and `real_scale steps` in the next.
+# real_scale ends with a step at 128 tokens under torch.profiler (its kernels by device time, in real_scale.log).
+#
 # Measured on an H200 (2026-11-30): tests ~60 s, real_scale ~175 s (two scenarios, the first compiling), steps
 # ~70 s; cli (8 quickstart runs of 8 steps) did not finish in 110 s. pytest prints failures only at its end, so a
 # part cut by its limit says which tests failed but not why: give each part room.
@@ -51,7 +54,7 @@ fi
 if wants real_scale; then
     # twice: the first compiles the kernels (the inductor cache starts empty on a fresh machine)
     run_part real_scale "${REAL_SCALE_S:-250}" python3 benchmarks/real_scale.py --tokens 2048 2048 \
-        --budget-s "$((${REAL_SCALE_S:-250} - 15))" --out "$OUT/real_scale.json"
+        --budget-s "$((${REAL_SCALE_S:-250} - 40))" --out "$OUT/real_scale.json" --profile-tokens 128
     tail -16 "$OUT/real_scale.log"
 fi
 if wants real_scale_eager; then

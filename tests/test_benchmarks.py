@@ -241,6 +241,7 @@ def test_real_scale_runs_every_phase_of_both_scenarios_at_reduced_depth(tmp_path
     the JSON behind them; the model has Qwen3-4B's vocabulary and width, only its depth is cut."""
     out = tmp_path / "real_scale.json"
     options = ["--layers", "2", "--batch", "1", "--group", "4", "--tokens", "6", "12", "--prompt-tokens", "16"]
+    options += ["--profile-tokens", "4"]
     result = subprocess.run(
         [sys.executable, "benchmarks/real_scale.py", *options, "--out", str(out)],
         cwd=REPO,
@@ -268,6 +269,8 @@ def test_real_scale_runs_every_phase_of_both_scenarios_at_reduced_depth(tmp_path
         assert scenario["trained_tokens"] > 0 and scenario["train_tokens_per_s"] > 0
         assert scenario["mfu"] is None  # no peak FLOPs on a CPU
         assert scenario["engine_metrics"]["engine/kv_peak_gb"] > 0  # the paged KV cache's own account
+    assert list(report["profiles"]) == ["sample", "train"]  # the profiled step, left out of the table
+    assert all("self_cpu_time_total sums to" in table and "aten::" in table for table in report["profiles"].values())
 
 
 @pytest.mark.slow  # the tiny Qwen3: a counted sampling call and a counted training step, ~25 s on 2 cores

@@ -214,6 +214,7 @@ def decode(
         "engine/kv_reserved_gb": pool.peak_capacity * pool.shape.block_bytes / GIB,
         "engine/rows_waiting_max": float(scheduler.rows_waiting_max),
         "engine/preemptions": float(scheduler.preemptions),
+        "engine/forwards": float(forward.forwards),
     }
     return Decoded(ids, mask, logprobs, entropies, kept_mass, finished, metrics)
 
@@ -311,6 +312,7 @@ class Forward:
     pad_id: int
     paged_attention: bool = False  # attention reads the pool through the block tables (see `decode`)
     graphs: StepGraphs | None = None  # decode steps replay recorded graphs
+    forwards: int = 0  # forwards run (prefill pieces, decode steps, replays): each reads every weight once
 
     def prefill(self, sequences: Sequence[KvSequence], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
         """Store `tokens` (one 1-D tensor per sequence, after the `stored` ones it shares) in each sequence's
@@ -350,6 +352,7 @@ class Forward:
         tensors on the device."""
         if self.graphs is not None:
             logits = self.graphs.logits(self.scheduler.block_tables(), steady.table_rows, steady.lengths, tokens)
+            self.forwards += 1
         else:
             lengths = [row.stored + 1 for row in rows]
             logits = self._forward(rows, lengths, tokens.unsqueeze(-1), None, steady)
@@ -370,6 +373,7 @@ class Forward:
         pool_blocks = self.cache.pool.capacity if self.paged_attention else None
         plan = plan_forward(table, on_device, (min(lengths), max(lengths)), new, real, pool_blocks)
         self.cache.plan = plan
+        self.forwards += 1
         logits = causal_lm_logits(
             self.model,
             plan.input_ids,
