@@ -2,7 +2,14 @@
 # The checks of a lent GPU in one call (issue 51): the GPU tests, the real-scale step, the quickstart step with
 # CUDA graphs on and off. Each part has its own time limit (seconds, overridable) and its log under $OUT; a failing
 # part does not stop the next. The device image has torch, transformers and peft but no Hydra: what retrain needs
-# beyond it travels as wheels in .whl/ (docs/benchmarks.md, "GPU", says which and how).
+# beyond it travels as wheels in .whl/ (the device's `carry`), fetched once on this machine:
+#
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux2014_x86_64 -d .whl hydra-core==1.3.8 omegaconf==2.3.1 transformers==5.19.0 \
+#       peft==0.21.2 python-dotenv datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 math-verify==0.9.0 \
+#       latex2sympy2_extended==1.11.0
+#   python3 -m pip wheel --no-deps antlr4-python3-runtime==4.9.3 -w .whl   # Hydra's pin: a source release only
 #
 #   bash scripts/device_check.sh [tests] [cli] [real_scale] [steps] [real_scale_eager]   (default: all but the last)
 #
