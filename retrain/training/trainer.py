@@ -226,6 +226,8 @@ class Trainer:
                 file=sys.stdout,  # beside the step lines, which logging_redirect_tqdm writes above it
                 disable=not progress_bar_shown(self.output.progress_bar, sys.stdout),
                 dynamic_ncols=True,
+                mininterval=0,  # one redraw a step, however fast: tqdm's 0.1 s default skipped a fast run's last step
+                miniters=1,
                 leave=False,
             ) as bar,
         ):
