@@ -17,8 +17,8 @@
 # real_scale ends with a step at 128 tokens under torch.profiler (its kernels by device time, in real_scale.log).
 #
 # Measured on an H200 (2026-11-30): tests ~60 s, real_scale ~175 s (two scenarios, the first compiling), steps
-# ~70 s; cli (8 quickstart runs of 8 steps) did not finish in 110 s. pytest prints failures only at its end, so a
-# part cut by its limit says which tests failed but not why: give each part room.
+# ~70 s; cli (8 quickstart runs of 8 steps) did not finish in 110 s. pytest prints failures only at its end: each
+# failure's traceback is also appended to $OUT/failures.log as it happens (tests/conftest.py), kept when a part is cut.
 set -u
 OUT=${OUT:-/tmp/device_check}
 mkdir -p "$OUT"
@@ -27,6 +27,7 @@ wants() { [[ $parts == *" $1 "* ]]; }
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
+export RETRAIN_FAILURE_LOG="$OUT/failures.log"
 ln -sfn ../conf retrain/conf  # what the editable install maps; no install here
 trap 'rm -f retrain/conf' EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv

@@ -31,6 +31,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return 2
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With RETRAIN_FAILURE_LOG set, each failure's traceback is appended to that file as it happens: pytest
+    prints them at the end, which a run cut by its time limit (a lent GPU's call) never reaches."""
+    path = os.environ.get("RETRAIN_FAILURE_LOG")
+    if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):  # xdist's controller writes, once
+        with open(path, "a") as log:
+            log.write(f"== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
 # The offline demo, cut to what a test of the run itself needs: no held-out evaluation, one reward worker, a quiet
 # console. Tests add what they vary (steps, batch shape, checkpoints) after it.
 QUICK = [
