@@ -11,9 +11,11 @@
 #       latex2sympy2_extended==1.11.0
 #   python3 -m pip wheel --no-deps antlr4-python3-runtime==4.9.3 -w .whl   # Hydra's pin: a source release only
 #
-#   bash scripts/device_check.sh [tests] [cli] [real_scale] [steps] [real_scale_eager]   (default: all but the last)
+#   bash scripts/device_check.sh [tests] [cli] [kernels] [real_scale] [steps] [real_scale_eager]   (default: all but the last)
 #
-# All parts together outrun one call's 10 minutes: run `tests cli` in one call and `real_scale steps` in the next.
+# All parts together outrun one call's 10 minutes: run `tests cli` in one call and `kernels real_scale steps` in the next.
+# kernels (benchmarks/decode_kernels.py) times the decode step's attention at several KV block sizes and its token
+# choice with and without top-p, each alone at Qwen3-4B's shape: what to change if the profile points at them.
 # real_scale ends with a step at 128 tokens under torch.profiler (its kernels by device time, in real_scale.log).
 #
 # Measured on an H200 (2026-11-30): tests ~60 s, real_scale ~175 s (two scenarios, the first compiling), steps
@@ -22,7 +24,7 @@
 set -u
 OUT=${OUT:-/tmp/device_check}
 mkdir -p "$OUT"
-parts=" ${*:-tests cli real_scale steps} "
+parts=" ${*:-tests cli kernels real_scale steps} "
 wants() { [[ $parts == *" $1 "* ]]; }
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -58,6 +60,10 @@ if wants tests; then
 fi
 if wants cli; then
     pytest_part cli "${CLI_S:-240}" "$CLI_TESTS"
+fi
+if wants kernels; then
+    run_part kernels "${KERNELS_S:-150}" python3 benchmarks/decode_kernels.py --out "$OUT/decode_kernels.json"
+    grep "^|" "$OUT/kernels.log"
 fi
 if wants real_scale; then
     # twice: the first compiles the kernels (the inductor cache starts empty on a fresh machine)

@@ -347,3 +347,28 @@ def test_async_learning_benchmark_scores_each_staleness_and_correction() -> None
         assert "greedy_accuracy " in line and "sampled_accuracy " in line and "reward last 10 " in line
     assert "policy_lag 0.000" in rows["k=0", "none"] and "policy_lag 0.950" in rows["k=1", "tis"]  # 19 of 20 steps
     assert "truncated_frac " in rows["k=1", "tis"] and "kl " not in rows["k=1", "none"]  # measured under a correction
+
+
+@pytest.mark.slow  # compiles flex_attention for two block sizes on the CPU: ~30 s on 2 cores
+def test_decode_kernels_quick_mode_times_each_attention_and_token_choice_and_checks_their_outputs(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "kernels.json"
+    arguments = ["--quick", "--calls", "2", "--repeats", "1", "--out", str(out)]
+    result = subprocess.run(
+        [sys.executable, "benchmarks/decode_kernels.py", *arguments],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    measured = json.loads(out.read_text())
+    attention = measured["attention"]
+    flex = {name: case for name, case in attention.items() if name.startswith("flex")}
+    assert list(flex) == ["flex, 16-token blocks", "flex, 32-token blocks"]
+    assert all(case["max_abs_diff"] < 1e-4 and case["live_kv_gb_s"] > 0 for case in flex.values())
+    assert attention["sdpa over contiguous KV"]["seconds"] > 0
+    assert attention["block mask build, 32-token blocks"]["seconds"] > 0
+    assert set(measured["token_choice"]) == {"top_p 1.0", "top_p 0.95"}
+    assert "| flex, 16-token blocks |" in result.stdout

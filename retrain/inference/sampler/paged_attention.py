@@ -46,14 +46,17 @@ def block_mask_bytes(rows: int, pool_blocks: int) -> int:
     return row_bucket(rows) * ((pool_blocks + 1) * 8 + pool_blocks * 4 + 64)
 
 
-def paged_block_mask(table: torch.Tensor, lengths: torch.Tensor, width: int, pool_blocks: int) -> BlockMask:
+def paged_block_mask(
+    table: torch.Tensor, lengths: torch.Tensor, width: int, pool_blocks: int, block_tokens: int = BLOCK_TOKENS
+) -> BlockMask:
     """Which pool slots each row's queries see: the rows' block tables `table` ([R, blocks]), `lengths` ([R]: tokens
-    stored after the forward, the forward's `width` new ones the last), over a pool of `pool_blocks` blocks. Its
-    batch is `row_bucket(R)`: the padding rows list no block and see nothing."""
+    stored after the forward, the forward's `width` new ones the last), over a pool of `pool_blocks` blocks of
+    `block_tokens` slots (the pool's; benchmarks/decode_kernels.py tries others). Its batch is `row_bucket(R)`: the
+    padding rows list no block and see nothing."""
     padding = row_bucket(table.shape[0]) - table.shape[0]
     table, lengths = F.pad(table, (0, 0, 0, padding)), F.pad(lengths, (0, padding))
     rows, device = table.shape[0], table.device
-    counts = (lengths + BLOCK_TOKENS - 1) // BLOCK_TOKENS  # [R] blocks each row's table lists
+    counts = (lengths + block_tokens - 1) // block_tokens  # [R] blocks each row's table lists
     columns = torch.arange(table.shape[1], device=device)
     listed = columns < counts.unsqueeze(-1)
     ranks = torch.full((rows, pool_blocks + 1), -1, dtype=torch.long, device=device)  # + a column for unlisted
@@ -62,8 +65,8 @@ def paged_block_mask(table: torch.Tensor, lengths: torch.Tensor, width: int, poo
     first_query = lengths - width  # each row's first new token's position
 
     def visible(batch: torch.Tensor, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        rank = ranks[batch, key // BLOCK_TOKENS]
-        return (rank >= 0) & (rank * BLOCK_TOKENS + key % BLOCK_TOKENS <= first_query[batch] + query)
+        rank = ranks[batch, key // block_tokens]
+        return (rank >= 0) & (rank * block_tokens + key % block_tokens <= first_query[batch] + query)
 
     query_blocks = -(-width // QUERY_BLOCK)
     listed_blocks = min(table.shape[1], pool_blocks)  # a row's listed blocks are distinct blocks of the pool
@@ -72,9 +75,9 @@ def paged_block_mask(table: torch.Tensor, lengths: torch.Tensor, width: int, poo
     return BlockMask.from_kv_blocks(
         counts.to(torch.int32).view(rows, 1, 1).expand(rows, 1, query_blocks).contiguous(),
         indices,
-        BLOCK_SIZE=(QUERY_BLOCK, BLOCK_TOKENS),
+        BLOCK_SIZE=(QUERY_BLOCK, block_tokens),
         mask_mod=visible,
-        seq_lengths=(width, pool_blocks * BLOCK_TOKENS),
+        seq_lengths=(width, pool_blocks * block_tokens),
         compute_q_blocks=False,  # what backward needs; sampling runs none
     )
 
