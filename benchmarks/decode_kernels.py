@@ -7,8 +7,8 @@ On the H200 a warm decode step of 128 rows took 17.7 ms against a bound of 7.1 m
 scale"). Its two suspects, measured here without the rest of the step:
 
 - **attention over the KV pool** (`inference.paged_attention=flex`): compiled flex_attention through the rows'
-  block tables (retrain/inference/sampler/paged_attention.py) at the pool's block size (16 tokens) and larger ones,
-  against sdpa over the same keys and values stored contiguously (the dense decode kernel's speed, which paging
+  block tables (retrain/inference/sampler/paged_attention.py) at the pool's block size (16 tokens), there also with
+  deeper software pipelines (flex_attention's `kernel_options`), and at larger block sizes, against sdpa over the same keys and values stored contiguously (the dense decode kernel's speed, which paging
   should approach). Each reads every row's live keys and values once: its rate is those bytes per second, against
   the copy bandwidth measured here. Each output is checked against sdpa's first. The block mask's construction
   (once per step, outside the layers) is timed apart.
@@ -39,6 +39,7 @@ from retrain.inference.sampler.tokens import choose_tokens
 from retrain.types import SamplingParams
 
 GB = 1e9
+PIPELINES = [{"num_stages": 2}, {"num_stages": 3, "num_warps": 4}]  # flex_attention kernel_options tried
 QUICK = {"rows": 4, "context": 40, "heads": 4, "kv_heads": 2, "head_dim": 16, "vocab": 512, "block_tokens": [16, 32]}
 
 
@@ -63,6 +64,7 @@ def main() -> None:
         for key, value in QUICK.items():
             setattr(args, key, value)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch._dynamo.config.recompile_limit = 64  # each case compiles flex_attention anew; past the limit it runs eager
     torch.manual_seed(0)
     bandwidth = copy_bandwidth(device)
     results: dict[str, Any] = {
@@ -92,7 +94,7 @@ def attention_cases(args: argparse.Namespace, device: torch.device) -> dict[str,
     reference = dense()
     cases = {"sdpa over contiguous KV": {**_timed(dense, args, device), "max_abs_diff": 0.0}}
     lengths = torch.full((rows,), context, device=device)
-    for block_tokens in args.block_tokens:
+    for block_tokens, options in _flex_cases(args.block_tokens):
         pool_keys, pool_values, table, pool_blocks = _paged(keys, values, block_tokens)
         bucket = row_bucket(rows)
         seen_keys, seen_values = pool_sequence(pool_keys, bucket), pool_sequence(pool_values, bucket)
@@ -102,16 +104,30 @@ def attention_cases(args: argparse.Namespace, device: torch.device) -> dict[str,
 
         block_mask = mask()
 
-        def flex(seen_keys=seen_keys, seen_values=seen_values, block_mask=block_mask) -> torch.Tensor:
-            return paged_attention(query, seen_keys, seen_values, block_mask, scale, compiled=True)
+        def flex(seen_keys=seen_keys, seen_values=seen_values, block_mask=block_mask, options=options) -> torch.Tensor:
+            return paged_attention(
+                query, seen_keys, seen_values, block_mask, scale, compiled=True, kernel_options=options
+            )
 
         difference = float((flex().float() - reference.float()).abs().max())
-        cases[f"flex, {block_tokens}-token blocks"] = {**_timed(flex, args, device), "max_abs_diff": difference}
-        cases[f"block mask build, {block_tokens}-token blocks"] = _timed(mask, args, device)
+        settings = "".join(f", {key} {value}" for key, value in (options or {}).items())
+        cases[f"flex, {block_tokens}-token blocks{settings}"] = {
+            **_timed(flex, args, device),
+            "max_abs_diff": difference,
+        }
+        if options is None:
+            cases[f"block mask build, {block_tokens}-token blocks"] = _timed(mask, args, device)
     for name, case in cases.items():
         if not name.startswith("block mask"):
             case["live_kv_gb_s"] = live_bytes / case["seconds"] / GB
     return cases
+
+
+def _flex_cases(block_sizes: list[int]) -> list[tuple[int, dict[str, int] | None]]:
+    """Each block size with inductor's default decode kernel settings; the first also with deeper pipelines
+    (flex_attention's `kernel_options`: its decode kernel loads one block at a time, without overlap, by default)."""
+    first = [(block_sizes[0], options) for options in PIPELINES]
+    return [(block_sizes[0], None), *first, *((size, None) for size in block_sizes[1:])]
 
 
 def _paged(

@@ -62,7 +62,7 @@ if wants cli; then
     pytest_part cli "${CLI_S:-240}" "$CLI_TESTS"
 fi
 if wants kernels; then
-    run_part kernels "${KERNELS_S:-150}" python3 benchmarks/decode_kernels.py --out "$OUT/decode_kernels.json"
+    run_part kernels "${KERNELS_S:-200}" python3 benchmarks/decode_kernels.py --out "$OUT/decode_kernels.json"
     grep "^|" "$OUT/kernels.log"
 fi
 if wants real_scale; then

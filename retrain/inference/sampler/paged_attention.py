@@ -96,12 +96,16 @@ def paged_attention(
     block_mask: BlockMask,
     scaling: float,
     compiled: bool,
+    kernel_options: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """[R, T, heads, head_dim] attention output (transformers' attention functions' layout) of [R, heads, T, dim]
     queries over `pool_sequence` keys and values of the block mask's (bucketed) rows, as `block_mask` lets each row
-    see them. `compiled`: a GPU's (eager flex_attention scores every slot of the pool)."""
+    see them. `compiled`: a GPU's (eager flex_attention scores every slot of the pool). `kernel_options`:
+    flex_attention's, inductor's kernel settings where not its defaults (benchmarks/decode_kernels.py tries some)."""
     rows = query.shape[0]
     query = F.pad(query, (0, 0, 0, 0, 0, 0, 0, block_mask.shape[0] - rows))
     attend = _compiled_flex_attention() if compiled else flex_attention
-    output = attend(query, keys, values, block_mask=block_mask, scale=scaling, enable_gqa=True)
+    output = attend(
+        query, keys, values, block_mask=block_mask, scale=scaling, enable_gqa=True, kernel_options=kernel_options
+    )
     return output[:rows].transpose(1, 2).contiguous()
