@@ -42,7 +42,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.config import TrainingConfig, compose
-from retrain.inference.sampler.kv_pool import blocks_for
 from retrain.inference.sampler.step_graphs import Step
 from retrain.model.counting import Counts, DecodeCounts, count_decode, count_ops
 from retrain.model.logprobs import ForwardTokens, completion_logprobs
@@ -200,7 +199,7 @@ def _replayed_steps(engine: Any, prompt_ids: list[list[int]], group: int, sampli
     (make_fx) records in CUDA's stead, as tests/inference/test_step_graphs.py does; the recording launches
     nothing. The pool is reserved at the size all rows need (a recorded step needs it fixed)."""
     rows = len(prompt_ids) * group
-    blocks = rows * (blocks_for(max(map(len, prompt_ids)) + sampling.max_tokens) + 1) + 2
+    blocks = rows * (engine.kv_shape.blocks_for(max(map(len, prompt_ids)) + sampling.max_tokens) + 1) + 2
     budget = blocks * engine.kv_shape.block_bytes / 2**30
     saved_budget, saved_recorder = engine.kv_cache_gb, engine.step_recorder
     with count_decode(engine.model) as decode:

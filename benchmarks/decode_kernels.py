@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from _speed_bounds import copy_bandwidth
 
-from retrain.inference.sampler.kv_pool import BLOCK_TOKENS
+from retrain.inference.config import KV_BLOCK_TOKENS
 from retrain.inference.sampler.paged_attention import paged_attention, paged_block_mask, pool_sequence, row_bucket
 from retrain.inference.sampler.tokens import choose_tokens
 from retrain.types import SamplingParams
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--layers", type=int, default=36, help="attention calls per decode step")
     parser.add_argument("--vocab", type=int, default=151_936)
-    parser.add_argument("--block-tokens", type=int, nargs="+", default=[BLOCK_TOKENS, 64, 128])
+    parser.add_argument("--block-tokens", type=int, nargs="+", default=[KV_BLOCK_TOKENS, 64, 128])
     parser.add_argument("--calls", type=int, default=20, help="back-to-back calls per timed run")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; their median is reported")
     parser.add_argument("--quick", action="store_true", help=f"CPU smoke shapes: {QUICK}")

@@ -323,6 +323,7 @@ def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu:
         engine="pytorch",
         kv_cache_gb=gpu_kv_cache_gb(model_dir, workload) if on_gpu else 0.0,
         paged_attention="auto",
+        kv_block_tokens=16,
         cuda_graphs=None,
         merge_lora=True,
         vllm_share=0.0,

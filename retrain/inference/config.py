@@ -23,6 +23,7 @@ VLLM_ATTENTION_BACKENDS = {"default": None, "flash": "FLASH_ATTN", "triton": "TR
 ATTENTION_KERNEL_KEY = "inference.attention_kernel"
 PYTORCH_ATTENTION_KERNELS = ("default", "flash", "triton", "cutlass")  # retrain/model/attention_kernels.py
 PAGED_ATTENTION_MODES = ("auto", "gather", "flex")  # inference.paged_attention (pytorch engine)
+KV_BLOCK_TOKENS = 16  # inference.kv_block_tokens' default: vLLM's block_size
 
 
 def check_url(url: str, key: str = "inference.url") -> str:
@@ -106,9 +107,14 @@ class PytorchEngineConfig(EngineConfig):
     # record each row bucket's decode forward as a CUDA graph once per call and replay it: one launch a step, not
     # one per op (needs CUDA and flex paged attention); null = automatic: on where it can be
     cuda_graphs: bool | None = None
+    # token slots a block of the KV pool holds (vLLM's block_size): a power of two >= 16. A row's last block keeps
+    # up to this many - 1 slots empty; flex_attention's decode kernel reads keys in tiles no larger than a block
+    kv_block_tokens: int = KV_BLOCK_TOKENS
 
     def __post_init__(self) -> None:
         check_pytorch_attention_kernel(self.attention_kernel)
+        if self.kv_block_tokens < 16 or self.kv_block_tokens & (self.kv_block_tokens - 1):
+            raise ConfigError(f"inference.kv_block_tokens must be a power of two >= 16, got {self.kv_block_tokens}")
         if self.paged_attention not in PAGED_ATTENTION_MODES:
             raise ConfigError(
                 f"inference.paged_attention={self.paged_attention!r}: choose one of {', '.join(PAGED_ATTENTION_MODES)}"

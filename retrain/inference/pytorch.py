@@ -53,7 +53,7 @@ from retrain.inference.sampler.decode import (
     decode,
 )
 from retrain.inference.sampler.kv_budget import budget_blocks, kv_budget
-from retrain.inference.sampler.kv_pool import KvPool, KvShape, blocks_for
+from retrain.inference.sampler.kv_pool import KvPool, KvShape
 from retrain.inference.sampler.step_graphs import Recorder, Step, cuda_graph_recorder
 from retrain.model.attention_kernels import attending_with, attention_implementation
 from retrain.model.lean_decoder import MIRRORED, mirrored
@@ -100,7 +100,7 @@ class PytorchEngine:
             self.step_recorder = lambda: cuda_graph_recorder(self.device)
         self._graphs_required = config.cuda_graphs is True
         self.planned_kv_bytes = resources.kv_cache_bytes
-        self.kv_shape = KvShape.of(self.model.config, self.model.dtype)
+        self.kv_shape = KvShape.of(self.model.config, self.model.dtype, config.kv_block_tokens)
         self.layer_types = getattr(self.model.config.get_text_config(), "layer_types", None)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = torch.tensor(
@@ -261,7 +261,8 @@ class PytorchEngine:
                 (asked.temperature, asked.top_p) == (sampling.temperature, sampling.top_p)
                 and 1 <= asked.max_tokens <= sampling.max_tokens
                 and 0 < len(request.prompt_ids)
-                and blocks_for(len(request.prompt_ids) + asked.max_tokens) + 1 <= blocks  # as budget_blocks checks
+                and self.kv_shape.blocks_for(len(request.prompt_ids) + asked.max_tokens) + 1
+                <= blocks  # as budget_blocks checks
             )
 
         def arrivals() -> list[Arrival]:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from retrain.inference.sampler.kv_pool import BLOCK_TOKENS
+from retrain.inference.config import KV_BLOCK_TOKENS
 from retrain.inference.sampler.paged_attention import block_mask_bytes, row_bucket
 from retrain.model.config_files import model_config, params_from_config
 from retrain.model.logprobs import LOGITS_CHUNK_BYTES
@@ -176,6 +176,7 @@ class MemoryInputs:
     engine: str  # pytorch | vllm | other (an engine on a server: nothing on this machine's devices)
     kv_cache_gb: float  # inference=pytorch's budget; 0 = automatic
     paged_attention: str  # inference=pytorch: auto | gather | flex
+    kv_block_tokens: int  # inference=pytorch: token slots a block of the KV pool holds
     cuda_graphs: bool | None  # inference=pytorch: decode steps recorded as CUDA graphs; None: automatic
     merge_lora: bool  # inference=pytorch: an fp32 model samples through merged weights
     vllm_share: float  # inference=vllm: gpu_memory_utilization
@@ -214,6 +215,7 @@ class MemoryInputs:
             engine=engine,
             kv_cache_gb=float(inference.get("kv_cache_gb", 0.0)),
             paged_attention=str(inference.get("paged_attention", "auto")),
+            kv_block_tokens=int(inference.get("kv_block_tokens", KV_BLOCK_TOKENS)),
             cuda_graphs=inference.get("cuda_graphs"),
             merge_lora=bool(inference.get("merge_lora", False)),
             vllm_share=float(inference.get("gpu_memory_utilization", 0.0)),
@@ -554,7 +556,7 @@ def attention_part(shape: ModelShape, inputs: MemoryInputs, dtype_bytes: int, on
     flex, the block mask over the pool's blocks; gather, one layer's live keys and values copied out of the pool
     for every row (at most all rows at full length)."""
     if inputs.paged_attention == "flex" or (inputs.paged_attention == "auto" and on_gpu):
-        pool_blocks = kv_full // (BLOCK_TOKENS * shape.kv_bytes_per_token(dtype_bytes))
+        pool_blocks = kv_full // (inputs.kv_block_tokens * shape.kv_bytes_per_token(dtype_bytes))
         return Part(
             "paged attention (flex)",
             "sampling",

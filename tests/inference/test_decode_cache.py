@@ -9,8 +9,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from retrain.inference.config import KV_BLOCK_TOKENS
 from retrain.inference.sampler.decode import Forward, RunningTensors
-from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, GROWTH_MIN_BLOCKS, KvPool, KvShape
+from retrain.inference.sampler.kv_pool import GROWTH_MIN_BLOCKS, KvPool, KvShape
 from retrain.inference.sampler.paged_cache import PagedCache
 from retrain.inference.sampler.scheduler import Scheduler
 from retrain.model.cache_argument import with_cache
@@ -70,7 +71,7 @@ def paged_cache_logits(model, prompts: torch.Tensor, steps: int) -> tuple[list[t
 
 def test_the_paged_cache_gives_the_logits_of_a_dynamic_cache(tiny_spec) -> None:
     model = make_backend(tiny_spec).model.eval()
-    prompts = torch.randint(3, 200, (4, BLOCK_TOKENS - 1), generator=torch.Generator().manual_seed(0))
+    prompts = torch.randint(3, 200, (4, KV_BLOCK_TOKENS - 1), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = dynamic_cache_logits(model, prompts, steps=6)
         got, pool = paged_cache_logits(model, prompts, steps=6)
@@ -101,7 +102,7 @@ def test_a_reserved_pool_holds_its_budget_from_the_start_and_never_reallocates()
     pool = KvPool(shape, torch.device("cpu"), max_blocks=GROWTH_MIN_BLOCKS * 3, reserve=True)
     assert pool.capacity == pool.peak_capacity == pool.max_blocks and pool.in_use == 0
     storages = [storage.data_ptr() for storage in (*pool.keys, *pool.values)]
-    assert all(storage.shape[0] == pool.max_blocks * BLOCK_TOKENS for storage in pool.keys)
+    assert all(storage.shape[0] == pool.max_blocks * KV_BLOCK_TOKENS for storage in pool.keys)
     taken = pool.take(pool.max_blocks)
     pool.release(taken[:GROWTH_MIN_BLOCKS])
     pool.take(GROWTH_MIN_BLOCKS)

@@ -43,9 +43,8 @@ def test_a_decode_step_compiles_into_one_graph_and_computes_what_the_eager_step_
         lengths = [row.stored + 1 for row in running]
         table = scheduler.table_rows(running, steady.table_rows)
         pool_blocks = scheduler.pool.capacity if paged_attention else None
-        plan = plan_forward(
-            table, steady.lengths, (min(lengths), max(lengths)), tokens.unsqueeze(-1), None, pool_blocks
-        )
+        bounds, block_tokens = (min(lengths), max(lengths)), scheduler.pool.shape.block_tokens
+        plan = plan_forward(table, steady.lengths, bounds, tokens.unsqueeze(-1), None, block_tokens, pool_blocks)
         forward.cache.plan = plan
         if paged_attention:
             assert plan.block_mask is not None and plan.attention_mask is None

@@ -10,10 +10,9 @@ import torch
 
 import retrain.inference.sampler.decode as decode_module
 from retrain.errors import ConfigError
-from retrain.inference.config import PytorchEngineConfig
+from retrain.inference.config import KV_BLOCK_TOKENS, PytorchEngineConfig
 from retrain.inference.pytorch import PytorchEngine
 from retrain.inference.sampler.kv_budget import GIB, free_bytes, kv_budget, size_class
-from retrain.inference.sampler.kv_pool import blocks_for
 from retrain.model.spec import ModelSpec
 from retrain.types import Rollouts, SamplingParams
 from tests.backend.tiny_model import PROMPTS, encode, make_backend, make_engine, tokenizer_of
@@ -41,9 +40,13 @@ def budget_gb(engine: PytorchEngine, blocks: int) -> float:
     return blocks * engine.kv_shape.block_bytes / GIB
 
 
-def one_row_blocks(prompt_ids: list[list[int]]) -> int:
+def blocks_for(tokens: int, block_tokens: int = KV_BLOCK_TOKENS) -> int:
+    return -(-tokens // block_tokens)
+
+
+def one_row_blocks(prompt_ids: list[list[int]], block_tokens: int = KV_BLOCK_TOKENS) -> int:
     """The smallest budget the engine takes: one row at its longest, and a copy of a shared prompt block."""
-    return blocks_for(max(map(len, prompt_ids)) + SAMPLING.max_tokens) + 1
+    return blocks_for(max(map(len, prompt_ids)) + SAMPLING.max_tokens, block_tokens) + 1
 
 
 def assert_same_rollouts(got: Rollouts, expected: Rollouts) -> None:
@@ -70,6 +73,30 @@ def test_budgets_from_all_rows_to_one_row_at_a_time_sample_the_same(backend, pro
                 assert rollouts.metrics["engine/preemptions"] > 0
             else:
                 assert rollouts.metrics["engine/rows_waiting_max"] == GROUP * len(prompt_ids) - 1
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_larger_blocks_sample_the_same_all_at_once_and_one_row_at_a_time(backend, prompt_ids, prefix_caching):
+    """inference.kv_block_tokens changes where tokens sit and how many rows a budget holds, never what is sampled."""
+    expected = make_engine(backend, prefix_caching=prefix_caching).generate(prompt_ids, GROUP, SAMPLING, 5)
+    wide = make_engine(backend, prefix_caching=prefix_caching, kv_block_tokens=64)
+    assert (
+        wide.kv_shape.block_tokens == 64 and wide.kv_shape.block_bytes == 4 * make_engine(backend).kv_shape.block_bytes
+    )
+    assert_same_rollouts(wide.generate(prompt_ids, GROUP, SAMPLING, 5), expected)
+    smallest = one_row_blocks(prompt_ids, 64)
+    squeezed = make_engine(
+        backend, prefix_caching=prefix_caching, kv_block_tokens=64, kv_cache_gb=budget_gb(wide, smallest)
+    )
+    rollouts = squeezed.generate(prompt_ids, GROUP, SAMPLING, 5)
+    assert_same_rollouts(rollouts, expected)
+    assert rollouts.metrics["engine/rows_waiting_max"] > 0  # one row's 64-token blocks at a time: the others wait
+
+
+def test_the_block_size_is_checked_at_compose_time() -> None:
+    for wrong in (8, 24, 0):
+        with pytest.raises(ConfigError, match=f"inference.kv_block_tokens must be a power of two >= 16, got {wrong}"):
+            PytorchEngineConfig(kv_block_tokens=wrong)
 
 
 def test_prefix_caching_and_the_budget_together_sample_what_plain_batching_does(backend, prompt_ids):

@@ -12,9 +12,9 @@ from torch.utils._triton import has_triton
 from transformers import AutoModelForCausalLM, MistralConfig
 
 from retrain.errors import ConfigError
-from retrain.inference.config import PytorchEngineConfig
+from retrain.inference.config import KV_BLOCK_TOKENS, PytorchEngineConfig
 from retrain.inference.pytorch import reads_the_pool
-from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, GROWTH_MIN_BLOCKS, KvPool, KvShape
+from retrain.inference.sampler.kv_pool import GROWTH_MIN_BLOCKS, KvPool, KvShape
 from retrain.inference.sampler.paged_attention import (
     MIN_ROW_BUCKET,
     block_mask_bytes,
@@ -34,9 +34,9 @@ def a_pool_and_tables(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, t
     """Keys, values ([slots, kv_heads, dim]) and block tables of rows holding `lengths` tokens, their blocks
     scattered over the pool, rows 0 and 1 sharing their first block (a group's prompt), tables padded with 0."""
     generator = torch.Generator().manual_seed(0)
-    keys, values = torch.randn(2, POOL_BLOCKS * BLOCK_TOKENS, KV_HEADS, DIM, generator=generator)
+    keys, values = torch.randn(2, POOL_BLOCKS * KV_BLOCK_TOKENS, KV_HEADS, DIM, generator=generator)
     free = torch.randperm(POOL_BLOCKS, generator=generator).tolist()
-    counts = [-(-length // BLOCK_TOKENS) for length in lengths]
+    counts = [-(-length // KV_BLOCK_TOKENS) for length in lengths]
     table = torch.zeros(len(lengths), max(counts) + 2, dtype=torch.long)
     for row, count in enumerate(counts):
         table[row, :count] = torch.tensor([free.pop() for _ in range(count)])
@@ -49,7 +49,7 @@ def gathered_attention(query, keys, values, table, lengths, width) -> torch.Tens
     outputs = []
     for row, length in enumerate(lengths):
         index = torch.arange(length)
-        slots = table[row, index // BLOCK_TOKENS] * BLOCK_TOKENS + index % BLOCK_TOKENS
+        slots = table[row, index // KV_BLOCK_TOKENS] * KV_BLOCK_TOKENS + index % KV_BLOCK_TOKENS
         seen = index <= (length - width + torch.arange(width)).unsqueeze(-1)  # [T, length]
         row_keys, row_values = (t[slots].transpose(0, 1)[None] for t in (keys, values))
         outputs.append(
@@ -64,7 +64,7 @@ def test_attention_through_the_block_tables_is_the_gathered_copys(width, compile
     lengths = [5, 33, 17, 48]
     keys, values, table = a_pool_and_tables(lengths)
     query = torch.randn(len(lengths), HEADS, width, DIM, generator=torch.Generator().manual_seed(1))
-    block_mask = paged_block_mask(table, torch.tensor(lengths), width, POOL_BLOCKS)
+    block_mask = paged_block_mask(table, torch.tensor(lengths), width, POOL_BLOCKS, KV_BLOCK_TOKENS)
     # compiled: the GPU's path (inductor's CPU template here), which visits the listed blocks only
     bucket = block_mask.shape[0]  # the kernel's rows: a power of two, the padding rows seeing nothing
     assert bucket == row_bucket(len(lengths)) == MIN_ROW_BUCKET
@@ -78,17 +78,19 @@ def backend():
     return make_backend(ModelSpec(name_or_path="retrain:tiny_qwen3", lora_rank=4))
 
 
-@pytest.mark.parametrize("prefix_caching", [True, False])
-def test_the_engine_samples_the_same_reading_the_pool_or_a_gathered_copy(backend, prefix_caching):
+@pytest.mark.parametrize(("prefix_caching", "block_tokens"), [(True, 16), (False, 16), (True, 64)])
+def test_the_engine_samples_the_same_reading_the_pool_or_a_gathered_copy(backend, prefix_caching, block_tokens):
     prompt_ids = encode(backend, PROMPTS)
     gathered = make_engine(backend, prefix_caching=prefix_caching, paged_attention="gather")
     expected = gathered.generate(prompt_ids, GROUP, SAMPLING, 6)
-    for blocks in (one_row_blocks(prompt_ids), 30):  # rows queue and are preempted; all rows at once
+    wide = block_tokens // KV_BLOCK_TOKENS
+    for blocks in (one_row_blocks(prompt_ids, block_tokens), 30 // wide):  # rows queue, are preempted; all at once
         engine = make_engine(
             backend,
             prefix_caching=prefix_caching,
             paged_attention="flex",
-            kv_cache_gb=budget_gb(gathered, blocks),
+            kv_block_tokens=block_tokens,
+            kv_cache_gb=budget_gb(gathered, blocks * wide),
         )
         assert engine.paged_attention
         assert_same_rollouts(engine.generate(prompt_ids, GROUP, SAMPLING, 6), expected)
@@ -119,7 +121,7 @@ def test_the_pool_never_hands_attention_uninitialised_slots():
     the masked slots 0, but 0 · NaN is NaN: slots nobody wrote must hold zeros, whatever memory the pool got."""
     shape = KvShape(layers=1, kv_heads=1, head_dim=4, dtype=torch.float32)  # small: malloc reuses freed memory
     for _ in range(3):
-        torch.full((GROWTH_MIN_BLOCKS * BLOCK_TOKENS, 1, 4), float("nan"))  # freed at once, NaN left behind
+        torch.full((GROWTH_MIN_BLOCKS * KV_BLOCK_TOKENS, 1, 4), float("nan"))  # freed at once, NaN left behind
         pool = KvPool(shape, torch.device("cpu"), 256)
         pool.take(GROWTH_MIN_BLOCKS + 1)  # two growths
         assert all(bool(torch.isfinite(storage).all()) for storage in (*pool.keys, *pool.values))
@@ -136,8 +138,8 @@ def test_the_block_mask_grows_with_rows_times_pool_blocks_not_with_tokens():
     and pool block, ~27 MiB, whatever the rows' lengths; nothing of size rows × tokens or of the vocabulary."""
     rows, pool_blocks, row_blocks = 128, (40 * 2**30) // (16 * 36 * 8 * 128 * 2 * 2), 640
     table = torch.arange(rows * row_blocks).view(rows, row_blocks) % pool_blocks
-    lengths = torch.full((rows,), row_blocks * BLOCK_TOKENS)
-    block_mask = paged_block_mask(table, lengths, 1, pool_blocks)
+    lengths = torch.full((rows,), row_blocks * KV_BLOCK_TOKENS)
+    block_mask = paged_block_mask(table, lengths, 1, pool_blocks, KV_BLOCK_TOKENS)
     closure = [cell.cell_contents for cell in block_mask.mask_mod.__closure__ or ()]
     tensors = [block_mask.kv_num_blocks, block_mask.kv_indices, *(c for c in closure if isinstance(c, torch.Tensor))]
     held = sum(tensor.untyped_storage().nbytes() for tensor in tensors)

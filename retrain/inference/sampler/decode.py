@@ -371,7 +371,8 @@ class Forward:
         table = self.scheduler.table_rows(sequences, None if steady is None else steady.table_rows)
         on_device = torch.tensor(lengths, device=new.device) if steady is None else steady.lengths
         pool_blocks = self.cache.pool.capacity if self.paged_attention else None
-        plan = plan_forward(table, on_device, (min(lengths), max(lengths)), new, real, pool_blocks)
+        block_tokens = self.cache.pool.shape.block_tokens
+        plan = plan_forward(table, on_device, (min(lengths), max(lengths)), new, real, block_tokens, pool_blocks)
         self.cache.plan = plan
         self.forwards += 1
         logits = causal_lm_logits(

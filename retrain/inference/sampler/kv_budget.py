@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from retrain.errors import ConfigError
-from retrain.inference.sampler.kv_pool import KvShape, blocks_for
+from retrain.inference.sampler.kv_pool import KvShape
 
 KEY = "inference.kv_cache_gb"
 GIB = 2**30  # `inference.kv_cache_gb` counts GiB, as the memory plan does
@@ -70,7 +70,7 @@ def budget_blocks(budget: KvBudget, shape: KvShape, longest_row: int, sink: bool
     tokens (a prompt and max_tokens) and the copy of its shared prompt block (and the pool's `sink` block, which
     no row takes: step_graphs.py)."""
     blocks = budget.bytes // shape.block_bytes
-    need = blocks_for(longest_row) + 1 + int(sink)
+    need = shape.blocks_for(longest_row) + 1 + int(sink)
     if blocks < need:
         raise ConfigError(
             f"the KV cache budget ({budget.source}) holds {blocks * shape.block_bytes / GIB:.3g} GiB, but one row "

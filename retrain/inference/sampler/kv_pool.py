@@ -3,7 +3,7 @@
 Why paged rather than one growing [rows, heads, length, dim] buffer: rows of an RL batch stop at very
 different lengths, and a dense buffer holds every row at the longest one, copies the whole cache whenever a
 row leaves, and must be sized for B·G·max_tokens to avoid copies. A block pool holds each row's tokens in
-blocks of BLOCK_TOKENS slots listed in the row's block table, so memory follows the live tokens; a finished
+blocks of `KvShape.block_tokens` slots (`inference.kv_block_tokens`) listed in the row's block table, so memory follows the live tokens; a finished
 row's blocks go back to a free list for the next row; the G rows of a group share their prompt's blocks
 (reference counts; the scheduler copies a shared block before a row writes into it).
 
@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-BLOCK_TOKENS = 16  # token slots per block (vLLM's default): at most 15 slots of a row's last block stay empty
+from retrain.inference.config import KV_BLOCK_TOKENS
+
 GROWTH = 1.5  # the storage grows to at least 1.5x its capacity, so its copies cost O(1) per block taken
 GROWTH_MIN_BLOCKS = 64  # and by at least this many blocks: a call's first admissions take a few growths, not ten
 ATTENTION_LAYER_KINDS = ("full_attention", "sliding_attention")  # layers whose keys and values the pool holds
@@ -37,15 +38,17 @@ ATTENTION_LAYER_KINDS = ("full_attention", "sliding_attention")  # layers whose 
 
 @dataclass(frozen=True)
 class KvShape:
-    """What one token's keys and values take: per layer, `kv_heads` heads of `head_dim` in `dtype`."""
+    """What one token's keys and values take: per layer, `kv_heads` heads of `head_dim` in `dtype`; and the pool's
+    blocks, `block_tokens` token slots each."""
 
     layers: int
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    block_tokens: int = KV_BLOCK_TOKENS
 
     @classmethod
-    def of(cls, config: Any, dtype: torch.dtype) -> KvShape:
+    def of(cls, config: Any, dtype: torch.dtype, block_tokens: int = KV_BLOCK_TOKENS) -> KvShape:
         """The shape a transformers decoder's config gives (its text config, for a multimodal model); ValueError
         for a model with layers that keep other state than keys and values (linear attention, SSM layers)."""
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -57,7 +60,8 @@ class KvShape:
             )
         heads = text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-        return cls(text.num_hidden_layers, getattr(text, "num_key_value_heads", None) or heads, head_dim, dtype)
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        return cls(text.num_hidden_layers, kv_heads, head_dim, dtype, block_tokens)
 
     @property
     def bytes_per_token(self) -> int:
@@ -65,17 +69,16 @@ class KvShape:
 
     @property
     def block_bytes(self) -> int:
-        return BLOCK_TOKENS * self.bytes_per_token
+        return self.block_tokens * self.bytes_per_token
 
-
-def blocks_for(tokens: int) -> int:
-    """Blocks that hold `tokens` token slots."""
-    return -(-tokens // BLOCK_TOKENS)
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold `tokens` token slots."""
+        return -(-tokens // self.block_tokens)
 
 
 class KvPool:
     """Keys and values of every layer in blocks; see the module docstring. A block's token slots are
-    [block · BLOCK_TOKENS, (block + 1) · BLOCK_TOKENS) of each layer's [slots, kv_heads, head_dim] storage."""
+    [block · block_tokens, (block + 1) · block_tokens) of each layer's [slots, kv_heads, head_dim] storage."""
 
     def __init__(
         self, shape: KvShape, device: torch.device, max_blocks: int, reserve: bool = False, sink: bool = False
@@ -140,16 +143,17 @@ class KvPool:
         """Every layer's keys and values of blocks `sources` into blocks `targets`."""
         if not sources:
             return
-        offsets = torch.arange(BLOCK_TOKENS, device=self.device)
+        block_tokens = self.shape.block_tokens
+        offsets = torch.arange(block_tokens, device=self.device)
         blocks = torch.tensor([sources, targets], device=self.device)  # one copy from the host, not two
-        source, target = (blocks.unsqueeze(-1) * BLOCK_TOKENS + offsets).flatten(1)
+        source, target = (blocks.unsqueeze(-1) * block_tokens + offsets).flatten(1)
         for storage in (*self.keys, *self.values):
             storage.index_copy_(0, target, storage.index_select(0, source))
 
     def _grow(self, at_least: int) -> None:
         wanted = max(self.capacity + at_least, math.ceil(self.capacity * GROWTH), self.capacity + GROWTH_MIN_BLOCKS)
         capacity = min(self.max_blocks, wanted)
-        slots = capacity * BLOCK_TOKENS
+        slots = capacity * self.shape.block_tokens
         for storages in (self.keys, self.values):
             for layer in range(self.shape.layers):
                 grown = torch.zeros(  # never garbage: see the module docstring

@@ -22,8 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from retrain.inference.sampler.kv_pool import BLOCK_TOKENS
-
 QUERY_BLOCK = 128  # flex_attention's query tile: a decode step's single query, or a prefill piece's, per tile
 MIN_ROW_BUCKET = 8  # the kernel sees the rows padded to a power of two from here on: few shapes, few compiles
 
@@ -47,11 +45,11 @@ def block_mask_bytes(rows: int, pool_blocks: int) -> int:
 
 
 def paged_block_mask(
-    table: torch.Tensor, lengths: torch.Tensor, width: int, pool_blocks: int, block_tokens: int = BLOCK_TOKENS
+    table: torch.Tensor, lengths: torch.Tensor, width: int, pool_blocks: int, block_tokens: int
 ) -> BlockMask:
     """Which pool slots each row's queries see: the rows' block tables `table` ([R, blocks]), `lengths` ([R]: tokens
     stored after the forward, the forward's `width` new ones the last), over a pool of `pool_blocks` blocks of
-    `block_tokens` slots (the pool's; benchmarks/decode_kernels.py tries others). Its batch is `row_bucket(R)`: the
+    `block_tokens` slots (`KvShape.block_tokens`). Its batch is `row_bucket(R)`: the
     padding rows list no block and see nothing."""
     padding = row_bucket(table.shape[0]) - table.shape[0]
     table, lengths = F.pad(table, (0, 0, 0, padding)), F.pad(lengths, (0, padding))

@@ -24,7 +24,7 @@ from torch.nn.attention.flex_attention import BlockMask
 from transformers import Cache
 from transformers.cache_utils import CacheLayerMixin
 
-from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, KvPool
+from retrain.inference.sampler.kv_pool import KvPool
 from retrain.inference.sampler.paged_attention import paged_attention, paged_block_mask, pool_sequence
 
 
@@ -55,23 +55,25 @@ def plan_forward(
     bounds: tuple[int, int],
     new_tokens: torch.Tensor,
     new_mask: torch.Tensor | None,
+    block_tokens: int,
     pool_blocks: int | None = None,
 ) -> ForwardPlan:
     """The plan of a forward over rows with block tables `table` ([R, blocks]) and `lengths` ([R] on the device:
     tokens stored after it; `bounds` their smallest and largest, known on the host) that feeds them `new_tokens`
     ([R, T], right-aligned; `new_mask` marks the real ones, None: all). The rows' blocks must already hold
-    `lengths` slots, the written ones held by the row alone. `pool_blocks`: the pool's size, where attention
-    reads cached keys from the pool through the block tables (None: from a gathered copy)."""
+    `lengths` slots, the written ones held by the row alone; `block_tokens`: the pool's slots a block. `pool_blocks`:
+    the pool's size, where attention reads cached keys from the pool through the block tables (None: from a
+    gathered copy)."""
     shortest, grid = bounds
     width = new_tokens.shape[1]
     device = new_tokens.device
     if grid > width == 1 and new_mask is None and pool_blocks is not None:
         # (prefill pieces after a cached prefix gather: few, and compute-bound)
-        return plan_paged_decode(table, lengths, new_tokens, pool_blocks, grid)
+        return plan_paged_decode(table, lengths, new_tokens, block_tokens, pool_blocks, grid)
     columns = torch.arange(grid, device=device)
     index = columns - (grid - lengths).unsqueeze(-1)  # [R, W] the row's token in each column; < 0: padding
     real = index >= 0
-    slots = _slots_of(table, index.clamp_min(0))
+    slots = _slots_of(table, index.clamp_min(0), block_tokens)
     new_slots = slots[:, grid - width :]
     if new_mask is None:
         sources, targets = None, new_slots.reshape(-1)
@@ -85,21 +87,21 @@ def plan_forward(
 
 
 def plan_paged_decode(
-    table: torch.Tensor, lengths: torch.Tensor, new_tokens: torch.Tensor, pool_blocks: int, grid: int
+    table: torch.Tensor, lengths: torch.Tensor, new_tokens: torch.Tensor, block_tokens: int, pool_blocks: int, grid: int
 ) -> ForwardPlan:
     """The plan of a decode step whose attention reads the pool through the block tables: only the new token's
     slot, no [R, W] grid of them; arguments as `plan_forward` takes them (`grid`: the longest row's length, which
     only transformers' forward asks for). Built from device tensors alone, so a recorded step rebuilds it when
     replayed (step_graphs.py)."""
     positions = (lengths - 1).unsqueeze(-1)
-    targets = _slots_of(table, positions).reshape(-1)
-    block_mask = paged_block_mask(table, lengths, 1, pool_blocks)
+    targets = _slots_of(table, positions, block_tokens).reshape(-1)
+    block_mask = paged_block_mask(table, lengths, 1, pool_blocks, block_tokens)
     return ForwardPlan(new_tokens, None, positions, None, targets, None, block_mask, grid, False)
 
 
-def _slots_of(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def _slots_of(table: torch.Tensor, index: torch.Tensor, block_tokens: int) -> torch.Tensor:
     """The pool slots of the rows' tokens `index` ([R, n], each row's own positions) through their block tables."""
-    return table.gather(1, index // BLOCK_TOKENS) * BLOCK_TOKENS + index % BLOCK_TOKENS
+    return table.gather(1, index // block_tokens) * block_tokens + index % block_tokens
 
 
 class PagedLayer(CacheLayerMixin):

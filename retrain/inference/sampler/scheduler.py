@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from retrain.inference.sampler.kv_pool import BLOCK_TOKENS, KvPool, blocks_for
+from retrain.inference.sampler.kv_pool import KvPool
 
 
 @dataclass(eq=False)
@@ -84,7 +84,7 @@ class Scheduler:
         self.fresh_waiting = [group_size] * len(prompt_lengths)  # rows of each group that have not started
         self.waiting = list(range(rows))  # a heap of row indices: the earliest row enters first
         self.running: dict[int, Row] = {}  # in admission order: the last is preempted first
-        width = blocks_for(max(prompt_lengths) + max_tokens)
+        width = self.pool.shape.blocks_for(max(prompt_lengths) + max_tokens)
         self.table = torch.zeros((rows + len(prompt_lengths), width), dtype=torch.long, device=device)
         self._table_updates: list[tuple[int, int, int]] = []  # (table row, position, block) not yet in `table`
         self.rows_waiting_max = 0
@@ -103,7 +103,7 @@ class Scheduler:
             row = Row(table_row=first_row + index, prompt=first_prompt + index)
             self.rows.append(row)
             heapq.heappush(self.waiting, row.table_row)
-        width = max(self.table.shape[1], blocks_for(max(prompt_lengths) + self.max_tokens))
+        width = max(self.table.shape[1], self.pool.shape.blocks_for(max(prompt_lengths) + self.max_tokens))
         table = torch.zeros((len(self.rows), width), dtype=self.table.dtype, device=self.table.device)
         table[:first_row, : self.table.shape[1]] = self.table[:first_row]  # no prompt entries to keep
         self.table = table
@@ -116,6 +116,7 @@ class Scheduler:
             attaches = self.prefix_caching and row.generated == 0
             new_entry = attaches and row.prompt not in self.entries
             length = self.prompt_lengths[row.prompt]
+            blocks_for = self.pool.shape.blocks_for
             need = (blocks_for(length) if new_entry else 0) + (0 if attaches else blocks_for(length + row.generated))
             if need + len(self.running) + 1 > self.pool.available():
                 if self.running or not self.entries:
@@ -125,7 +126,7 @@ class Scheduler:
             heapq.heappop(self.waiting)
             if new_entry:
                 entry = PromptEntry(table_row=len(self.rows) + row.prompt, prompt=row.prompt)
-                self._extend(entry, blocks_for(length))
+                self._extend(entry, self.pool.shape.blocks_for(length))
                 self.entries[row.prompt] = entry
                 admission.entries.append(entry)
             if attaches:
@@ -138,7 +139,7 @@ class Scheduler:
                 if self.fresh_waiting[row.prompt] == 0:
                     self._drop_entry(row.prompt)  # its rows hold its blocks now
             else:
-                self._extend(row, blocks_for(length + row.generated))
+                self._extend(row, self.pool.shape.blocks_for(length + row.generated))
                 admission.prefilled.append(row)
                 if row.generated == 0:
                     self.fresh_waiting[row.prompt] -= 1
@@ -163,7 +164,7 @@ class Scheduler:
         sources: list[int] = []
         targets: list[int] = []
         for row in rows:
-            position = row.stored // BLOCK_TOKENS
+            position = row.stored // self.pool.shape.block_tokens
             if position < len(row.blocks) and self.pool.shared(row.blocks[position]):  # copy on write: a prompt
                 (copy,) = self.pool.take(1)  # block the group shares
                 sources.append(row.blocks[position])
@@ -171,8 +172,8 @@ class Scheduler:
                 self.pool.release([row.blocks[position]])
                 row.blocks[position] = copy
                 self._table_updates.append((row.table_row, position, copy))
-            if blocks_for(row.stored + tokens) > len(row.blocks):
-                self._extend(row, blocks_for(row.stored + tokens))
+            if self.pool.shape.blocks_for(row.stored + tokens) > len(row.blocks):
+                self._extend(row, self.pool.shape.blocks_for(row.stored + tokens))
         self.pool.copy(sources, targets)
         return rows
 
@@ -199,9 +200,9 @@ class Scheduler:
         return self.table
 
     def _blocks_to_write(self, row: Row, tokens: int) -> int:
-        position = row.stored // BLOCK_TOKENS
+        position = row.stored // self.pool.shape.block_tokens
         shared = position < len(row.blocks) and self.pool.shared(row.blocks[position])
-        return max(0, blocks_for(row.stored + tokens) - len(row.blocks)) + int(shared)
+        return max(0, self.pool.shape.blocks_for(row.stored + tokens) - len(row.blocks)) + int(shared)
 
     def _preempt(self, row: Row) -> None:
         self.pool.release(row.blocks)

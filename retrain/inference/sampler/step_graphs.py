@@ -35,7 +35,6 @@ from typing import Any, cast
 
 import torch
 
-from retrain.inference.sampler.kv_pool import BLOCK_TOKENS
 from retrain.inference.sampler.paged_attention import row_bucket
 from retrain.inference.sampler.paged_cache import PagedCache, plan_paged_decode
 from retrain.model.lean_decoder import causal_lm_logits
@@ -164,9 +163,10 @@ class StepGraphs:
 
     def _step(self, bucket: _Bucket) -> torch.Tensor:
         """The bucket's decode forward, from its buffers alone: [bucket, V] logits."""
-        pool_blocks = self.cache.pool.capacity
-        grid = bucket.tables.shape[1] * BLOCK_TOKENS  # only transformers' forward asks for it; the lean one does not
-        plan = plan_paged_decode(bucket.tables, bucket.lengths, bucket.tokens.unsqueeze(-1), pool_blocks, grid)
+        pool_blocks, block_tokens = self.cache.pool.capacity, self.cache.pool.shape.block_tokens
+        grid = bucket.tables.shape[1] * block_tokens  # only transformers' forward asks for it; the lean one does not
+        tokens = bucket.tokens.unsqueeze(-1)
+        plan = plan_paged_decode(bucket.tables, bucket.lengths, tokens, block_tokens, pool_blocks, grid)
         self.cache.plan = plan
         logits = causal_lm_logits(
             self.model, plan.input_ids, None, plan.position_ids, self.cache, logits_to_keep=1, padded=False
