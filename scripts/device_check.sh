@@ -11,7 +11,8 @@
 #       latex2sympy2_extended==1.11.0
 #   python3 -m pip wheel --no-deps antlr4-python3-runtime==4.9.3 -w .whl   # Hydra's pin: a source release only
 #
-#   bash scripts/device_check.sh [tests] [cli] [kernels] [real_scale] [steps] [real_scale_eager]   (default: all but the last)
+#   bash scripts/device_check.sh [tests] [cli] [kernels] [real_scale] [steps] [real_scale_eager] [real_scale_wide_blocks]
+#   (default: all but the last two; WIDE_BLOCK_TOKENS=64 sets the last one's inference.kv_block_tokens)
 #
 # All parts together outrun one call's 10 minutes: run `tests cli` in one call and `kernels real_scale steps` in the next.
 # kernels (benchmarks/decode_kernels.py) times the decode step's attention at several KV block sizes and its token
@@ -75,6 +76,11 @@ if wants real_scale_eager; then
     run_part real_scale_eager 270 python3 benchmarks/real_scale.py --tokens 2048 --budget-s 240 \
         --out "$OUT/real_scale_eager.json" inference.cuda_graphs=false
     tail -12 "$OUT/real_scale_eager.log"
+fi
+if wants real_scale_wide_blocks; then  # after kernels: the first scenario with the block size it found fastest
+    run_part real_scale_wide_blocks 270 python3 benchmarks/real_scale.py --tokens 2048 --budget-s 240 \
+        --out "$OUT/real_scale_wide_blocks.json" "inference.kv_block_tokens=${WIDE_BLOCK_TOKENS:-64}"
+    tail -12 "$OUT/real_scale_wide_blocks.log"
 fi
 if wants steps; then
     for graphs in true false; do
