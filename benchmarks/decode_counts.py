@@ -17,7 +17,10 @@ the bytes its eager ops move per generated token against the roofline's (every w
 LoRA A/B included, each row's live KV read and its new KV written), and the bytes of the keys and values the
 attention reads (with the gathers that copied them out of the KV pool) against the live KV. Then one counted `train()` over the sampled rows, their completions cut to lengths
 spread over [new-tokens / 4, new-tokens]: the positions its forwards ran against the tokens (a group's prompt
-once), and FLOPs executed against the causal FLOPs needed (benchmarks/_speed_bounds.py, causal_training_flops).
+once), and FLOPs executed against the causal FLOPs needed (benchmarks/_speed_bounds.py, causal_training_flops),
+and the bytes moved by its ops that do no matmul or attention FLOPs (a GPU kernel each: casts, norms, the rotary
+embedding, activations, residual adds, their backward): with the FLOPs at an H200's peak and those bytes at its
+copy bandwidth, the MFU ceiling these ops leave (the LM head's share shrinks with `--layers`).
 Last, one forward of the same rows without autograd through each training layout (`backend.train_attention`:
 mask, and flex, whose backward the CPU lacks): attention's FLOPs executed against the causal ones, and the
 share of its positions that held padding.
@@ -48,6 +51,8 @@ from retrain.model.logprobs import ForwardTokens, completion_logprobs
 from retrain.run import build_part
 from retrain.types import SamplingParams, TrainBatch
 
+H200_PEAK_FLOPS = 989e12  # dense bf16, as real_scale.py counts MFU
+H200_COPY_BANDWIDTH = 4.276e12  # bytes/s of a large copy, measured by real_scale.py on the lent H200
 QUICK = ["--model", "retrain:tiny_qwen3", "--rows", "4", "--group", "2", "--prompt-tokens", "16", "--new-tokens", "8"]
 FIRST_ID = 40  # prompt ids: byte tokens from here on, never a special token of the tokenizers written or bundled
 
@@ -180,6 +185,8 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
         "train_attention_flops_needed": attention_needed,
         "train_compute_ops": training_counts.compute_ops,
         "train_syncs": training_counts.syncs,
+        "train_plain_bytes": training_counts.plain_bytes,
+        "train_mfu_ceiling_h200": training_mfu_ceiling(training_counts, needed),
         # one forward of the same rows without autograd, each layout (flex_attention has no CPU backward)
         **{
             f"forward_{'flex' if documents else 'mask'}_{key}": value
@@ -191,6 +198,14 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
         },
         "forward_attention_flops_needed": attention_needed * 2 / 7,  # 2 of its 7 matmuls run forward
     }
+
+
+def training_mfu_ceiling(counts: Counts, needed_flops: float) -> float:
+    """The MFU a training step with these ops could reach at best on an H200: every FLOP at the bf16 peak, every
+    byte of the ops without FLOPs (elementwise, casts, reductions: a GPU kernel each) at the copy bandwidth measured
+    there, one after the other; against the FLOPs needed, as real_scale.py counts MFU."""
+    seconds = counts.flops / H200_PEAK_FLOPS + counts.plain_bytes / H200_COPY_BANDWIDTH
+    return needed_flops / H200_PEAK_FLOPS / seconds
 
 
 def _replayed_steps(engine: Any, prompt_ids: list[list[int]], group: int, sampling: SamplingParams) -> dict[str, Any]:
@@ -349,6 +364,8 @@ def print_results(results: dict[str, Any]) -> None:
         ("  executed / needed", f"{results['train_flops_executed'] / results['train_flops_needed']:.2f}×"),
         ("  attention alone: executed / needed", _ratio(results, "train_attention_flops")),
         ("training: compute ops; host syncs", f"{results['train_compute_ops']}; {results['train_syncs']}"),
+        ("training: bytes moved by the ops without FLOPs", _bytes(results["train_plain_bytes"])),
+        ("  MFU ceiling on an H200 with these ops", f"{results['train_mfu_ceiling_h200']:.1%}"),
         ("one forward, attention executed / needed: mask", _forward_ratio(results, "mask")),
         ("  flex (documents)", _forward_ratio(results, "flex")),
         (

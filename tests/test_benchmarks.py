@@ -258,6 +258,8 @@ def test_decode_counts_quick_mode_counts_the_decode_steps_and_the_training_step(
     assert counts["ops_per_step_per_layer"] > counts["layer_ops_per_layer"] > 0
     assert counts["roofline_bytes_per_token"] > 0 and counts["bytes_per_token"] > 0
     assert counts["train_flops_executed"] > 0 and counts["train_flops_needed"] > 0
+    assert 0 < counts["train_plain_bytes"] and 0 < counts["train_mfu_ceiling_h200"] < 1
+    assert "MFU ceiling on an H200 with these ops" in result.stdout
     assert "compute ops per step ÷ layers" in result.stdout and "executed / needed" in result.stdout
     # one forward through each training layout: the documents' has no padding, the padded rows' some
     assert counts["forward_flex_padding_frac"] == 0 < counts["forward_mask_padding_frac"]

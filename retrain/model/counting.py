@@ -88,6 +88,7 @@ class Counts:
     host_built: int = 0  # tensors built from Python data (torch.tensor(list), ...)
     data_dependent: int = 0  # ops whose output shape depends on values
     bytes_moved: int = 0  # by the compute ops, each reading its inputs and writing its output
+    plain_bytes: int = 0  # of those, by the ops without FLOPs counted: elementwise, reductions, copies, gathers
     attention_kv_bytes: int = 0  # keys and values the attention ops read, and what the gathers that built them moved
     flops: float = 0.0  # of matmuls and attention
     attention_flops: float = 0.0  # of attention alone
@@ -109,6 +110,7 @@ class Counts:
         self.host_built += other.host_built
         self.data_dependent += other.data_dependent
         self.bytes_moved += other.bytes_moved
+        self.plain_bytes += other.plain_bytes
         self.attention_kv_bytes += other.attention_kv_bytes
         self.flops += other.flops
         self.attention_flops += other.attention_flops
@@ -205,6 +207,7 @@ class OpCounter(TorchDispatchMode):
                 counts.attention_kv_bytes += _span_bytes(keys) + built
         flops = _flops(func, packet, args, kwargs, out)
         counts.flops += flops
+        counts.plain_bytes += moved if flops == 0 else 0
         if packet in ATTENTION_FORWARD or packet in ATTENTION_BACKWARD:
             counts.attention_flops += flops
 

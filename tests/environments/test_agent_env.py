@@ -66,7 +66,8 @@ def test_example_agent_episodes_are_the_same_rows_whatever_max_concurrent(served
     one, many = scored
     assert torch.equal(one.rollouts.completion_ids, many.rollouts.completion_ids)
     assert torch.equal(one.rollouts.sampled_mask, many.rollouts.sampled_mask)
-    torch.testing.assert_close(one.rollouts.logprobs, many.rollouts.logprobs, atol=1e-5, rtol=0)
+    # within fp32 rounding of matmuls over other row counts, as the engine's batching tests allow (test_kv_budget.py)
+    torch.testing.assert_close(one.rollouts.logprobs, many.rollouts.logprobs, rtol=1e-5, atol=5e-5)
     assert torch.equal(one.rewards, many.rewards) and not one.excluded.any()
     rollouts = one.rollouts
     assert rollouts.metrics["env/mean_turns"] == 2.0

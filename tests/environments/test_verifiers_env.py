@@ -143,7 +143,9 @@ def test_episodes_sampled_together_are_those_sampled_one_at_a_time(test_envs, ti
     one, many = (scored.rollouts for scored in results)
     assert torch.equal(one.completion_ids, many.completion_ids)
     assert torch.equal(one.sampled_mask, many.sampled_mask)
-    torch.testing.assert_close(one.logprobs, many.logprobs, atol=1e-5, rtol=0)
+    # the same tokens; their log-probs within fp32 rounding of matmuls over other row counts (1.04e-5 on CI's CPU
+    # at a log-prob of -0.76), the tolerance the engine's own batching tests use (tests/inference/test_kv_budget.py)
+    torch.testing.assert_close(one.logprobs, many.logprobs, rtol=1e-5, atol=5e-5)
     assert torch.equal(results[0].rewards, results[1].rewards)
 
 
