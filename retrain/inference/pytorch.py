@@ -257,12 +257,12 @@ class PytorchEngine:
 
         def fits(request: TokenRequest) -> bool:
             asked = request.sampling
+            longest = len(request.prompt_ids) + asked.max_tokens
             return (
                 (asked.temperature, asked.top_p) == (sampling.temperature, sampling.top_p)
                 and 1 <= asked.max_tokens <= sampling.max_tokens
                 and 0 < len(request.prompt_ids)
-                and self.kv_shape.blocks_for(len(request.prompt_ids) + asked.max_tokens) + 1
-                <= blocks  # as budget_blocks checks
+                and self.kv_shape.blocks_for(longest) + 1 <= blocks  # as budget_blocks checks
             )
 
         def arrivals() -> list[Arrival]:

@@ -3,9 +3,9 @@
 Why paged rather than one growing [rows, heads, length, dim] buffer: rows of an RL batch stop at very
 different lengths, and a dense buffer holds every row at the longest one, copies the whole cache whenever a
 row leaves, and must be sized for B·G·max_tokens to avoid copies. A block pool holds each row's tokens in
-blocks of `KvShape.block_tokens` slots (`inference.kv_block_tokens`) listed in the row's block table, so memory follows the live tokens; a finished
-row's blocks go back to a free list for the next row; the G rows of a group share their prompt's blocks
-(reference counts; the scheduler copies a shared block before a row writes into it).
+blocks of `KvShape.block_tokens` slots (`inference.kv_block_tokens`) listed in the row's block table, so memory
+follows the live tokens; a finished row's blocks go back to a free list for the next row; the G rows of a group
+share their prompt's blocks (reference counts; the scheduler copies a shared block before a row writes into it).
 
 The storage grows as blocks are taken, by GROWTH (and GROWTH_MIN_BLOCKS) at a time (the copy of a block pool into its larger
 successor is amortised), one layer after the other so that a growth holds at most one layer's old storage
