@@ -107,35 +107,44 @@ def test_on_the_gpu_the_lean_lora_forward_trains_as_peft_does_in_bf16() -> None:
     assert (lean - peft).norm() <= 0.05 * peft.norm()
 
 
-def test_on_the_gpu_the_lean_decoder_gives_transformers_logits_and_gradients_in_bf16() -> None:
-    """retrain/model/lean_decoder.py mirrors transformers' forward op for op: on CUDA in bf16 too."""
+def test_on_the_gpu_the_lean_decoder_gives_transformers_logits_and_gradients_within_bf16_rounding() -> None:
+    """retrain/model/lean_decoder.py mirrors transformers' forward op for op, each RMSNorm torch's fused rms_norm
+    (rounded once where transformers rounds twice); through plain linears its training forward computes the
+    sampler's logits to the bit."""
     model = ModelSpec(name_or_path=str(TINY_MODEL_DIR), lora_rank=8).load_lora_model(torch.device("cuda", 0), seed=0)
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.requires_grad:
                 p.add_(0.05 * torch.randn_like(p))
+            elif "norm" in name:
+                p.normal_(mean=1.0, std=0.2)
     assert LeanForward.of(model) is not None
     ids = torch.randint(0, 250, (4, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     mask = torch.ones_like(ids)
     mask[0, :6] = 0
     positions = positions_from_mask(mask.bool())
 
-    def logits_and_gradients(forward) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def logits_and_gradients(forward) -> tuple[torch.Tensor, torch.Tensor]:
         with lean_lora(plain_lora_layers(model)):
             logits = forward(model, ids, mask, positions)
         logits.float().log_softmax(-1).square().mean().backward()
-        gradients = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        gradients = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         model.zero_grad(set_to_none=True)
-        return logits.detach(), gradients
+        return logits.detach().float(), gradients
 
     def transformers_forward(model, ids, mask, positions) -> torch.Tensor:
         return model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
 
-    model.eval()  # no dropout draws between the two passes
+    model.eval()  # no dropout draws between the passes
     lean_logits, lean_gradients = logits_and_gradients(causal_lm_logits)
     reference_logits, reference_gradients = logits_and_gradients(transformers_forward)
-    assert torch.equal(lean_logits, reference_logits)
-    assert all(torch.equal(a, b) for a, b in zip(lean_gradients, reference_gradients, strict=True))
+    torch.testing.assert_close(lean_logits, reference_logits, atol=0.05 * reference_logits.abs().max(), rtol=0)
+    assert (lean_gradients - reference_gradients).norm() <= 0.05 * reference_gradients.norm()
+    trained_and_sampled = []
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad), model.disable_adapter(), lean_lora(plain_lora_layers(model)):
+            trained_and_sampled.append(causal_lm_logits(model, ids, mask, positions).detach())
+    assert torch.equal(*trained_and_sampled)
 
 
 def test_on_the_gpu_a_bf16_model_writes_fp32_logits_with_a_bf16_linear_s_gradient() -> None:

@@ -25,6 +25,7 @@ from retrain.model.memory_plan import (
     MemoryInputs,
     ModelShape,
     adapter_cast_bytes,
+    fused_norms,
     memory_report,
     plan_for,
     plan_memory,
@@ -62,16 +63,24 @@ def saved_bytes(model, ids: torch.Tensor, mask: torch.Tensor) -> int:
     return sum(storages.values())
 
 
+ON_GPU_TOO = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+]
+
+
+@pytest.mark.parametrize("device", ON_GPU_TOO)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_saved_activations_per_token_and_layer_are_what_autograd_saves(dtype: str, padded: bool) -> None:
-    """Layers 4 - 2 of the tiny Qwen3: what one decoder layer saves, against the derivation."""
+def test_saved_activations_per_token_and_layer_are_what_autograd_saves(device: str, dtype: str, padded: bool) -> None:
+    """Layers 4 - 2 of the tiny Qwen3: what one decoder layer saves, against the derivation (on a GPU the norms'
+    inputs in the model's dtype, where torch's fused rms_norm saves them so)."""
     spec = ModelSpec(name_or_path="retrain:tiny_qwen3", dtype=dtype)
-    model = spec.load_lora_model(torch.device("cpu"), seed=0)
+    model = spec.load_lora_model(torch.device(device), seed=0)
     model.train()
     rows, length = 2, 48
-    ids = torch.randint(0, 250, (rows, length), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(rows, length, dtype=torch.bool)
+    ids = torch.randint(0, 250, (rows, length), generator=torch.Generator().manual_seed(0)).to(device)
+    mask = torch.ones(rows, length, dtype=torch.bool, device=device)
     if padded:
         mask[0, :5] = False
     four_layers = saved_bytes(model, ids, mask)
@@ -83,7 +92,7 @@ def test_saved_activations_per_token_and_layer_are_what_autograd_saves(dtype: st
     cast_per_layer = adapter_cast_bytes(shape, dtype_bytes, spec.lora_rank, spec.target_modules) / shape.layers
     measured = ((four_layers - two_layers) / 2 - cast_per_layer) / (rows * length)
     derived = saved_bytes_per_token_layer(
-        shape, dtype_bytes, spec.lora_rank, spec.target_modules, length if padded else 0
+        shape, dtype_bytes, spec.lora_rank, spec.target_modules, length if padded else 0, fused_norms(device == "cuda", shape.model_type)
     )
     assert derived == pytest.approx(measured, rel=0.01)
 

@@ -17,11 +17,12 @@ every op it sees:
 - a **data-dependent shape**: an op whose output size depends on tensor values (`nonzero`, boolean-mask
   indexing, `masked_select`, ...): an implicit host sync on a GPU.
 
-For each compute op it also adds up the bytes an eager kernel moves (the memory its tensor inputs span, plus
-its output; gathers and scatters count the rows they touch, not the whole tensor they index), the bytes of
-the keys and values an attention op reads (plus what the gather that built them moved, where one did: a dense
-copy of cached keys and values costs its read and its write before attention reads it), and the FLOPs of matmuls and attention (torch's flop_counter
-formulas; attention with `is_causal` counts its causal half, as a causal kernel skips the rest). flex_attention
+torch's rms_norm counts as the fused kernel a GPU runs each way, where a CPU runs its composite under autograd
+(retrain/model/fused_norm_counting.py). For each compute op it also adds up the bytes an eager kernel moves
+(the memory its tensor inputs span, plus its output; gathers and scatters count the rows they touch, not the
+whole tensor they index), the bytes of the keys and values an attention op reads (plus what the gather that
+built them moved, where one did: a dense copy of cached keys and values costs its read and its write before
+attention reads it), and the FLOPs of matmuls and attention (torch's flop_counter formulas; attention with `is_causal` counts its causal half, as a causal kernel skips the rest). flex_attention
 (a higher-order op: one fused kernel compiled) counts as one compute op that reads the key and value blocks its
 block mask lists, per query tile, and does the FLOPs of those; counted, it runs eagerly without the compile its
 eager path wraps it in (which refuses a dispatch mode).
@@ -46,11 +47,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch._ops import HigherOrderOperator
 from torch.nn.attention import flex_attention as flex_module
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from retrain.model.fused_norm_counting import counted_rms_norm
 
 aten = torch.ops.aten
 
@@ -131,6 +135,7 @@ class OpCounter(TorchDispatchMode):
         self._gathered: dict[int, int] = {}  # storage of a gather's output -> the bytes the gather moved
         self._methods: dict[str, Callable[..., Any]] = {}
         self._eager_flex = False  # flex_attention's own setting, restored on exit
+        self._rms_norm: Callable[..., torch.Tensor] = F.rms_norm  # torch's own, restored on exit
 
     def __enter__(self) -> OpCounter:
         for name in HOST_READ_METHODS:
@@ -138,10 +143,13 @@ class OpCounter(TorchDispatchMode):
             setattr(torch.Tensor, name, self._host_read(name, original))
         self._eager_flex = flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
         flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # see the module docstring
+        self._rms_norm = F.rms_norm
+        F.rms_norm = counted_rms_norm(self, self._rms_norm)
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
+        F.rms_norm = self._rms_norm
         flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = self._eager_flex
         for name, original in self._methods.items():
             setattr(torch.Tensor, name, original)
@@ -169,6 +177,16 @@ class OpCounter(TorchDispatchMode):
         counts, self.counts = self.counts, Counts()
         self._gathered.clear()  # a gather feeds the attention of its own forward
         return counts
+
+    def fused(self, name: str, moved: int) -> None:
+        """One fused kernel a GPU runs where the CPU ran the ops of its composite (counted paused)."""
+        if self.paused:
+            return
+        counts = self.counts
+        counts.compute[name] += 1
+        counts.layer_compute += int(self.in_layers)
+        counts.bytes_moved += moved
+        counts.plain_bytes += moved
 
     @contextmanager
     def pausing(self) -> Iterator[None]:

@@ -10,20 +10,21 @@ lookup, the decoder layer and attention module calls, and the [B, T, hidden] vie
 hidden states stay [B·T, hidden] rows between attention blocks: the same products, fewer autograd nodes). A
 small model's forward is mostly that machinery (docs/benchmarks.md, change 13).
 
-Without autograd (sampling, the probe, the trainer's log-prob passes) it launches fewer kernels than
-transformers' ops (on a GPU each op of an eager decode step is a launch: benchmarks/decode_counts.py): each
-RMSNorm is torch's `rms_norm`, one op where transformers' module dispatches eight. In every mode rotate_half's
+It also launches fewer kernels than transformers' ops (on a GPU each op of an eager step is a launch:
+benchmarks/decode_counts.py). Each RMSNorm is torch's `rms_norm` in every mode: one kernel where transformers'
+module dispatches eight, and under autograd (training) one fused kernel each way on CUDA that saves its input in
+the model's dtype, where transformers' ops save an fp32 copy and move ~12× the bytes (docs/benchmarks.md, the
+training step's MFU ceiling). The trainer's norms are so also the sampler's. In every mode rotate_half's
 negation and cat are one `roll` against a sin whose first half is negated once per forward: roll(x)·signed sin
 multiplies the same numbers as rotate_half(x)·sin, the sign moved from one factor to the other, so that is
 exact in any dtype. What that keeps (tests/inference/test_lean_decoder.py; tests/test_gpu.py on CUDA):
 
-- under autograd (training): transformers' logits and gradients to the bit, in any dtype (the norms are the
-  modules' own calls; the LoRA linears compute as retrain/model/merged_lora.py routes them, in both).
-- without it, fp32 with plain linears (no adapter, a merged or disabled one): to the bit on the CPU, whose
-  rms_norm kernel computes transformers' fp32 arithmetic (a GPU's fused kernel may sum in another order:
-  within fp32's rounding there).
-- without it, bf16/fp16: within the dtype's rounding. rms_norm rounds once (normalised times weight, in fp32)
-  where transformers rounds the normalised value and then its product with the weight.
+- fp32 on the CPU: to the bit under autograd (training; the LoRA linears compute as
+  retrain/model/merged_lora.py routes them, in both) and without it through plain linears (no adapter, a merged
+  or disabled one): the CPU's rms_norm computes transformers' fp32 arithmetic. A GPU's fused kernel may sum in
+  another order: within fp32's rounding there.
+- bf16/fp16: within the dtype's rounding. rms_norm rounds once (normalised times weight, in fp32) where
+  transformers rounds the normalised value and then its product with the weight.
 
 The unmerged LoRA linears without autograd are merged_lora.py's three ops in the compute dtype, where the o and
 down projections' base matmuls also add the residual (`plus_linear`): within that dtype's rounding of
@@ -281,10 +282,7 @@ def _mlp(module: Any, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Ten
 
 
 def _rms_norm(module: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """The RMSNorm module's output: its own call under autograd (training: transformers' bits, in any dtype), else
-    torch's rms_norm, one kernel (normalised in fp32, times the weight, rounded once)."""
-    if torch.is_grad_enabled():
-        return module(hidden)
+    """The RMSNorm module's output by torch's rms_norm: normalised in fp32, times the weight, rounded once."""
     return F.rms_norm(hidden, (hidden.shape[-1],), module.weight, module.variance_epsilon)
 
 

@@ -22,9 +22,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import torch
+
 from retrain.inference.config import KV_BLOCK_TOKENS
 from retrain.inference.sampler.paged_attention import block_mask_bytes, row_bucket
 from retrain.model.config_files import model_config, params_from_config
+from retrain.model.lean_decoder import MIRRORED
 from retrain.model.logprobs import LOGITS_CHUNK_BYTES
 
 GIB = 2**30
@@ -65,6 +68,7 @@ class ModelShape:
     vocab: int
     params: float
     context: int | None
+    model_type: str = ""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -86,6 +90,7 @@ class ModelShape:
             vocab=int(text["vocab_size"]),
             params=params,
             context=int(context) if isinstance(context, int) and context > 0 else None,
+            model_type=str(text.get("model_type") or config.get("model_type") or ""),
         )
 
     def projections(self) -> dict[str, tuple[int, int]]:
@@ -117,17 +122,31 @@ class ModelShape:
         return self.layers * self.kv_heads * self.head_dim * 2 * dtype_bytes
 
 
+def fused_norms(on_gpu: bool, model_type: str) -> bool:
+    """Whether the training forward's norms are torch's rms_norm fused under autograd: the lean forward's
+    (retrain/model/lean_decoder.py: the model types it mirrors, without checkpointing) on CUDA, where torch has the
+    fused kernels (recent torch: the op `_fused_rms_norm_backward`). A CPU runs rms_norm's composite, and
+    transformers' forward its RMSNorm modules' ops: both keep an fp32 copy of the input."""
+    return on_gpu and model_type in MIRRORED and hasattr(torch.ops.aten, "_fused_rms_norm_backward")
+
+
 def saved_bytes_per_token_layer(
-    shape: ModelShape, dtype_bytes: int, rank: int, targets: Sequence[str], sequence_tokens: int = 0
+    shape: ModelShape,
+    dtype_bytes: int,
+    rank: int,
+    targets: Sequence[str],
+    sequence_tokens: int = 0,
+    fused: bool = False,
 ) -> int:
     """Bytes autograd saves per token in one LoRA-adapted decoder layer for backward (base weights frozen).
 
     A frozen base linear saves nothing of its input (its weight gives the input's gradient). A LoRA linear saves
     its input (the linears reading one input share it; o_proj's is the output attention saves) and A's rank-r
     output, in the model's dtype: a bf16/fp16 model's fp32 adapters are cast to it for the branch
-    (retrain/model/merged_lora.py), so nothing per token is saved in fp32 there. RMSNorm saves its input in fp32
-    and one rstd per row (the two layer norms, q_norm and k_norm per head). Attention saves q and k after RoPE, v,
-    its output and one log-sum-exp per head, plus the padding mask sdpa makes of a padded batch
+    (retrain/model/merged_lora.py), so nothing per token is saved in fp32 there. RMSNorm saves its input and one
+    fp32 rstd per row (the two layer norms, q_norm and k_norm per head): the input in the model's dtype where the
+    norms run `fused` (`fused_norms`), else an fp32 copy. Attention saves q and k after RoPE, v, its output and
+    one log-sum-exp per head, plus the padding mask sdpa makes of a padded batch
     (`sequence_tokens` keys per token, in the model's dtype, per layer). The gated MLP saves gate's output (SiLU's
     input), SiLU's and up's outputs and down's input. Matches autograd's saved tensors exactly on Qwen3
     (tests/test_memory_plan.py).
@@ -141,7 +160,8 @@ def saved_bytes_per_token_layer(
         """The input the adapters of `names`, reading one `width`-wide input, save (once, shared)."""
         return width * b * min(len(adapted & set(names)), 1)
 
-    norms = 2 * (h * FP32 + FP32) + (q + kv) * FP32 + (shape.heads + shape.kv_heads) * FP32
+    norm_input = b if fused else FP32
+    norms = 2 * (h * norm_input + FP32) + (q + kv) * norm_input + (shape.heads + shape.kv_heads) * FP32
     attention = (q + 2 * kv) * b + q * b + shape.heads * FP32 + sequence_tokens * b
     mlp = 3 * i * b
     adapters = (
@@ -423,7 +443,10 @@ def plan_memory(
     # prefill); with it, every row runs prompt + completion (retrain.model.logprobs.completion_logprobs)
     shared = min(rows_per_micro, inputs.batch_size) * inputs.prompt_tokens + rows_per_micro * inputs.max_tokens
     whole = rows_per_micro * row
-    per_layer = saved_bytes_per_token_layer(shape, b, inputs.lora_rank, inputs.targets, row)
+    fused = fused_norms(on_gpu, shape.model_type)
+    per_layer = saved_bytes_per_token_layer(shape, b, inputs.lora_rank, inputs.targets, row, fused)
+    # checkpointed layers recompute through transformers' forward (its RMSNorm modules): never fused
+    recomputed = saved_bytes_per_token_layer(shape, b, inputs.lora_rank, inputs.targets, row)
     # only completion tokens reach the LM head (retrain.model.logprobs), in chunks of LOGITS_CHUNK_BYTES fp32 logits
     chunk_tokens = max(1, min(rows_per_micro * inputs.max_tokens, LOGITS_CHUNK_BYTES // (shape.vocab * FP32)))
     logits = Part(
@@ -443,8 +466,8 @@ def plan_memory(
     checkpointed = Part(
         "activations (checkpointed)",
         "training",
-        whole * shape.layers * shape.hidden * b + whole * per_layer + casts // shape.layers,
-        f"{whole} tokens × {shape.layers} layer inputs × {shape.hidden * b} B, + {per_layer} B/token of the layer recomputed",
+        whole * shape.layers * shape.hidden * b + whole * recomputed + casts // shape.layers,
+        f"{whole} tokens × {shape.layers} layer inputs × {shape.hidden * b} B, + {recomputed} B/token of the layer recomputed",
     )
     training_memory = device_bytes[-1]
     if inputs.checkpointing == "auto":

@@ -92,6 +92,32 @@ def test_bytes_moved_are_inputs_and_output_but_gathers_and_scatters_count_their_
     assert scatter.bytes_moved == 2 * 8 * 4 + 2 * (2 * 8 * 4 + 2 * 8)  # the ones; index and rows read, rows written
 
 
+@pytest.mark.parametrize("wants_weight", [False, True])
+def test_rms_norm_counts_as_the_fused_kernel_each_way_a_gpu_runs_and_computes_torchs_own(wants_weight: bool) -> None:
+    """A CPU runs rms_norm's composite under autograd (~25 ops); CUDA one kernel each way: the input, the weight,
+    the output and one fp32 rstd per row forward; the gradient, the input, the weight and the rstd read and the
+    gradients written backward."""
+    rows, width = 6, 8
+    hidden = torch.randn(rows, width, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(width, dtype=torch.bfloat16, requires_grad=wants_weight)
+    grad = torch.randn(rows, width, dtype=torch.bfloat16)
+    leaves = (hidden, weight) if wants_weight else (hidden,)
+    torchs_own = torch.nn.functional.rms_norm
+    expected = torch.nn.functional.rms_norm(hidden, (width,), weight, 1e-6)
+    expected_grads = torch.autograd.grad(expected, leaves, grad)
+    with count_ops() as counts:
+        output = torch.nn.functional.rms_norm(hidden, (width,), weight, 1e-6)
+        grads = torch.autograd.grad(output, leaves, grad)
+    assert counts.compute == {"rms_norm": 1, "rms_norm_backward": 1}
+    assert torch.equal(output, expected)
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected_grads, strict=True))
+    tensor, vector, rstd = rows * width * 2, width * 2, rows * 4
+    forward = 2 * tensor + vector + rstd
+    backward = 3 * tensor + vector + rstd + (vector if wants_weight else 0)
+    assert counts.bytes_moved == counts.plain_bytes == forward + backward
+    assert torch.nn.functional.rms_norm is torchs_own  # put back after counting
+
+
 def test_matmul_and_attention_flops_follow_their_shapes_and_causal_attention_counts_half() -> None:
     with torch.inference_mode(), count_ops() as linear:
         torch.nn.functional.linear(torch.ones(5, 3), torch.ones(4, 3))
