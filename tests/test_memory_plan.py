@@ -91,9 +91,9 @@ def test_saved_activations_per_token_and_layer_are_what_autograd_saves(device: s
     dtype_bytes = 4 if dtype == "fp32" else 2
     cast_per_layer = adapter_cast_bytes(shape, dtype_bytes, spec.lora_rank, spec.target_modules) / shape.layers
     measured = ((four_layers - two_layers) / 2 - cast_per_layer) / (rows * length)
-    derived = saved_bytes_per_token_layer(
-        shape, dtype_bytes, spec.lora_rank, spec.target_modules, length if padded else 0, fused_norms(device == "cuda", shape.model_type)
-    )
+    fused = fused_norms(device == "cuda", shape.model_type)
+    sequence = length if padded else 0
+    derived = saved_bytes_per_token_layer(shape, dtype_bytes, spec.lora_rank, spec.target_modules, sequence, fused)
     assert derived == pytest.approx(measured, rel=0.01)
 
 

@@ -23,6 +23,7 @@ from transformers.masking_utils import sdpa_mask as transformers_sdpa_mask
 from retrain.backend.local import enable_activation_checkpointing
 from retrain.model.attention import use_fast_sdpa
 from retrain.model.cache_argument import with_cache
+from retrain.model.counting import count_ops
 from retrain.model.lean_decoder import LeanForward, causal_lm_logits, sdpa_mask
 from retrain.model.merged_lora import lean_lora, plain_lora_layers
 from retrain.model.rows import positions_from_mask
@@ -140,6 +141,19 @@ def test_in_bf16_the_training_forward_is_the_samplers_to_the_bit(model_type):
         with torch.set_grad_enabled(grad), model.disable_adapter(), lean_lora(plain_lora_layers(model)):
             logits.append(causal_lm_logits(model, ids, mask, positions).detach())
     assert torch.equal(*logits)
+
+
+def test_under_autograd_each_norm_is_one_fused_kernel_each_way_as_on_cuda():
+    """The training forward's norms are torch's rms_norm, which CUDA runs as one kernel forward and one backward
+    (counted as such: retrain/model/fused_norm_counting.py), not transformers' eight ops and their backward."""
+    model = lora_model(CONFIGS["qwen3"]()).train()
+    ids, mask = left_padded_batch()
+    with count_ops() as counts, lean_lora(plain_lora_layers(model)):
+        logits = causal_lm_logits(model, ids, mask, positions_from_mask(mask.bool()))
+        logits.sum().backward()
+    norms = 4 * SIZES["num_hidden_layers"] + 1  # input, post-attention, q and k norms per layer; the final norm
+    assert counts.compute["rms_norm"] == counts.compute["rms_norm_backward"] + 1 == norms  # the first input's: no grad
+    assert "rsqrt" not in counts.compute and "pow" not in counts.compute
 
 
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
