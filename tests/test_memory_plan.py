@@ -65,7 +65,7 @@ def saved_bytes(model, ids: torch.Tensor, mask: torch.Tensor) -> int:
 
 ON_GPU_TOO = [
     "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+    pytest.param("cuda", id="gpu", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
 ]
 
 
