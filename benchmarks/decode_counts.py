@@ -186,6 +186,7 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
         "train_compute_ops": training_counts.compute_ops,
         "train_syncs": training_counts.syncs,
         "train_plain_bytes": training_counts.plain_bytes,
+        "train_plain_bytes_top": dict(training_counts.plain_bytes_by_op.most_common(8)),
         "train_mfu_ceiling_h200": training_mfu_ceiling(training_counts, needed),
         # one forward of the same rows without autograd, each layout (flex_attention has no CPU backward)
         **{
@@ -387,6 +388,9 @@ def print_results(results: dict[str, Any]) -> None:
     if "replayed_top_ops" in results:
         top = ", ".join(f"{name} {count:.1f}" for name, count in results["replayed_top_ops"].items())
         print(f"most frequent launches per replayed step: {top}")
+    plain = results["train_plain_bytes"]
+    top = ", ".join(f"{name} {moved / plain:.0%}" for name, moved in results["train_plain_bytes_top"].items())
+    print(f"training: the bytes of the ops without FLOPs, by op: {top}")
 
 
 def _ratio(results: dict[str, Any], key: str) -> str:

@@ -109,8 +109,8 @@ def test_on_the_gpu_the_lean_lora_forward_trains_as_peft_does_in_bf16() -> None:
 
 def test_on_the_gpu_the_lean_decoder_gives_transformers_logits_and_gradients_within_bf16_rounding() -> None:
     """retrain/model/lean_decoder.py mirrors transformers' forward op for op, each RMSNorm torch's fused rms_norm
-    (rounded once where transformers rounds twice); through plain linears its training forward computes the
-    sampler's logits to the bit."""
+    (rounded once where transformers rounds twice); its training forward computes the sampler's logits to the bit,
+    through plain linears and through the unmerged adapter (fp32 master weights, the branch in bf16)."""
     model = ModelSpec(name_or_path=str(TINY_MODEL_DIR), lora_rank=8).load_lora_model(torch.device("cuda", 0), seed=0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -140,11 +140,12 @@ def test_on_the_gpu_the_lean_decoder_gives_transformers_logits_and_gradients_wit
     reference_logits, reference_gradients = logits_and_gradients(transformers_forward)
     torch.testing.assert_close(lean_logits, reference_logits, atol=0.05 * reference_logits.abs().max(), rtol=0)
     assert (lean_gradients - reference_gradients).norm() <= 0.05 * reference_gradients.norm()
-    trained_and_sampled = []
-    for grad in (True, False):
-        with torch.set_grad_enabled(grad), model.disable_adapter(), lean_lora(plain_lora_layers(model)):
-            trained_and_sampled.append(causal_lm_logits(model, ids, mask, positions).detach())
-    assert torch.equal(*trained_and_sampled)
+    for adapter in (model.disable_adapter, contextlib.nullcontext):
+        trained_and_sampled = []
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad), adapter(), lean_lora(plain_lora_layers(model)):
+                trained_and_sampled.append(causal_lm_logits(model, ids, mask, positions).detach())
+        assert torch.equal(*trained_and_sampled), adapter
 
 
 def test_on_the_gpu_a_bf16_model_writes_fp32_logits_with_a_bf16_linear_s_gradient() -> None:

@@ -93,6 +93,7 @@ class Counts:
     data_dependent: int = 0  # ops whose output shape depends on values
     bytes_moved: int = 0  # by the compute ops, each reading its inputs and writing its output
     plain_bytes: int = 0  # of those, by the ops without FLOPs counted: elementwise, reductions, copies, gathers
+    plain_bytes_by_op: Counter[str] = field(default_factory=Counter)  # plain_bytes by op name
     attention_kv_bytes: int = 0  # keys and values the attention ops read, and what the gathers that built them moved
     flops: float = 0.0  # of matmuls and attention
     attention_flops: float = 0.0  # of attention alone
@@ -115,6 +116,7 @@ class Counts:
         self.data_dependent += other.data_dependent
         self.bytes_moved += other.bytes_moved
         self.plain_bytes += other.plain_bytes
+        self.plain_bytes_by_op.update(other.plain_bytes_by_op)
         self.attention_kv_bytes += other.attention_kv_bytes
         self.flops += other.flops
         self.attention_flops += other.attention_flops
@@ -187,6 +189,7 @@ class OpCounter(TorchDispatchMode):
         counts.layer_compute += int(self.in_layers)
         counts.bytes_moved += moved
         counts.plain_bytes += moved
+        counts.plain_bytes_by_op[name] += moved
 
     @contextmanager
     def pausing(self) -> Iterator[None]:
@@ -213,7 +216,8 @@ class OpCounter(TorchDispatchMode):
         if _is_view(func, args, out):
             counts.views += 1
             return
-        counts.compute[str(packet).removeprefix("aten.")] += 1
+        name = str(packet).removeprefix("aten.")
+        counts.compute[name] += 1
         counts.layer_compute += int(self.in_layers)
         moved = _bytes_moved(packet, args, out)
         counts.bytes_moved += moved
@@ -225,7 +229,9 @@ class OpCounter(TorchDispatchMode):
                 counts.attention_kv_bytes += _span_bytes(keys) + built
         flops = _flops(func, packet, args, kwargs, out)
         counts.flops += flops
-        counts.plain_bytes += moved if flops == 0 else 0
+        if flops == 0:
+            counts.plain_bytes += moved
+            counts.plain_bytes_by_op[name] += moved
         if packet in ATTENTION_FORWARD or packet in ATTENTION_BACKWARD:
             counts.attention_flops += flops
 

@@ -20,8 +20,8 @@ adapters stay fp32 (the master weights, as PEFT keeps them and AdamW updates the
 the compute dtype, A and s·B cast inside the autograd graph, as torch.autocast would: PEFT instead casts each
 adapted linear's input to fp32 and adds the fp32 branch to the base output, an fp32 copy of the input (kept for
 backward) and an fp32 [tokens, out] sum per linear, about as many bytes moved as the base matmuls themselves.
-The losses and gradients are PEFT's within the compute dtype's rounding, and the branch's arithmetic is the
-sampler's (below), op for op.
+The losses and gradients are PEFT's within the compute dtype's rounding, and the layer's arithmetic is the
+sampler's (below), op for op, the residual after the o and down projections added by the base matmul as there.
 
 Without autograd and dropout (sampling where a layer is not merged, the probe, the trainer's log-prob
 passes) a layer is three ops, not PEFT's seven: base(x), x·A, and one addmm adding (x·A)·(s·B), with A and
@@ -98,44 +98,49 @@ def _routed(layers: list[Any], forward: Callable[[Any], Callable[..., torch.Tens
             del layer.forward
 
 
-def _lean_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+def _lean_forward(
+    layer: Any, x: torch.Tensor, *args: Any, addend: torch.Tensor | None = None, **kwargs: Any
+) -> torch.Tensor:
     """PEFT's LoRA forward for one unmerged adapter, op for op, where x and the adapter share a dtype (fp32):
     base(x) + B(A(dropout(x)))·s. Without autograd and dropout, `_inference_forward`'s three ops; under autograd
-    with an fp32 adapter on a bf16/fp16 model, `_compute_dtype_forward`."""
+    with an fp32 adapter on a bf16/fp16 model, `_compute_dtype_forward`. `addend` (`plus_linear`) is added to the
+    output: by the base matmul in those two, after PEFT's sum in the first (transformers' order: its bits)."""
     if args or kwargs:
         return LoraLinear.forward(layer, x, *args, **kwargs)
     if not torch.is_grad_enabled() and _no_dropout(layer):
-        return _inference_forward(layer, x)
+        return _inference_forward(layer, x, addend)
     lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     if x.dtype != lora_a.dtype:
-        return _compute_dtype_forward(layer, x)
+        return _compute_dtype_forward(layer, x, addend)
     base = F.linear(x, layer.base_layer.weight, layer.base_layer.bias)
     lora = F.linear(F.linear(layer.lora_dropout["default"](x), lora_a), lora_b)
-    return base + lora * layer.scaling["default"]
+    out = base + lora * layer.scaling["default"]
+    return out if addend is None else addend + out
 
 
-def _compute_dtype_forward(layer: Any, x: torch.Tensor) -> torch.Tensor:
+def _compute_dtype_forward(layer: Any, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
     """base(x) + (dropout(x)·A)·(s·B) with A and s·B cast to x's dtype inside the autograd graph (fp32 master
     weights, their gradients summed back in fp32 through the casts; what torch.autocast does with a matmul): no
     fp32 copy of x and no fp32 [tokens, out] sum per layer, which PEFT makes (its casts moved about as many bytes
-    as the base matmuls), and the sampler's arithmetic (`_inference_forward`), the add fused into the second
-    matmul."""
+    as the base matmuls), and the sampler's arithmetic (`_inference_forward`) op for op, the adds fused into the
+    matmuls (an addmm passes its output's gradient to its addend as is: no op in backward either)."""
     lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     rows = x.reshape(-1, x.shape[-1])
-    base = F.linear(rows, layer.base_layer.weight, layer.base_layer.bias)
+    base = _base_matmul(layer, rows, addend)
     down = F.linear(layer.lora_dropout["default"](rows), lora_a.to(x.dtype))
     out = torch.addmm(base, down, (lora_b * layer.scaling["default"]).to(x.dtype).t())
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def plus_linear(layer: Any, x: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
-    """addend + layer(x) (a residual connection): where `layer` computes through `_inference_forward` now (a lean
-    LoRA linear without autograd or bias), the addend goes into the base matmul, one op fewer."""
+    """addend + layer(x) (a residual connection): where `layer` is a lean LoRA linear without bias, the addend goes
+    into its base matmul wherever `_lean_forward` computes in the compute dtype (sampling, and training a bf16/fp16
+    model), one op fewer."""
     forward = vars(layer).get("forward")
     lean = isinstance(forward, partial) and forward.func is _lean_forward
-    if not lean or torch.is_grad_enabled() or not _no_dropout(layer) or layer.base_layer.bias is not None:
+    if not lean or layer.base_layer.bias is not None:
         return addend + layer(x)
-    return _inference_forward(layer, x, addend)
+    return _lean_forward(layer, x, addend=addend)
 
 
 def _inference_forward(layer: Any, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
@@ -144,13 +149,16 @@ def _inference_forward(layer: Any, x: torch.Tensor, addend: torch.Tensor | None 
     An `addend` of the output's shape (`plus_linear`; the base layer has no bias) is added by the base matmul."""
     lora_a, scaled_b = _inference_adapter(layer)
     rows = x.reshape(-1, x.shape[-1])
+    out = torch.addmm(_base_matmul(layer, rows, addend), F.linear(rows, lora_a), scaled_b.t())
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _base_matmul(layer: Any, rows: torch.Tensor, addend: torch.Tensor | None) -> torch.Tensor:
+    """The base layer's output for [tokens, in] rows, plus `addend` (then the layer has no bias) in the same op."""
     weight = layer.base_layer.weight
     if addend is None:
-        base = F.linear(rows, weight, layer.base_layer.bias)
-    else:
-        base = torch.addmm(addend.reshape(rows.shape[0], -1), rows, weight.t())
-    out = torch.addmm(base, F.linear(rows, lora_a), scaled_b.t())
-    return out.view(*x.shape[:-1], out.shape[-1])
+        return F.linear(rows, weight, layer.base_layer.bias)
+    return torch.addmm(addend.reshape(rows.shape[0], -1), rows, weight.t())
 
 
 def _inference_adapter(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,6 +5,7 @@ compute the same norms."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 
 import pytest
@@ -130,17 +131,57 @@ def test_in_bf16_the_logits_are_transformers_within_bf16_rounding(model_type, gr
 
 
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
-def test_in_bf16_the_training_forward_is_the_samplers_to_the_bit(model_type):
-    """Under autograd and without it the norms are the same rms_norm: through plain linears (the adapter
-    disabled) the trainer's logits are the sampler's, bit for bit."""
+@pytest.mark.parametrize("adapter", ["disabled", "unmerged"])
+def test_in_bf16_the_training_forward_is_the_samplers_to_the_bit(model_type, adapter):
+    """Under autograd and without it the norms are the same rms_norm, and a bf16 model's LoRA linears with fp32
+    master weights compute the same ops in bf16 (A and s·B cast, the residual added by the base matmul:
+    retrain/model/merged_lora.py): the trainer's logits are the sampler's, bit for bit."""
     model = lora_model(CONFIGS[model_type]()).to(torch.bfloat16).eval()
+    for name, parameter in model.named_parameters():
+        if ".lora_" in name:  # the master weights stay fp32, as the trainer keeps them
+            parameter.data = parameter.data.float()
     ids, mask = left_padded_batch()
     positions = positions_from_mask(mask.bool())
+    disabled = model.disable_adapter if adapter == "disabled" else contextlib.nullcontext
     logits = []
     for grad in (False, True):
-        with torch.set_grad_enabled(grad), model.disable_adapter(), lean_lora(plain_lora_layers(model)):
+        with torch.set_grad_enabled(grad), disabled(), lean_lora(plain_lora_layers(model)):
             logits.append(causal_lm_logits(model, ids, mask, positions).detach())
     assert torch.equal(*logits)
+
+
+def test_in_bf16_training_adds_each_residual_in_its_base_matmul():
+    """A bf16 model's o and down projections add the residual in their base matmul under autograd as in sampling:
+    two adds fewer per layer forward and none more in backward, and the LoRA gradients are those of the
+    separate add within bf16's rounding."""
+    model = lora_model(CONFIGS["qwen3"]()).to(torch.bfloat16).train()
+    for name, parameter in model.named_parameters():
+        if ".lora_" in name:
+            parameter.data = parameter.data.float()
+    ids, mask = left_padded_batch()
+    positions = positions_from_mask(mask.bool())
+    layers = plain_lora_layers(model)
+    counted, gradients = [], []
+    for fused in (True, False):
+        model.zero_grad()
+        with count_ops() as counts, lean_lora(layers):
+            if not fused:  # the residual added apart: the layers' forward after the add's own op
+                for layer in layers:
+                    layer.forward = functools.partial(unfused_plus_linear_forward, layer.forward)
+            causal_lm_logits(model, ids, mask, positions).float().square().mean().backward()
+        counted.append(counts.compute)
+        gradients.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    fused_ops, unfused_ops = counted
+    assert unfused_ops["add"] - fused_ops["add"] == 2 * SIZES["num_hidden_layers"]
+    assert fused_ops["addmm"] - unfused_ops["addmm"] == 2 * SIZES["num_hidden_layers"]
+    assert (fused_ops - unfused_ops).keys() == {"addmm"}
+    torch.testing.assert_close(gradients[0], gradients[1], rtol=0, atol=0.02 * gradients[1].abs().max().item())
+
+
+def unfused_plus_linear_forward(forward, x, *args, **kwargs):
+    """The lean layer's forward behind another function, so that plus_linear adds the residual in an op of its
+    own (what it did under autograd before the residual went into the base matmul)."""
+    return forward(x, *args, **kwargs)
 
 
 def test_under_autograd_each_norm_is_one_fused_kernel_each_way_as_on_cuda():
