@@ -92,8 +92,8 @@ class Counts:
     host_built: int = 0  # tensors built from Python data (torch.tensor(list), ...)
     data_dependent: int = 0  # ops whose output shape depends on values
     bytes_moved: int = 0  # by the compute ops, each reading its inputs and writing its output
-    plain_bytes: int = 0  # of those, by the ops without FLOPs counted: elementwise, reductions, copies, gathers
-    plain_bytes_by_op: Counter[str] = field(default_factory=Counter)  # plain_bytes by op name
+    # of those, by the ops without FLOPs counted (elementwise, reductions, copies, gathers), by op name
+    plain_bytes_by_op: Counter[str] = field(default_factory=Counter)
     attention_kv_bytes: int = 0  # keys and values the attention ops read, and what the gathers that built them moved
     flops: float = 0.0  # of matmuls and attention
     attention_flops: float = 0.0  # of attention alone
@@ -102,6 +102,10 @@ class Counts:
     @property
     def compute_ops(self) -> int:
         return sum(self.compute.values())
+
+    @property
+    def plain_bytes(self) -> int:
+        return sum(self.plain_bytes_by_op.values())
 
     @property
     def syncs(self) -> int:
@@ -115,7 +119,6 @@ class Counts:
         self.host_built += other.host_built
         self.data_dependent += other.data_dependent
         self.bytes_moved += other.bytes_moved
-        self.plain_bytes += other.plain_bytes
         self.plain_bytes_by_op.update(other.plain_bytes_by_op)
         self.attention_kv_bytes += other.attention_kv_bytes
         self.flops += other.flops
@@ -188,7 +191,6 @@ class OpCounter(TorchDispatchMode):
         counts.compute[name] += 1
         counts.layer_compute += int(self.in_layers)
         counts.bytes_moved += moved
-        counts.plain_bytes += moved
         counts.plain_bytes_by_op[name] += moved
 
     @contextmanager
@@ -230,7 +232,6 @@ class OpCounter(TorchDispatchMode):
         flops = _flops(func, packet, args, kwargs, out)
         counts.flops += flops
         if flops == 0:
-            counts.plain_bytes += moved
             counts.plain_bytes_by_op[name] += moved
         if packet in ATTENTION_FORWARD or packet in ATTENTION_BACKWARD:
             counts.attention_flops += flops

@@ -136,10 +136,7 @@ def test_in_bf16_the_training_forward_is_the_samplers_to_the_bit(model_type, ada
     """Under autograd and without it the norms are the same rms_norm, and a bf16 model's LoRA linears with fp32
     master weights compute the same ops in bf16 (A and s·B cast, the residual added by the base matmul:
     retrain/model/merged_lora.py): the trainer's logits are the sampler's, bit for bit."""
-    model = lora_model(CONFIGS[model_type]()).to(torch.bfloat16).eval()
-    for name, parameter in model.named_parameters():
-        if ".lora_" in name:  # the master weights stay fp32, as the trainer keeps them
-            parameter.data = parameter.data.float()
+    model = bf16_with_fp32_adapters(lora_model(CONFIGS[model_type]())).eval()
     ids, mask = left_padded_batch()
     positions = positions_from_mask(mask.bool())
     disabled = model.disable_adapter if adapter == "disabled" else contextlib.nullcontext
@@ -154,10 +151,7 @@ def test_in_bf16_training_adds_each_residual_in_its_base_matmul():
     """A bf16 model's o and down projections add the residual in their base matmul under autograd as in sampling:
     two adds fewer per layer forward and none more in backward, and the LoRA gradients are those of the
     separate add within bf16's rounding."""
-    model = lora_model(CONFIGS["qwen3"]()).to(torch.bfloat16).train()
-    for name, parameter in model.named_parameters():
-        if ".lora_" in name:
-            parameter.data = parameter.data.float()
+    model = bf16_with_fp32_adapters(lora_model(CONFIGS["qwen3"]())).train()
     ids, mask = left_padded_batch()
     positions = positions_from_mask(mask.bool())
     layers = plain_lora_layers(model)
@@ -176,6 +170,15 @@ def test_in_bf16_training_adds_each_residual_in_its_base_matmul():
     assert fused_ops["addmm"] - unfused_ops["addmm"] == 2 * SIZES["num_hidden_layers"]
     assert (fused_ops - unfused_ops).keys() == {"addmm"}
     torch.testing.assert_close(gradients[0], gradients[1], rtol=0, atol=0.02 * gradients[1].abs().max().item())
+
+
+def bf16_with_fp32_adapters(model: torch.nn.Module) -> torch.nn.Module:
+    """The model in bf16, its LoRA master weights kept in fp32 as the trainer keeps them."""
+    model.to(torch.bfloat16)
+    for name, parameter in model.named_parameters():
+        if ".lora_" in name:
+            parameter.data = parameter.data.float()
+    return model
 
 
 def unfused_plus_linear_forward(forward, x, *args, **kwargs):
