@@ -44,6 +44,7 @@ from retrain.inference.endpoint import SERVED_MODEL, EngineEndpoint
 from retrain.plugins import built_in
 from retrain.settings_object import takes_settings
 from retrain.types import Example, SamplingParams
+from retrain.waiting import SIGNAL_POLL_S
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +176,8 @@ class AgentEnvironment(ExampleData):
                 running[self._start(task, url)] = (started, time.monotonic() + self.timeout_s)
                 started += 1
             deadline = min(deadline for _, deadline in running.values())
-            finished, _ = wait(
-                list(running), timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED
-            )
+            timeout = min(SIGNAL_POLL_S, max(0.0, deadline - time.monotonic()))  # a stop's handler runs meanwhile
+            finished, _ = wait(list(running), timeout, FIRST_COMPLETED)
             now = time.monotonic()
             for future in list(running):
                 index, deadline = running[future]

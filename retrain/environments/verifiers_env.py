@@ -36,6 +36,7 @@ from retrain.inference.endpoint import SERVED_MODEL, EngineEndpoint
 from retrain.plugins import built_in
 from retrain.settings_object import takes_settings
 from retrain.types import Example, SamplingParams
+from retrain.waiting import result_of
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class VerifiersEnvironment(ExampleData):
             raise RuntimeError("VerifiersEnvironment.sample before connect(): the run wires the endpoint first")
         future = asyncio.run_coroutine_threadsafe(self._episodes(examples, group_size, sampling, seed), _episode_loop())
         try:
-            episodes = future.result()
+            episodes = result_of(future)
         except BaseException:  # a stop (KeyboardInterrupt) while waiting: the episodes end with the caller
             future.cancel()
             raise

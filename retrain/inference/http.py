@@ -35,6 +35,7 @@ from retrain.errors import UserError
 from retrain.housekeeping.digits import whole_number
 from retrain.inference.base import SamplingInterrupted
 from retrain.inference.config import HttpEngineConfig, check_request_limits
+from retrain.waiting import result_of
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ class HttpClient:
             if self._interrupts != interrupts:  # a stop request came after the requests went out, before the add
                 future.cancel()
         try:
-            return future.result()
+            return result_of(future)
         except concurrent.futures.CancelledError:
             raise SamplingInterrupted(f"requests to {self.base_url} cancelled by a stop request") from None
         finally:

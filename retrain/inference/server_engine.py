@@ -11,7 +11,7 @@ each step's adapter is loaded on all of them (retrain.inference.served_adapters)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -25,6 +25,7 @@ from retrain.inference.requests import TokenRequest, completions_of
 from retrain.inference.served_adapters import ServedAdapters
 from retrain.model.resources import EngineResources
 from retrain.types import Rollouts
+from retrain.waiting import wait_responsively
 
 _placed_on: ContextVar[int | None] = ContextVar("retrain_server_placement", default=None)  # generate_request's
 
@@ -130,7 +131,7 @@ class ServerEngine:
         else:
             with ThreadPoolExecutor(len(used), thread_name_prefix="retrain-servers") as pool:
                 futures = {id(s): pool.submit(s.client.post_all, path, bodies[id(s)]) for s in used}
-                done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
+                done, _ = wait_responsively(futures.values(), FIRST_EXCEPTION)
                 if any(future.exception() is not None for future in done):
                     for server in used:
                         server.client.interrupt()

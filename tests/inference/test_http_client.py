@@ -20,6 +20,7 @@ from retrain.inference.config import check_url
 from retrain.inference.endpoint import EndpointServer
 from retrain.inference.http import HttpClient, HttpError
 from tests.inference.loopback import ok, serve
+from tests.test_waiting import handled, signalled_from_another_thread
 
 
 def client(url: str, **options) -> HttpClient:
@@ -288,6 +289,26 @@ def test_an_interrupt_that_lands_as_the_requests_go_out_cancels_them(monkeypatch
             http.post_all("/v1/x", [{"n": 1}])
         assert time.perf_counter() - started < 3
         monkeypatch.undo()
+        release.set()
+        http.close()
+
+
+def test_a_stop_signal_taken_by_another_thread_cancels_the_stuck_requests():
+    """The window CI hit under load: the kernel delivered the Ctrl-C to another thread, so the main thread, blocked
+    on the stuck requests, ran the stop's handler only once the server let go (the handler calls interrupt)."""
+    release = threading.Event()
+
+    def stuck(body):
+        release.wait(10)
+        return ok({})
+
+    with serve({"POST /v1/x": stuck}) as server:
+        http = client(server.url, timeout_s=30.0)
+        with handled(http.interrupt), pytest.raises(SamplingInterrupted):
+            started = time.perf_counter()
+            signalled_from_another_thread()
+            http.post_all("/v1/x", [{"n": n} for n in range(2)])
+        assert time.perf_counter() - started < 3
         release.set()
         http.close()
 

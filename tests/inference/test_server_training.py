@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -154,7 +153,10 @@ def test_a_first_ctrl_c_during_a_stuck_request_checkpoints_stops_and_resumes_exa
         return route
 
     run_dir = tmp_path / "interrupted"
-    ctrl_c = threading.Thread(target=lambda: arrived.wait(60) and os.kill(os.getpid(), signal.SIGINT), daemon=True)
+    # delivered to a thread other than the main one, as the kernel may deliver a process's Ctrl-C (seen in CI)
+    ctrl_c = threading.Thread(
+        target=lambda: arrived.wait(60) and signal.pthread_kill(threading.get_ident(), signal.SIGINT), daemon=True
+    )
     with sglang_server(served_model, stuck_at_step) as url, caplog.at_level(logging.WARNING):
         ctrl_c.start()
         with ExitStack() as parts, pytest.raises(SystemExit) as exit:
@@ -258,7 +260,10 @@ def test_a_stop_while_a_server_stalls_on_a_batch_ahead_ends_in_bounded_time(
         return route
 
     run_dir = tmp_path / "stopped"
-    ctrl_c = threading.Thread(target=lambda: arrived.wait(60) and os.kill(os.getpid(), signal.SIGINT), daemon=True)
+    # delivered to a thread other than the main one, as the kernel may deliver a process's Ctrl-C (seen in CI)
+    ctrl_c = threading.Thread(
+        target=lambda: arrived.wait(60) and signal.pthread_kill(threading.get_ident(), signal.SIGINT), daemon=True
+    )
     with sglang_server(served_model, stuck_at_batch_2) as url, caplog.at_level(logging.WARNING):
         ctrl_c.start()
         with ExitStack() as parts, pytest.raises(SystemExit):

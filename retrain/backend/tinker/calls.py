@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from retrain.backend.tinker.limiter import FileSemaphore
 from retrain.errors import ConfigError, UserError
+from retrain.waiting import result_of
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class RemoteCalls:
     def map(self, what: str, calls: list[Callable[[], T]]) -> list[T]:
         """Run independent calls concurrently (as many at once as the limit allows); results in order."""
         futures = [self._pool.submit(self.run, what, call) for call in calls]
-        return [future.result() for future in futures]
+        return [result_of(future) for future in futures]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
