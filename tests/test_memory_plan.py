@@ -13,12 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from transformers import AutoConfig
 
 from retrain.assets import MODEL_CONFIGS_DIR, TINY_MODEL_DIR
 from retrain.config import compose
 from retrain.distributed.rendezvous import planned_local_ranks
 from retrain.distributed.world import World, rank_devices
 from retrain.errors import ConfigError
+from retrain.inference.sampler.kv_budget import GIB, KvBudget, blocks_holding, budget_blocks
+from retrain.inference.sampler.kv_pool import KvShape
 from retrain.model.lean_decoder import causal_lm_logits
 from retrain.model.memory_plan import (
     GPU_SIZES_GB,
@@ -408,6 +411,29 @@ def test_a_kv_budget_the_estimated_row_overflows_is_left_to_the_sampler() -> Non
     memory = checked_memory_plan(cfg)  # the run's start: no ConfigError
     assert memory is not None and memory.rows_at_once == 0 and memory.fits
     assert "the KV budget holds no row of 128 tokens (estimate prompt + max_tokens)" in memory.table()
+
+
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu: the pool's sink block too"])
+def test_the_plan_holds_a_row_exactly_when_the_sampler_accepts_its_budget(on_gpu: bool) -> None:
+    """Whole blocks on both sides: a budget one block short of a row, its copy block (and on a GPU the sink of the
+    recorded steps) holds no row in the plan and is refused by the sampler; one block more holds one in both."""
+    plan = plan_for(default_config(), [80 * GB], on_gpu=on_gpu)
+    assert plan is not None
+    shape = KvShape.of(AutoConfig.for_model(**QWEN3_4B), {"fp32": torch.float32, "bf16": torch.bfloat16}[plan.dtype])
+    row = plan.inputs.row_tokens
+    need = blocks_holding(1, shape.blocks_for(row), sink=on_gpu)
+    for blocks, rows in [(need - 1, 0), (need, 1)]:
+        budget = KvBudget(blocks * shape.block_bytes, "the test's")
+        held = plan_for(default_config(f"inference.kv_cache_gb={budget.bytes / GIB!r}"), [80 * GB], on_gpu=on_gpu)
+        assert held is not None and held.kv_budget_bytes == budget.bytes and held.rows_at_once == rows
+        if rows:
+            assert budget_blocks(budget, shape, row, sink=on_gpu) == blocks
+        else:
+            with pytest.raises(ConfigError, match="inference.kv_cache_gb"):
+                budget_blocks(budget, shape, row, sink=on_gpu)
+    whole = plan_for(default_config(), [10**14], on_gpu=on_gpu)
+    assert whole is not None and whole.rows_at_once == whole.inputs.rows
+    assert whole.kv_full_bytes == blocks_holding(whole.inputs.rows, shape.blocks_for(row), on_gpu) * shape.block_bytes
 
 
 def write_model_config(directory: Path, text: str) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from retrain.inference.config import KV_BLOCK_TOKENS
+from retrain.inference.sampler.kv_budget import blocks_holding, rows_held
 from retrain.inference.sampler.paged_attention import block_mask_bytes, row_bucket
 from retrain.model.config_files import model_config, params_from_config
 from retrain.model.lean_decoder import MIRRORED
@@ -480,7 +481,9 @@ def plan_memory(
 
     # sampling: the KV cache at its budget and the decode step's logits
     per_token = shape.kv_bytes_per_token(b)
-    kv_full = inputs.rows * row * per_token
+    block_bytes, row_blocks = inputs.kv_block_tokens * per_token, -(-row // inputs.kv_block_tokens)
+    sink = records_decode_steps(inputs, on_gpu)  # the engine's pool then keeps a block no row takes
+    kv_full = blocks_holding(inputs.rows, row_blocks, sink) * block_bytes
     kv_budget, rows_at_once = 0, inputs.rows
     sampling: list[Part] = []
     if inputs.engine == "pytorch":
@@ -490,7 +493,7 @@ def plan_memory(
             inputs.rows * shape.vocab * FP32 * DECODE_LOGITS_COPIES,
             f"{inputs.rows} rows × {shape.vocab} vocab × 4 B × {DECODE_LOGITS_COPIES}",
         )
-        attention = attention_part(shape, inputs, b, on_gpu, kv_full)
+        attention = attention_part(shape, inputs, b, on_gpu, kv_full // block_bytes)
         graphs = graphs_part(shape, inputs, on_gpu)
         if inputs.kv_cache_gb > 0:  # a GPU's engine takes all of it at each call (kv_pool.py: `reserve`)
             configured = int(inputs.kv_cache_gb * GIB)
@@ -504,7 +507,7 @@ def plan_memory(
             if split and not two_memories:
                 left -= sum(p.bytes for p in training)  # both phases at once in one memory
             kv_budget = max(0, min(left, kv_full))
-        rows_at_once = min(inputs.rows, kv_budget // (row * per_token))
+        rows_at_once = min(inputs.rows, rows_held(kv_budget // block_bytes, row_blocks, sink))
         kv = Part(
             "KV cache",
             "sampling",
@@ -562,8 +565,7 @@ def graphs_part(shape: ModelShape, inputs: MemoryInputs, on_gpu: bool) -> Part:
     """What recorded decode steps (`inference.cuda_graphs`, automatic on a GPU with flex attention) hold while a call
     samples: each row bucket's fp32 [bucket, vocab] logits, the graph's own output (buckets of 8, 16, 32 ... rows:
     together less than twice the largest). Their intermediates are those of the eager step, counted already."""
-    flex = inputs.paged_attention == "flex" or (inputs.paged_attention == "auto" and on_gpu)
-    if not (on_gpu and flex and inputs.cuda_graphs is not False):
+    if not records_decode_steps(inputs, on_gpu):
         return Part("decode graphs", "sampling", 0, "decode steps run eagerly")
     largest = row_bucket(inputs.rows)
     return Part(
@@ -574,12 +576,21 @@ def graphs_part(shape: ModelShape, inputs: MemoryInputs, on_gpu: bool) -> Part:
     )
 
 
-def attention_part(shape: ModelShape, inputs: MemoryInputs, dtype_bytes: int, on_gpu: bool, kv_full: int) -> Part:
-    """What a decode step's attention adds beside the KV pool (`inference.paged_attention`, auto: flex on a GPU):
-    flex, the block mask over the pool's blocks; gather, one layer's live keys and values copied out of the pool
-    for every row (at most all rows at full length)."""
-    if inputs.paged_attention == "flex" or (inputs.paged_attention == "auto" and on_gpu):
-        pool_blocks = kv_full // (inputs.kv_block_tokens * shape.kv_bytes_per_token(dtype_bytes))
+def records_decode_steps(inputs: MemoryInputs, on_gpu: bool) -> bool:
+    """Whether the engine records its decode steps (`inference.cuda_graphs`, automatic on a GPU with flex)."""
+    return on_gpu and pages_with_flex(inputs, on_gpu) and inputs.cuda_graphs is not False
+
+
+def pages_with_flex(inputs: MemoryInputs, on_gpu: bool) -> bool:
+    """Whether decode attends through flex_attention (`inference.paged_attention`, auto: flex on a GPU)."""
+    return inputs.paged_attention == "flex" or (inputs.paged_attention == "auto" and on_gpu)
+
+
+def attention_part(shape: ModelShape, inputs: MemoryInputs, dtype_bytes: int, on_gpu: bool, pool_blocks: int) -> Part:
+    """What a decode step's attention adds beside the KV pool: flex, the block mask over the pool's blocks (at most
+    `pool_blocks`, all rows at full length); gather, one layer's live keys and values copied out of the pool for
+    every row."""
+    if pages_with_flex(inputs, on_gpu):
         return Part(
             "paged attention (flex)",
             "sampling",

@@ -65,13 +65,25 @@ def free_bytes(device: torch.device) -> int:
     raise ConfigError(f"inference=pytorch cannot read the free memory of a {device.type} device: set {KEY}")
 
 
+def blocks_holding(rows: int, row_blocks: int, sink: bool = False) -> int:
+    """Pool blocks that hold `rows` rows of `row_blocks` blocks each at once, none sharing a prompt: theirs, the
+    copy a row makes of its shared prompt block, and the pool's `sink` block, which no row takes (step_graphs.py)."""
+    return rows * row_blocks + 1 + int(sink)
+
+
+def rows_held(blocks: int, row_blocks: int, sink: bool = False) -> int:
+    """The most rows of `row_blocks` blocks `blocks` pool blocks hold at once (`blocks_holding` inverted; 0: not
+    one, which `budget_blocks` refuses). The memory plan counts with it what the engine will."""
+    return max(0, (blocks - blocks_holding(0, row_blocks, sink)) // row_blocks)
+
+
 def budget_blocks(budget: KvBudget, shape: KvShape, longest_row: int, sink: bool = False) -> int:
     """Blocks the budget holds; ConfigError naming the key when they cannot hold one row of `longest_row`
-    tokens (a prompt and max_tokens) and the copy of its shared prompt block (and the pool's `sink` block, which
-    no row takes: step_graphs.py)."""
+    tokens (a prompt and max_tokens) beside the blocks `blocks_holding` adds."""
     blocks = budget.bytes // shape.block_bytes
-    need = shape.blocks_for(longest_row) + 1 + int(sink)
-    if blocks < need:
+    row_blocks = shape.blocks_for(longest_row)
+    if rows_held(blocks, row_blocks, sink) == 0:
+        need = blocks_holding(1, row_blocks, sink)
         raise ConfigError(
             f"the KV cache budget ({budget.source}) holds {blocks * shape.block_bytes / GIB:.3g} GiB, but one row "
             f"of {longest_row} tokens (the longest prompt and max_tokens) needs {need * shape.block_bytes / GIB:.3g} "
