@@ -22,12 +22,16 @@ SIGNAL_POLL_S = 0.1  # the longest a signal handler waits while the main thread 
 def wait_responsively(
     futures: Collection[Future[Any]], return_when: str = ALL_COMPLETED
 ) -> tuple[set[Future[Any]], set[Future[Any]]]:
-    """`concurrent.futures.wait(futures, return_when=...)` without a timeout, waking for signal handlers."""
+    """`concurrent.futures.wait(futures, return_when=...)` without a timeout, waking for signal handlers. A cancelled
+    future is done at once, as `Future.done()` says and its `result()` raises (`wait` itself waits until an
+    executor has noticed the cancellation, which a future nobody runs never gets)."""
     while True:
-        done, pending = wait(futures, SIGNAL_POLL_S, return_when)
+        done = {future for future in futures if future.done()}
+        pending = set(futures) - done
         failed = any(not future.cancelled() and future.exception() is not None for future in done)
         if not pending or (return_when == FIRST_COMPLETED and done) or (return_when == FIRST_EXCEPTION and failed):
             return done, pending
+        wait(pending, SIGNAL_POLL_S, return_when)
 
 
 def result_of(future: Future[T]) -> T:

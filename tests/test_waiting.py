@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, Future
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, CancelledError, Future
 from contextlib import contextmanager
 from typing import Any
 
@@ -63,6 +63,9 @@ def test_wait_responsively_returns_on_its_condition_as_wait_does() -> None:
     assert wait_responsively([ok, pending], FIRST_COMPLETED) == ({ok}, {pending})
     assert wait_responsively([ok, failed, pending], FIRST_EXCEPTION) == ({ok, failed}, {pending})
     assert wait_responsively([ok, cancelled], ALL_COMPLETED) == ({ok, cancelled}, set())
+
+    with pytest.raises(CancelledError):
+        result_of(cancelled)  # at once, as Future.result() does
 
     threading.Timer(3 * SIGNAL_POLL_S, lambda: pending.set_result(2)).start()
     assert wait_responsively([ok, cancelled, pending], FIRST_EXCEPTION) == ({ok, cancelled, pending}, set())
