@@ -52,7 +52,10 @@ def test_a_signal_taken_by_another_thread_runs_its_handler_while_the_main_thread
 
 def settled(value: Any = None, error: BaseException | None = None) -> Future[Any]:
     future: Future[Any] = Future()
-    future.set_exception(error) if error is not None else future.set_result(value)
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
     return future
 
 

@@ -483,7 +483,8 @@ def plan_memory(
     per_token = shape.kv_bytes_per_token(b)
     block_bytes, row_blocks = inputs.kv_block_tokens * per_token, -(-row // inputs.kv_block_tokens)
     sink = records_decode_steps(inputs, on_gpu)  # the engine's pool then keeps a block no row takes
-    kv_full = blocks_holding(inputs.rows, row_blocks, sink) * block_bytes
+    full_blocks = blocks_holding(inputs.rows, row_blocks, sink)  # every row at full length
+    kv_full = full_blocks * block_bytes
     kv_budget, rows_at_once = 0, inputs.rows
     sampling: list[Part] = []
     if inputs.engine == "pytorch":
@@ -493,7 +494,7 @@ def plan_memory(
             inputs.rows * shape.vocab * FP32 * DECODE_LOGITS_COPIES,
             f"{inputs.rows} rows × {shape.vocab} vocab × 4 B × {DECODE_LOGITS_COPIES}",
         )
-        attention = attention_part(shape, inputs, b, on_gpu, kv_full // block_bytes)
+        attention = attention_part(shape, inputs, b, on_gpu, full_blocks)
         graphs = graphs_part(shape, inputs, on_gpu)
         if inputs.kv_cache_gb > 0:  # a GPU's engine takes all of it at each call (kv_pool.py: `reserve`)
             configured = int(inputs.kv_cache_gb * GIB)
