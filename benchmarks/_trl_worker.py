@@ -35,7 +35,7 @@ from peft import LoraConfig
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from retrain.backend.config import checkpointing_choice
+from retrain.backend.config import auto_switch
 from retrain.backend.devices import resolve_device
 from retrain.config import compose
 from retrain.inference.vllm import CPU_ENV, IN_PROCESS_ENV
@@ -111,7 +111,7 @@ def computed_as_retrain(cfg: DictConfig) -> dict[str, Any]:
     `backend.gradient_checkpointing` (`auto`: from the memory plan; TRL defaults to on): the same arithmetic and
     the same forwards per step on both sides."""
     setting = with_resolved_checkpointing(cfg, checked_memory_plan(cfg)).backend.gradient_checkpointing
-    return {"bf16": False, "fp16": False, "gradient_checkpointing": checkpointing_choice(setting) == "true"}
+    return {"bf16": False, "fp16": False, "gradient_checkpointing": auto_switch(setting) == "true"}
 
 
 def main() -> None:

@@ -118,6 +118,7 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
             f"model.lora_rank={args.lora_rank}",
             "backend=local",
             "backend.devices=cpu",
+            "backend.fused_elementwise=true",  # as a GPU's auto: counted as its kernels, compiled never
             "inference=pytorch",
             f"inference.merge_lora={args.lora == 'merged'}",
             f"inference.stop_check_steps={args.stop_check_steps}",

@@ -31,7 +31,7 @@ from retrain.algorithm.checks import checked_algorithm
 from retrain.algorithm.preflight import ProbeReport, preflight
 from retrain.backend.base import BACKEND_CHECKS, Backend, Capabilities
 from retrain.backend.capabilities import BackendInfo, describe_backend
-from retrain.backend.config import checkpointing_choice
+from retrain.backend.config import auto_switch
 from retrain.backend.settings import LossSettings, OptimSettings
 from retrain.campaign.preemption import requeue_on_preemption
 from retrain.config import (
@@ -420,7 +420,7 @@ def with_resolved_checkpointing(cfg: DictConfig, memory: MemoryPlan | None) -> D
     """`cfg` with `backend.gradient_checkpointing=auto` replaced by the plan's choice, so the backend receives true
     or false; without a plan (a plugin backend, an unknown model) as it was. The run's identity keeps `auto`."""
     setting = OmegaConf.select(cfg, "backend.gradient_checkpointing", default="false")
-    if memory is None or checkpointing_choice(setting) != "auto":
+    if memory is None or auto_switch(setting) != "auto":
         return cfg
     resolved = copy.deepcopy(cfg)
     on = memory.checkpointing

@@ -117,6 +117,7 @@ VLLM_SERVER = [
     ("overrides", "named"),
     [
         ([DEMO, "backend.micro_batch_tokens=-1"], r"backend.micro_batch_tokens=-1: must be >= 0"),
+        ([DEMO, "backend.fused_elementwise=maybe"], "backend.fused_elementwise='maybe': must be one of auto, true"),
         ([*PRIME_RL, "backend.zmq_port=65535"], r"backend.zmq_port=65535: must be in 1..65534"),
         ([*PRIME_RL, "backend.strict_advantages=false"], "backend.strict_advantages=False: must stay true"),
         ([*PRIME_RL, "backend.sync_wait_s=0"], "backend.sync_wait_s=0.0: must be > 0"),

@@ -22,7 +22,8 @@ from retrain.distributed.world import World, rank_devices
 from retrain.errors import ConfigError
 from retrain.inference.sampler.kv_budget import GIB, KvBudget, blocks_holding, budget_blocks
 from retrain.inference.sampler.kv_pool import KvShape
-from retrain.model.lean_decoder import causal_lm_logits
+from retrain.model.fused_elementwise import mark_fused
+from retrain.model.lean_decoder import causal_lm_logits, causal_lm_of
 from retrain.model.memory_plan import (
     GPU_SIZES_GB,
     MemoryInputs,
@@ -98,6 +99,30 @@ def test_saved_activations_per_token_and_layer_are_what_autograd_saves(device: s
     sequence = length if padded else 0
     derived = saved_bytes_per_token_layer(shape, dtype_bytes, spec.lora_rank, spec.target_modules, sequence, fused)
     assert derived == pytest.approx(measured, rel=0.01)
+
+
+def test_fused_silu_times_up_keeps_gate_and_up_but_not_silu_for_backward() -> None:
+    """The training forward with its elementwise chains compiled (backend.fused_elementwise; here on the CPU, as a
+    GPU compiles them): one [tokens, intermediate] tensor less a layer, as the plan's `fused_mlp` derives."""
+    spec = ModelSpec(name_or_path="retrain:tiny_qwen3", dtype="bf16")
+    model = spec.load_lora_model(torch.device("cpu"), seed=0)
+    model.train()
+    mark_fused(causal_lm_of(model), True)
+    rows, length = 2, 48
+    ids = torch.randint(0, 250, (rows, length), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(rows, length, dtype=torch.bool)
+    four_layers = saved_bytes(model, ids, mask)
+    decoder = model.base_model.model.model
+    decoder.layers = decoder.layers[:2]
+    two_layers = saved_bytes(model, ids, mask)
+    shape = ModelShape.from_config(json.loads((TINY_MODEL_DIR / "config.json").read_text()))
+    cast_per_layer = adapter_cast_bytes(shape, 2, spec.lora_rank, spec.target_modules) / shape.layers
+    measured = ((four_layers - two_layers) / 2 - cast_per_layer) / (rows * length)
+    derived = saved_bytes_per_token_layer(shape, 2, spec.lora_rank, spec.target_modules, fused_mlp=True)
+    assert derived == pytest.approx(measured, rel=0.01)
+    assert (
+        saved_bytes_per_token_layer(shape, 2, spec.lora_rank, spec.target_modules) - derived == shape.intermediate * 2
+    )
 
 
 def test_kv_cache_per_token_is_layers_kv_heads_head_dim_keys_and_values() -> None:
@@ -332,6 +357,7 @@ def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu:
         dtype=dtype,
         micro_batch_tokens=workload["micro_rows"] * row,
         checkpointing="false",
+        fused_elementwise="auto",
         engine="pytorch",
         kv_cache_gb=gpu_kv_cache_gb(model_dir, workload) if on_gpu else 0.0,
         paged_attention="auto",

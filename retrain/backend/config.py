@@ -8,16 +8,17 @@ from retrain.backend.option_rules import at_least, one_of
 from retrain.backend.prime_rl.config import PrimeRlBackendConfig
 from retrain.backend.tinker.config import TinkerBackendConfig
 
-CHECKPOINTING_CHOICES = ("auto", "true", "false")
+AUTO_SWITCH_CHOICES = ("auto", "true", "false")
 TRAIN_ATTENTION_MODES = ("auto", "mask", "flex")  # backend.train_attention
 
 
-def checkpointing_choice(value: object) -> str:
-    """`backend.gradient_checkpointing` as one of auto | true | false (a YAML or command-line boolean arrives as
-    the string "True"/"False"); ValueError saying what is valid otherwise."""
+def auto_switch(value: object) -> str:
+    """An auto | true | false setting (`backend.gradient_checkpointing`, `backend.fused_elementwise`) as one of
+    those (a YAML or command-line boolean arrives as the string "True"/"False"); ValueError saying what is valid
+    otherwise."""
     choice = str(value).strip().lower()
-    if choice not in CHECKPOINTING_CHOICES:
-        raise ValueError(f"must be one of {', '.join(CHECKPOINTING_CHOICES)}")
+    if choice not in AUTO_SWITCH_CHOICES:
+        raise ValueError(f"must be one of {', '.join(AUTO_SWITCH_CHOICES)}")
     return choice
 
 
@@ -51,7 +52,7 @@ class LocalBackendConfig:
         metadata={
             "help": "recompute activations in backward (less memory, ~30% slower): true | false | auto (on when the "
             "memory plan says activations would not fit otherwise)",
-            "validator": checkpointing_choice,
+            "validator": auto_switch,
         },
     )
 
@@ -63,6 +64,15 @@ class LocalBackendConfig:
             "checkpointing) | mask (groups packed with a dense mask, or a shared prompt prefill) | auto (flex "
             "where it can run, else mask)",
             "validator": one_of(TRAIN_ATTENTION_MODES),
+        },
+    )
+    fused_elementwise: str = field(
+        default="auto",
+        metadata={
+            "help": "the training forward's rotary embedding and SiLU·up as one compiled kernel each way "
+            "(torch.compile; each intermediate rounded as eager rounds it): true | false | auto (on a GPU with "
+            "triton). Fewer bytes moved per layer, one activation less kept for backward",
+            "validator": auto_switch,
         },
     )
 

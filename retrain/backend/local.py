@@ -26,7 +26,7 @@ from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
 
 from retrain.backend.base import Capabilities
-from retrain.backend.config import LocalBackendConfig, checkpointing_choice
+from retrain.backend.config import LocalBackendConfig, auto_switch
 from retrain.backend.devices import resolve_devices
 from retrain.backend.lr_schedule import lr_scheduler
 from retrain.backend.micro_batches import row_micro_batches
@@ -35,6 +35,8 @@ from retrain.distributed.gradients import all_reduce_gradients
 from retrain.distributed.world import all_max, all_sum
 from retrain.errors import ConfigError
 from retrain.model.document_packing import trains_with_documents
+from retrain.model.fused_elementwise import fuses_elementwise, mark_fused
+from retrain.model.lean_decoder import causal_lm_of
 from retrain.model.logprobs import ForwardTokens, completion_logprobs, completion_logprobs_and_entropy
 from retrain.model.merged_lora import lean_lora, plain_lora_layers
 from retrain.model.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
@@ -87,12 +89,13 @@ class LocalBackend:
         log.info("Loading train model: %s on %s...", model.name_or_path, self.device)
         self.model = model.load_lora_model(self.device, seed)
         # `auto` is resolved from the memory plan by the composition root; a backend built without one trains without
-        self.activation_checkpointing = checkpointing_choice(config.gradient_checkpointing) == "true"
+        self.activation_checkpointing = auto_switch(config.gradient_checkpointing) == "true"
         if self.activation_checkpointing:
             enable_activation_checkpointing(self.model)
         self.documents = trains_with_documents(
             config.train_attention, self.model, self.device, self.activation_checkpointing
         )
+        mark_fused(causal_lm_of(self.model), fuses_elementwise(auto_switch(config.fused_elementwise), self.device))
         self.forward_tokens = ForwardTokens()  # the step's, for train/padding_frac
         self.adapter = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
         self.trainable = list(self.adapter.values())

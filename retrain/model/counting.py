@@ -17,8 +17,9 @@ every op it sees:
 - a **data-dependent shape**: an op whose output size depends on tensor values (`nonzero`, boolean-mask
   indexing, `masked_select`, ...): an implicit host sync on a GPU.
 
-torch's rms_norm counts as the fused kernel a GPU runs each way, where a CPU runs its composite under autograd
-(retrain/model/fused_norm_counting.py). For each compute op it also adds up the bytes an eager kernel moves
+torch's rms_norm, and the rotary embedding and SiLU·up where the training forward fuses them
+(retrain/model/fused_elementwise.py), count as the fused kernel a GPU runs each way, where a CPU runs their
+composite under autograd (retrain/model/fused_counting.py). For each compute op it also adds up the bytes an eager kernel moves
 (the memory its tensor inputs span, plus its output; gathers and scatters count the rows they touch, not the
 whole tensor they index), the bytes of the keys and values an attention op reads (plus what the gather that
 built them moved, where one did: a dense copy of cached keys and values costs its read and its write before
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,8 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from retrain.model.fused_norm_counting import counted_rms_norm
+from retrain.model.fused_counting import counted_rms_norm
+from retrain.model.fused_elementwise import counted_by
 
 aten = torch.ops.aten
 
@@ -141,6 +143,7 @@ class OpCounter(TorchDispatchMode):
         self._methods: dict[str, Callable[..., Any]] = {}
         self._eager_flex = False  # flex_attention's own setting, restored on exit
         self._rms_norm: Callable[..., torch.Tensor] = F.rms_norm  # torch's own, restored on exit
+        self._fusions = ExitStack()  # the fused chains counted by this counter
 
     def __enter__(self) -> OpCounter:
         for name in HOST_READ_METHODS:
@@ -150,10 +153,12 @@ class OpCounter(TorchDispatchMode):
         flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # see the module docstring
         self._rms_norm = F.rms_norm
         F.rms_norm = counted_rms_norm(self, self._rms_norm)
+        self._fusions.enter_context(counted_by(self))
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
+        self._fusions.close()
         F.rms_norm = self._rms_norm
         flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = self._eager_flex
         for name, original in self._methods.items():

@@ -51,6 +51,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from retrain.model.attention import CPU_SDPA, CUDA_SDPA
 from retrain.model.attention_kernels import CUTLASS_SDPA
 from retrain.model.cache_argument import with_cache
+from retrain.model.fused_elementwise import marked_fused, rotated, silu_times
 from retrain.model.merged_lora import plus_linear
 
 # model_type -> whether attention normalises each head's queries and keys (Qwen3's q_norm/k_norm)
@@ -177,6 +178,8 @@ class LeanForward:
 
     causal_lm: Any  # the transformers *ForCausalLM inside any PEFT wrappers
     head_norms: bool  # Qwen3: each head's queries and keys are RMS-normalised before the rotation
+    fused: bool = False  # the training forward's rotary embedding is one kernel each way (fused_elementwise.py)
+    fused_mlp: bool = False  # and so is SiLU·up (a SiLU MLP)
 
     @classmethod
     def of(cls, model: Any) -> LeanForward | None:
@@ -189,7 +192,8 @@ class LeanForward:
             return None
         if causal_lm.config._attn_implementation not in SDPA_MASKED:
             return None
-        return cls(causal_lm, head_norms)
+        fused = marked_fused(causal_lm)
+        return cls(causal_lm, head_norms, fused, fused and causal_lm.config.hidden_act == "silu")
 
     def hidden(
         self,
@@ -214,7 +218,7 @@ class LeanForward:
         for layer in decoder.layers[: config.num_hidden_layers]:
             normed = _rms_norm(layer.input_layernorm, hidden)
             hidden = self._attention(layer.self_attn, normed, hidden, (batch, length), rotation, mask, cache, attend)
-            hidden = _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden), hidden)
+            hidden = self._mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden), hidden)
         hidden = _rms_norm(decoder.norm, hidden).view(batch, length, -1)
         return hidden[:, slice(-keep, None), :]
 
@@ -236,12 +240,21 @@ class LeanForward:
         if self.head_norms:
             queries, keys = _rms_norm(module.q_norm, queries), _rms_norm(module.k_norm, keys)
         values = module.v_proj(hidden).view(hidden_shape).transpose(1, 2)
-        queries, keys = _rotated(queries, rotation).transpose(1, 2), _rotated(keys, rotation).transpose(1, 2)
+        queries = rotated(queries, rotation, self.fused).transpose(1, 2)
+        keys = rotated(keys, rotation, self.fused).transpose(1, 2)
         if cache is not None:
             keys, values = cache.update(keys, values, module.layer_idx)
         dropout = 0.0 if not module.training else module.attention_dropout
         output, _ = attend(module, queries, keys, values, mask, dropout=dropout, scaling=module.scaling)
         return plus_linear(module.o_proj, output.reshape(hidden.shape[0], -1).contiguous(), residual)
+
+    def _mlp(self, module: Any, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`residual` plus the MLP's output, the add in the down projection where that can take it (`plus_linear`)."""
+        if self.fused_mlp:
+            activated = silu_times(module.gate_proj(hidden), module.up_proj(hidden), fused=True)
+        else:
+            activated = module.act_fn(module.gate_proj(hidden)) * module.up_proj(hidden)
+        return plus_linear(module.down_proj, activated, residual)
 
 
 def causal_lm_of(model: Any) -> Any:
@@ -276,11 +289,6 @@ def _checkpointing(causal_lm: Any) -> bool:
     )
 
 
-def _mlp(module: Any, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """`residual` plus the MLP's output, the add in the down projection where that can take it (`plus_linear`)."""
-    return plus_linear(module.down_proj, module.act_fn(module.gate_proj(hidden)) * module.up_proj(hidden), residual)
-
-
 def _rms_norm(module: Any, hidden: torch.Tensor) -> torch.Tensor:
     """The RMSNorm module's output by torch's rms_norm: normalised in fp32, times the weight, rounded once."""
     return F.rms_norm(hidden, (hidden.shape[-1],), module.weight, module.variance_epsilon)
@@ -291,10 +299,3 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
     layers into one op per forward."""
     half = sin.shape[-1] // 2
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-
-
-def _rotated(tensor: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """transformers' apply_rotary_pos_emb on [B, T, heads, head_dim], to the bit: x·cos + rotate_half(x)·sin, with
-    rotate_half's cat and negation as one roll (the sign is in the signed sin)."""
-    cos, signed_sin = rotation
-    return tensor * cos + tensor.roll(tensor.shape[-1] // 2, -1) * signed_sin

@@ -70,6 +70,7 @@ class ModelShape:
     params: float
     context: int | None
     model_type: str = ""
+    activation: str = "silu"  # hidden_act
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -92,6 +93,7 @@ class ModelShape:
             params=params,
             context=int(context) if isinstance(context, int) and context > 0 else None,
             model_type=str(text.get("model_type") or config.get("model_type") or ""),
+            activation=str(text.get("hidden_act") or "silu"),
         )
 
     def projections(self) -> dict[str, tuple[int, int]]:
@@ -131,6 +133,13 @@ def fused_norms(on_gpu: bool, model_type: str) -> bool:
     return on_gpu and model_type in MIRRORED and hasattr(torch.ops.aten, "_fused_rms_norm_backward")
 
 
+def fuses_mlp(setting: str, on_gpu: bool, shape: ModelShape) -> bool:
+    """Whether the training forward runs SiLU·up as one compiled kernel (`backend.fused_elementwise`, auto: on a GPU,
+    retrain/model/fused_elementwise.py): the lean forward's, of a SiLU MLP."""
+    fused = setting == "true" or (setting == "auto" and on_gpu)
+    return fused and shape.model_type in MIRRORED and shape.activation == "silu"
+
+
 def saved_bytes_per_token_layer(
     shape: ModelShape,
     dtype_bytes: int,
@@ -138,6 +147,7 @@ def saved_bytes_per_token_layer(
     targets: Sequence[str],
     sequence_tokens: int = 0,
     fused: bool = False,
+    fused_mlp: bool = False,
 ) -> int:
     """Bytes autograd saves per token in one LoRA-adapted decoder layer for backward (base weights frozen).
 
@@ -149,7 +159,8 @@ def saved_bytes_per_token_layer(
     norms run `fused` (`fused_norms`), else an fp32 copy. Attention saves q and k after RoPE, v, its output and
     one log-sum-exp per head, plus the padding mask sdpa makes of a padded batch
     (`sequence_tokens` keys per token, in the model's dtype, per layer). The gated MLP saves gate's output (SiLU's
-    input), SiLU's and up's outputs and down's input. Matches autograd's saved tensors exactly on Qwen3
+    input), SiLU's and up's outputs and down's input; SiLU·up compiled as one kernel (`fused_mlp`:
+    retrain/model/fused_elementwise.py) keeps gate's and up's outputs only, and recomputes SiLU in backward. Matches autograd's saved tensors exactly on Qwen3
     (tests/test_memory_plan.py).
     """
     h, i = shape.hidden, shape.intermediate
@@ -164,7 +175,7 @@ def saved_bytes_per_token_layer(
     norm_input = b if fused else FP32
     norms = 2 * (h * norm_input + FP32) + (q + kv) * norm_input + (shape.heads + shape.kv_heads) * FP32
     attention = (q + 2 * kv) * b + q * b + shape.heads * FP32 + sequence_tokens * b
-    mlp = 3 * i * b
+    mlp = (2 if fused_mlp else 3) * i * b
     adapters = (
         inputs(h, ("q_proj", "k_proj", "v_proj"))
         + inputs(h, ("gate_proj", "up_proj"))
@@ -194,6 +205,7 @@ class MemoryInputs:
     dtype: str  # model.dtype: auto | bf16 | fp16 | fp32
     micro_batch_tokens: int  # 0: all rows at once
     checkpointing: str  # auto | true | false
+    fused_elementwise: str  # auto | true | false
     engine: str  # pytorch | vllm | other (an engine on a server: nothing on this machine's devices)
     kv_cache_gb: float  # inference=pytorch's budget; 0 = automatic
     paged_attention: str  # inference=pytorch: auto | gather | flex
@@ -233,6 +245,7 @@ class MemoryInputs:
             dtype=str(model.get("dtype", "auto")),
             micro_batch_tokens=int(backend.get("micro_batch_tokens", 0)),
             checkpointing=str(backend.get("gradient_checkpointing", "false")).lower(),
+            fused_elementwise=str(backend.get("fused_elementwise", "false")).lower(),
             engine=engine,
             kv_cache_gb=float(inference.get("kv_cache_gb", 0.0)),
             paged_attention=str(inference.get("paged_attention", "auto")),
@@ -445,7 +458,8 @@ def plan_memory(
     shared = min(rows_per_micro, inputs.batch_size) * inputs.prompt_tokens + rows_per_micro * inputs.max_tokens
     whole = rows_per_micro * row
     fused = fused_norms(on_gpu, shape.model_type)
-    per_layer = saved_bytes_per_token_layer(shape, b, inputs.lora_rank, inputs.targets, row, fused)
+    fused_mlp = fuses_mlp(inputs.fused_elementwise, on_gpu, shape)
+    per_layer = saved_bytes_per_token_layer(shape, b, inputs.lora_rank, inputs.targets, row, fused, fused_mlp)
     # checkpointed layers recompute through transformers' forward (its RMSNorm modules): never fused
     recomputed = saved_bytes_per_token_layer(shape, b, inputs.lora_rank, inputs.targets, row)
     # only completion tokens reach the LM head (retrain.model.logprobs), in chunks of LOGITS_CHUNK_BYTES fp32 logits

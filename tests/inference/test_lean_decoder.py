@@ -189,7 +189,7 @@ def unfused_plus_linear_forward(forward, x, *args, **kwargs):
 
 def test_under_autograd_each_norm_is_one_fused_kernel_each_way_as_on_cuda():
     """The training forward's norms are torch's rms_norm, which CUDA runs as one kernel forward and one backward
-    (counted as such: retrain/model/fused_norm_counting.py), not transformers' eight ops and their backward."""
+    (counted as such: retrain/model/fused_counting.py), not transformers' eight ops and their backward."""
     model = lora_model(CONFIGS["qwen3"]()).train()
     ids, mask = left_padded_batch()
     with count_ops() as counts, lean_lora(plain_lora_layers(model)):
