@@ -19,8 +19,9 @@ attention reads (with the gathers that copied them out of the KV pool) against t
 spread over [new-tokens / 4, new-tokens]: the positions its forwards ran against the tokens (a group's prompt
 once), and FLOPs executed against the causal FLOPs needed (benchmarks/_speed_bounds.py, causal_training_flops),
 and the bytes moved by its ops that do no matmul or attention FLOPs (a GPU kernel each: casts, norms, the rotary
-embedding, activations, residual adds, their backward): with the FLOPs at an H200's peak and those bytes at its
-copy bandwidth, the MFU ceiling these ops leave (the LM head's share shrinks with `--layers`).
+embedding, activations, residual adds, their backward; the norms, the rotary embedding and SiLU·up counted as a
+GPU's fused kernels, `backend.fused_elementwise` as its auto sets it): with the FLOPs at an H200's peak and those
+bytes at its copy bandwidth, the MFU ceiling these ops leave (the LM head's share shrinks with `--layers`).
 Last, one forward of the same rows without autograd through each training layout (`backend.train_attention`:
 mask, and flex, whose backward the CPU lacks): attention's FLOPs executed against the causal ones, and the
 share of its positions that held padding.
