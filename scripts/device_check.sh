@@ -49,7 +49,8 @@ run_part() {  # name, time limit (s), command...
 }
 
 GPU_TESTS=(tests/test_gpu.py tests/inference/test_document_packing.py tests/inference/test_paged_attention.py
-    tests/inference/test_packing.py tests/inference/test_attention_kernels.py tests/test_memory_plan.py)
+    tests/inference/test_packing.py tests/inference/test_attention_kernels.py tests/test_memory_plan.py
+    tests/inference/test_fused_elementwise.py)
 CLI_TESTS="run_repeats or run_samples or run_resumes"  # test_gpu.py's runs of `python -m retrain`
 pytest_part() {  # name, time limit, -k expression
     run_part "$1" "$2" python3 -m pytest -p no:cacheprovider -m "slow or not slow" -n 8 --dist load -v -rfEs \

@@ -18,14 +18,18 @@ from tests.backend.tiny_model import make_backend
 from tests.inference.test_lean_decoder import CONFIGS, SIZES, bf16_with_fp32_adapters, left_padded_batch, lora_model
 
 LAYERS = SIZES["num_hidden_layers"]
+ON_GPU_TOO = [
+    "cpu",
+    pytest.param("cuda", id="gpu", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+]
 
 
-def chains(length: int, dtype: torch.dtype, fused: bool) -> list[torch.Tensor]:
+def chains(length: int, dtype: torch.dtype, fused: bool, device: str = "cpu") -> list[torch.Tensor]:
     """Both chains' outputs and their inputs' gradients, on random [2, length] inputs (the same for each `fused`)."""
     generator = torch.Generator().manual_seed(length)
 
     def random(*shape: int, grad: bool = False) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator).to(dtype).requires_grad_(grad)
+        return torch.randn(*shape, generator=generator).to(device, dtype).requires_grad_(grad)
 
     x, cos, sin = random(2, length, 4, 16, grad=True), random(2, length, 1, 16), random(2, length, 1, 16)
     gate, up = random(2 * length, 24, grad=True), random(2 * length, 24, grad=True)
@@ -35,11 +39,12 @@ def chains(length: int, dtype: torch.dtype, fused: bool) -> list[torch.Tensor]:
     return [turned.detach(), activated.detach(), dx, dgate, dup]
 
 
-def test_compiled_the_chains_give_the_eager_bits_in_bf16_at_every_length_from_one_compile() -> None:
+@pytest.mark.parametrize("device", ON_GPU_TOO)
+def test_compiled_the_chains_give_the_eager_bits_in_bf16_at_every_length_from_one_compile(device: str) -> None:
     for at, length in enumerate((37, 53)):
         with torch._dynamo.config.patch(error_on_recompile=at > 0):  # one compile serves every length
-            fused = chains(length, torch.bfloat16, fused=True)
-        eager = chains(length, torch.bfloat16, fused=False)
+            fused = chains(length, torch.bfloat16, True, device)
+        eager = chains(length, torch.bfloat16, False, device)
         assert all(torch.equal(a, b) for a, b in zip(fused, eager, strict=True))
 
 
@@ -49,23 +54,26 @@ def test_compiled_in_fp32_the_chains_are_the_eager_ones_within_rounding() -> Non
         torch.testing.assert_close(fused, eager, rtol=1e-6, atol=1e-6)
 
 
-def qwen3_in_bf16(fused: bool) -> torch.nn.Module:
-    model = bf16_with_fp32_adapters(lora_model(CONFIGS["qwen3"]())).train()
+def qwen3_in_bf16(fused: bool, device: str = "cpu") -> torch.nn.Module:
+    model = bf16_with_fp32_adapters(lora_model(CONFIGS["qwen3"]())).to(device).train()
     mark_fused(causal_lm_of(model), fused)
     return model
 
 
 def training_step(model: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    ids, mask = left_padded_batch()
+    device = model.device
+    ids, mask = (tensor.to(device) for tensor in left_padded_batch())
     model.zero_grad()
     with lean_lora(plain_lora_layers(model)):
         logits = causal_lm_logits(model, ids, mask, positions_from_mask(mask.bool()))
-    (logits.float() * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+    (logits.float() * torch.linspace(-1, 1, logits.shape[-1], device=device)).sum().backward()
     return logits.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
 
-def test_a_fused_bf16_training_forward_gives_the_eager_logits_and_lora_gradients_to_the_bit() -> None:
-    (fused_logits, fused_grads), (logits, grads) = (training_step(qwen3_in_bf16(fused)) for fused in (True, False))
+@pytest.mark.parametrize("device", ON_GPU_TOO)
+def test_a_fused_bf16_training_forward_gives_the_eager_logits_and_lora_gradients_to_the_bit(device: str) -> None:
+    steps = (training_step(qwen3_in_bf16(fused, device)) for fused in (True, False))
+    (fused_logits, fused_grads), (logits, grads) = steps
     assert torch.equal(fused_logits, logits)
     assert all(torch.equal(a, b) for a, b in zip(fused_grads, grads, strict=True))
 
