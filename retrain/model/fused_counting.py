@@ -77,13 +77,8 @@ class _CountedFusion(torch.autograd.Function):
         with counter.pausing():
             output = chain(*inputs)
         counter.fused(name, _bytes(*inputs, output) + extra_bytes)
-        ctx.counter, ctx.name, ctx.chain, ctx.backward_reads, ctx.extra_bytes = (
-            counter,
-            name,
-            chain,
-            backward_reads,
-            extra_bytes,
-        )
+        ctx.counter, ctx.name, ctx.chain = counter, name, chain
+        ctx.backward_reads, ctx.extra_bytes = backward_reads, extra_bytes
         ctx.save_for_backward(*inputs)
         return output
 

@@ -1,7 +1,7 @@
 """The training forward's two elementwise chains as one kernel each way: the rotary embedding and SiLU·up.
 
 Under autograd every op of `x·cos + roll(x)·sin` and of `silu(gate)·up`, and every op of their backward, is a
-kernel that reads and writes whole activations. At Qwen3-4B's shape those chains moved about half of a layer's
+kernel that reads and writes whole activations. At Qwen3-4B's shape those ops moved at least 39% of a layer's
 bytes outside the matmuls (docs/benchmarks.md, "The training step's MFU ceiling"). torch.compile fuses each into
 one kernel forward and one backward. With `emulate_precision_casts` each intermediate is rounded to the dtype as
 the eager ops round it, so a bf16 model's fused chains give the eager bits, forward and backward (the sampler,
@@ -11,7 +11,7 @@ fused SiLU·up keeps gate and up for backward, not SiLU's output: one [tokens, i
 
 `backend.fused_elementwise` decides (`fuses_elementwise`: auto is on for a GPU with triton; a CPU compiles them
 too when asked). Only autograd's forward fuses: without it (sampling, the probe, the KL reference) the chains
-are a few ops once, and a decode step's CUDA graph records the eager ops. While retrain/model/counting.py counts,
+stay eager ops, which a decode step's CUDA graph records as they are. While retrain/model/counting.py counts,
 a fused chain runs eagerly and counts as the two kernels (retrain/model/fused_counting.py).
 """
 
