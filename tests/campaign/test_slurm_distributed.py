@@ -93,7 +93,7 @@ def _interrupted_run(tmp_path: Path, kind: str, srun: list[str], save_every: int
         ],
         run_dir,
         kind,
-        wait_s=400,
+        wait_s=500,
     )
     print(f"{kind} 2-task SLURM job took {time.monotonic() - started:.0f} s")
     assert reference.returncode == 0, reference_error[-4000:]
