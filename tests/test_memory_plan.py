@@ -26,6 +26,7 @@ from retrain.model.fused_elementwise import mark_fused
 from retrain.model.lean_decoder import causal_lm_logits, causal_lm_of
 from retrain.model.memory_plan import (
     GPU_SIZES_GB,
+    DeviceMemory,
     MemoryInputs,
     ModelShape,
     adapter_cast_bytes,
@@ -310,7 +311,9 @@ def gpu_kv_cache_gb(model_dir: Path, workload: dict) -> float:
     return rows * row * shape.kv_bytes_per_token(2) / 2**30  # bf16
 
 
-def measured_step(model_dir: Path, workload: dict, device: str = "cpu", dtype: str = "fp32") -> dict:
+def measured_step(
+    model_dir: Path, workload: dict, device: str = "cpu", dtype: str = "fp32", checkpointing: str = "false"
+) -> dict:
     """tests/memory_probe.py in a fresh process: one real sampling + training step and its peaks."""
     row = workload["prompt_tokens"] + workload["max_tokens"]
     settings = {
@@ -322,7 +325,7 @@ def measured_step(model_dir: Path, workload: dict, device: str = "cpu", dtype: s
         "prompt_tokens": workload["prompt_tokens"],
         "max_tokens": workload["max_tokens"],
         "micro_batch_tokens": workload["micro_rows"] * row,
-        "gradient_checkpointing": "false",
+        "gradient_checkpointing": checkpointing,
         "device": device,
         "dtype": dtype,
     }
@@ -339,8 +342,10 @@ def measured_step(model_dir: Path, workload: dict, device: str = "cpu", dtype: s
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu: bool, dtype: str) -> int:
-    """The plan's peak for the measured step, at the completion width the step reached (the trainer forwards
+def planned_step(
+    model_dir: Path, workload: dict, completion_width: int, on_gpu: bool, dtype: str, checkpointing: str = "false"
+) -> DeviceMemory:
+    """The plan of the measured step's device, at the completion width the step reached (the trainer forwards
     the longest completion's width, not max_tokens), the device's size unknown (the KV cache at full length; on a
     GPU the budget the probe's engine reserves)."""
     shape = ModelShape.from_config(json.loads((model_dir / "config.json").read_text()))
@@ -356,7 +361,7 @@ def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu:
         targets=tuple(ModelSpec(name_or_path="retrain:tiny_qwen3").target_modules),
         dtype=dtype,
         micro_batch_tokens=workload["micro_rows"] * row,
-        checkpointing="false",
+        checkpointing=checkpointing,
         fused_elementwise="auto",
         engine="pytorch",
         kv_cache_gb=gpu_kv_cache_gb(model_dir, workload) if on_gpu else 0.0,
@@ -368,7 +373,7 @@ def planned_step(model_dir: Path, workload: dict, completion_width: int, on_gpu:
         vllm_sleeps=False,
         devices="gpu:0" if on_gpu else "cpu",
     )
-    return plan_memory(shape, inputs, [None], on_gpu=on_gpu).devices[0].peak_bytes
+    return plan_memory(shape, inputs, [None], on_gpu=on_gpu).devices[0]
 
 
 def model_dirs(tmp_path: Path) -> dict[str, Path]:
@@ -387,8 +392,21 @@ def test_the_plan_predicts_a_measured_cpu_step_within_a_quarter(model: str, tmp_
     workload = MEASURED[model]
     measured = measured_step(model_dir, workload)
     peak = max(measured["sampling_peak"], measured["training_peak"])
-    planned = planned_step(model_dir, workload, measured["completion_width"], on_gpu=False, dtype="fp32")
+    planned = planned_step(model_dir, workload, measured["completion_width"], on_gpu=False, dtype="fp32").peak_bytes
     assert planned == pytest.approx(peak, rel=0.25), (planned, measured)
+
+
+@pytest.mark.slow
+def test_checkpointed_the_plan_predicts_a_measured_cpu_training_step_within_a_quarter(tmp_path: Path) -> None:
+    """Activation checkpointing on: each layer's input kept, one layer recomputed at a time in backward (through
+    the lean forward). The training phase's peak, against the plan's resident parts plus its training phase; all
+    rows in one micro-batch, so that activations are a large share of it."""
+    model_dir = model_dirs(tmp_path)["small64"]
+    workload = {**MEASURED["small64"], "micro_rows": 0}
+    measured = measured_step(model_dir, workload, checkpointing="true")
+    plan = planned_step(model_dir, workload, measured["completion_width"], False, "fp32", checkpointing="true")
+    planned = plan.phase_bytes("resident") + plan.phase_bytes("training")
+    assert planned == pytest.approx(measured["training_peak"], rel=0.25), (planned, measured, plan.parts)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -399,7 +417,7 @@ def test_the_plan_predicts_a_measured_gpu_step_within_a_quarter(model: str, tmp_
     workload = MEASURED[model]
     measured = measured_step(model_dir, workload, device="gpu:0", dtype="bf16")
     peak = max(measured["sampling_peak"], measured["training_peak"])
-    planned = planned_step(model_dir, workload, measured["completion_width"], on_gpu=True, dtype="bf16")
+    planned = planned_step(model_dir, workload, measured["completion_width"], on_gpu=True, dtype="bf16").peak_bytes
     assert planned == pytest.approx(peak, rel=0.25), (planned, measured)
 
 

@@ -60,9 +60,8 @@ class LocalBackendConfig:
         default="auto",
         metadata={
             "help": "the training forward's attention: flex (every row's real tokens back to back, flex_attention "
-            "over a document BlockMask: no padding, no masked scores; a GPU with triton, no activation "
-            "checkpointing) | mask (groups packed with a dense mask, or a shared prompt prefill) | auto (flex "
-            "where it can run, else mask)",
+            "over a document BlockMask: no padding, no masked scores; a GPU with triton) | mask (groups packed "
+            "with a dense mask, or a shared prompt prefill) | auto (flex where it can run, else mask)",
             "validator": one_of(TRAIN_ATTENTION_MODES),
         },
     )

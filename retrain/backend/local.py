@@ -89,12 +89,9 @@ class LocalBackend:
         log.info("Loading train model: %s on %s...", model.name_or_path, self.device)
         self.model = model.load_lora_model(self.device, seed)
         # `auto` is resolved from the memory plan by the composition root; a backend built without one trains without
-        self.activation_checkpointing = auto_switch(config.gradient_checkpointing) == "true"
-        if self.activation_checkpointing:
+        if auto_switch(config.gradient_checkpointing) == "true":
             enable_activation_checkpointing(self.model)
-        self.documents = trains_with_documents(
-            config.train_attention, self.model, self.device, self.activation_checkpointing
-        )
+        self.documents = trains_with_documents(config.train_attention, self.model, self.device)
         mark_fused(causal_lm_of(self.model), fuses_elementwise(auto_switch(config.fused_elementwise), self.device))
         self.forward_tokens = ForwardTokens()  # the step's, for train/padding_frac
         self.adapter = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
@@ -364,11 +361,7 @@ class LocalBackend:
     @property
     def _forward_layout(self) -> dict[str, Any]:
         """completion_logprobs' layout arguments (how its forwards lay out the rows), and the step's token count."""
-        return {
-            "share_prompts": not self.activation_checkpointing,
-            "documents": self.documents,
-            "tokens": self.forward_tokens,
-        }
+        return {"documents": self.documents, "tokens": self.forward_tokens}
 
     def _padding_frac(self) -> float:
         """The fraction of the step's training forwards' token positions (every rank's) that held padding."""

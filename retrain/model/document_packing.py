@@ -144,20 +144,15 @@ class DocumentPacking:
         )
 
 
-def trains_with_documents(mode: str, model: Any, device: torch.device, checkpointing: bool) -> bool:
+def trains_with_documents(mode: str, model: Any, device: torch.device) -> bool:
     """Whether the training forward packs its rows as documents (`backend.train_attention`): flex, or auto where it
-    can run. It needs the lean forward (a mirrored model, no activation checkpointing, no attention dropout) and
+    can run. It needs the lean forward (a mirrored model, no attention dropout; checkpointed or not) and
     flex_attention's backward, which runs on a GPU through triton only: auto steps aside, flex is a ConfigError."""
     key = f"backend.train_attention={mode}"
     missing = []
     if not mirrored(model):
         missing.append(
             f"retrain's lean forward, which {model.config.model_type} does not run (it mirrors {', '.join(MIRRORED)})"
-        )
-    if checkpointing:
-        missing.append(
-            "retrain's lean forward, which activation checkpointing (backend.gradient_checkpointing) "
-            "replaces with transformers' own"
         )
     if getattr(causal_lm_of(model).config, "attention_dropout", 0.0):
         missing.append("attention without dropout (flex_attention has none)")

@@ -30,8 +30,11 @@ The unmerged LoRA linears without autograd are merged_lora.py's three ops in the
 down projections' base matmuls also add the residual (`plus_linear`): within that dtype's rounding of
 transformers' forward through PEFT's.
 
-Any other model, a model under activation checkpointing while it trains, an attention implementation
-without sdpa's masks, or accelerate's device-map hooks take transformers' own forward.
+Under activation checkpointing (training) each layer runs through the checkpointing function transformers
+gave it, so that backward recomputes the lean layer: the same ops, the same bits (the fused chains included).
+
+Any other model, an attention implementation without sdpa's masks, or accelerate's device-map hooks take
+transformers' own forward.
 
 The trainer takes the decoder's last hidden states instead (`causal_lm_hidden`, the same forward less the
 LM head): retrain/model/logprobs.py runs the head over chunks of tokens, so that a [tokens, vocabulary]
@@ -180,6 +183,7 @@ class LeanForward:
     head_norms: bool  # Qwen3: each head's queries and keys are RMS-normalised before the rotation
     fused: bool = False  # the training forward's rotary embedding is one kernel each way (fused_elementwise.py)
     fused_mlp: bool = False  # and so is SiLU·up (a SiLU MLP)
+    checkpointed: bool = False  # each layer recomputed in backward (activation checkpointing while training)
 
     @classmethod
     def of(cls, model: Any) -> LeanForward | None:
@@ -188,12 +192,11 @@ class LeanForward:
         if not hasattr(causal_lm, _HEAD_NORMS):
             setattr(causal_lm, _HEAD_NORMS, _mirrored_head_norms(causal_lm))
         head_norms: bool | None = getattr(causal_lm, _HEAD_NORMS)
-        if head_norms is None or _checkpointing(causal_lm):
-            return None
-        if causal_lm.config._attn_implementation not in SDPA_MASKED:
+        if head_norms is None or causal_lm.config._attn_implementation not in SDPA_MASKED:
             return None
         fused = marked_fused(causal_lm)
-        return cls(causal_lm, head_norms, fused, fused and causal_lm.config.hidden_act == "silu")
+        silu = causal_lm.config.hidden_act == "silu"
+        return cls(causal_lm, head_norms, fused, fused and silu, _checkpointing(causal_lm) and torch.is_grad_enabled())
 
     def hidden(
         self,
@@ -207,7 +210,11 @@ class LeanForward:
         """[B, T or keep, hidden] the final norm's output, which transformers hands to the LM head; `mask`: which keys
         (cache, then input) each query sees, [B, 1, T, K] booleans, or None for plain causal attention (sdpa's
         `is_causal`; a single query sees every key). `attend`: the attention function, where not the model's own
-        (`cache_attention`)."""
+        (`cache_attention`). Checkpointed, no cache: a recomputed layer would write its keys and values again."""
+        if self.checkpointed and cache is not None:
+            raise ValueError(
+                "a KV cache cannot be filled by layers that recompute in backward (activation checkpointing)"
+            )
         decoder, config = self.causal_lm.model, self.causal_lm.config
         batch, length = input_ids.shape
         hidden = decoder.embed_tokens(input_ids)
@@ -216,11 +223,29 @@ class LeanForward:
         attend = attend or ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
         hidden = hidden.view(batch * length, -1)
         for layer in decoder.layers[: config.num_hidden_layers]:
-            normed = _rms_norm(layer.input_layernorm, hidden)
-            hidden = self._attention(layer.self_attn, normed, hidden, (batch, length), rotation, mask, cache, attend)
-            hidden = self._mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden), hidden)
+            arguments = (layer, hidden, (batch, length), rotation, mask, cache, attend)
+            hidden = (
+                layer._gradient_checkpointing_func(self._layer, *arguments)
+                if self.checkpointed
+                else self._layer(*arguments)
+            )
         hidden = _rms_norm(decoder.norm, hidden).view(batch, length, -1)
         return hidden[:, slice(-keep, None), :]
+
+    def _layer(
+        self,
+        layer: Any,
+        hidden: torch.Tensor,
+        input_shape: tuple[int, int],
+        rotation: tuple[torch.Tensor, torch.Tensor],
+        mask: Any,
+        cache: Cache | None,
+        attend: Any,
+    ) -> torch.Tensor:
+        """One decoder layer on the [B·T, hidden] rows: attention, then the MLP, each added to its input."""
+        normed = _rms_norm(layer.input_layernorm, hidden)
+        hidden = self._attention(layer.self_attn, normed, hidden, input_shape, rotation, mask, cache, attend)
+        return self._mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden), hidden)
 
     def _attention(
         self,
@@ -255,6 +280,13 @@ class LeanForward:
         else:
             activated = module.act_fn(module.gate_proj(hidden)) * module.up_proj(hidden)
         return plus_linear(module.down_proj, activated, residual)
+
+
+def keeps_caches(model: Any) -> bool:
+    """Whether a forward of `model` now may fill a KV cache: not where its layers recompute in backward (the lean
+    forward's, under autograd) or transformers' checkpointed layers drop caches (in training mode, grad or not)."""
+    lean = LeanForward.of(model)
+    return not lean.checkpointed if lean is not None else not _checkpointing(causal_lm_of(model))
 
 
 def causal_lm_of(model: Any) -> Any:

@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from retrain.model.document_packing import document_hidden
-from retrain.model.lean_decoder import causal_lm_hidden, causal_lm_logits, causal_lm_of
+from retrain.model.lean_decoder import causal_lm_hidden, causal_lm_logits, causal_lm_of, keeps_caches
 from retrain.model.packing import packed_hidden
 from retrain.model.rows import positions_from_mask, rows_of
 
@@ -103,10 +103,10 @@ def completion_logprobs(
     Row r continues prompt `prompt_index[r]` of the [B, P] prompts. With `share_prompts`, each prompt
     runs once: packed with its rows' completions into one row (retrain/model/packing.py) where that
     applies, else as a prefill whose KV cache (with its autograd graph) is repeated for its rows, as the
-    sampler does; otherwise every row runs prompt + completion in one forward (needed under activation
-    checkpointing, which drops KV caches). With `documents`, all rows run as one sequence of documents through
-    flex_attention instead (retrain/model/document_packing.py; the lean forward's, on a GPU). The head runs as the
-    module docstring says. `tokens`: where given, counts the positions the forwards computed.
+    sampler does, where the forward keeps caches (not under activation checkpointing: `keeps_caches`);
+    otherwise every row runs prompt + completion in one forward. With `documents`, all rows run as one sequence of
+    documents through flex_attention instead (retrain/model/document_packing.py; the lean forward's, on a GPU). The
+    head runs as the module docstring says. `tokens`: where given, counts the positions the forwards computed.
     """
     head, features, targets = _real_token_features(
         model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask, share_prompts, documents, tokens
@@ -152,22 +152,22 @@ def _real_token_features(
     shared = (model, prompt_ids, prompt_mask, prompt_index, completion_ids, completion_mask)
     groups, prompt_width = prompt_ids.shape
     rows, width = completion_ids.shape
+    once = True  # each prompt runs once
     if documents:  # a mirrored model (backend.train_attention): its head is plain, `features` hidden states
         features, packing = document_hidden(*shared)
         computed = packing.tokens
     elif share_prompts and head is not None and (packed := packed_hidden(*shared)) is not None:
         features, layout = packed
         computed = groups * layout.length
-    elif share_prompts:
+    elif share_prompts and keeps_caches(model):
         features = _features_with_shared_prompts(forward, *shared)
         computed = groups * prompt_width + rows * (width - 1)
     else:
         features = _features_in_one_forward(
             forward, model, prompt_ids[prompt_index], prompt_mask[prompt_index], completion_ids, completion_mask
         )
-        computed = rows * (prompt_width + width)
+        computed, once = rows * (prompt_width + width), False
     if tokens is not None:  # the real tokens among them: each prompt once where it runs once
-        once = documents or share_prompts
         prompts, inputs = (
             (prompt_mask, completion_mask[:, :-1]) if once else (prompt_mask[prompt_index], completion_mask)
         )

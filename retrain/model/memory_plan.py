@@ -453,15 +453,15 @@ def plan_memory(
     row = inputs.row_tokens
     micro = max(min(inputs.micro_batch_tokens or inputs.rows * row, inputs.rows * row), row)
     rows_per_micro = min(inputs.rows, micro // row)
-    # without checkpointing the trainer runs each prompt of a micro-batch once for its rows (packed, or as a shared
-    # prefill); with it, every row runs prompt + completion (retrain.model.logprobs.completion_logprobs)
+    # without checkpointing the trainer runs each prompt of a micro-batch once for its rows (as documents, packed,
+    # or as a shared prefill); with it, the prefill's KV cache is not kept, and where the rows are neither documents
+    # nor packed every row runs prompt + completion (retrain.model.logprobs.completion_logprobs): the plan counts that
     shared = min(rows_per_micro, inputs.batch_size) * inputs.prompt_tokens + rows_per_micro * inputs.max_tokens
     whole = rows_per_micro * row
     fused = fused_norms(on_gpu, shape.model_type)
     fused_mlp = fuses_mlp(inputs.fused_elementwise, on_gpu, shape)
+    # checkpointed, a layer recomputes through the same forward: what it saves is one layer's `per_layer`
     per_layer = saved_bytes_per_token_layer(shape, b, inputs.lora_rank, inputs.targets, row, fused, fused_mlp)
-    # checkpointed layers recompute through transformers' forward (its RMSNorm modules): never fused
-    recomputed = saved_bytes_per_token_layer(shape, b, inputs.lora_rank, inputs.targets, row)
     # only completion tokens reach the LM head (retrain.model.logprobs), in chunks of LOGITS_CHUNK_BYTES fp32 logits
     chunk_tokens = max(1, min(rows_per_micro * inputs.max_tokens, LOGITS_CHUNK_BYTES // (shape.vocab * FP32)))
     logits = Part(
@@ -481,8 +481,8 @@ def plan_memory(
     checkpointed = Part(
         "activations (checkpointed)",
         "training",
-        whole * shape.layers * shape.hidden * b + whole * recomputed + casts // shape.layers,
-        f"{whole} tokens × {shape.layers} layer inputs × {shape.hidden * b} B, + {recomputed} B/token of the layer recomputed",
+        whole * shape.layers * shape.hidden * b + whole * per_layer + casts // shape.layers,
+        f"{whole} tokens × {shape.layers} layer inputs × {shape.hidden * b} B, + {per_layer} B/token of the layer recomputed",
     )
     training_memory = device_bytes[-1]
     if inputs.checkpointing == "auto":

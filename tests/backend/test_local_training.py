@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 
+import retrain.model.packing as packing_module
 from retrain.backend.micro_batches import row_micro_batches
 from retrain.backend.settings import LossSettings
 from retrain.model.logprobs import completion_logprobs
@@ -216,9 +217,11 @@ def test_gradient_checkpointing_keeps_the_gradient(tiny_spec):
     assert results[0].grad_norm == pytest.approx(results[1].grad_norm, rel=1e-5)
 
 
-def test_a_step_reports_the_padding_its_forwards_computed(tiny_spec):
-    """train/padding_frac, checked where the layout is simplest: under activation checkpointing every row runs its
-    prompt and completion in one forward, padded to the longest of each (the step's log-prob passes alike)."""
+def test_a_step_reports_the_padding_its_forwards_computed(tiny_spec, monkeypatch):
+    """train/padding_frac, checked where the layout is simplest: under activation checkpointing (no prompt cache),
+    groups not packed, every row runs its prompt and completion in one forward, padded to the longest of each (the
+    step's log-prob passes alike)."""
+    monkeypatch.setattr(packing_module, "PACKED_SCORE_RATIO", 0)
     backend = make_backend(tiny_spec, gradient_checkpointing=True)
     rollouts = sample(backend)
     result = backend.train(batch_for(rollouts))

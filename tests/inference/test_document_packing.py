@@ -14,6 +14,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
 import retrain.model.packing as packing_module
+from retrain.backend.local import enable_activation_checkpointing
 from retrain.errors import ConfigError
 from retrain.model.document_packing import (
     BLOCK,
@@ -96,6 +97,18 @@ def test_the_document_layout_gives_the_kv_cache_way_logprobs_and_lora_gradients(
     assert (documents_gradient - kv_cache_gradient).norm() <= gradient_tolerance * kv_cache_gradient.norm()
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_checkpointed_the_document_layout_recomputes_its_logprobs_and_lora_gradients_to_the_bit(tiny_spec, dtype):
+    """Activation checkpointing: each layer of the documents' forward recomputes in backward, the same bits."""
+    backend = adapted_backend(tiny_spec, dtype)
+    arguments = arguments_of(backend, tiny_spec, *CASES[2])
+    plain = documents_through_dense_mask(backend, arguments)
+    enable_activation_checkpointing(backend.model)
+    assert LeanForward.of(backend.model.train()).checkpointed
+    checkpointed = documents_through_dense_mask(backend, arguments)
+    assert all(torch.equal(a.detach(), b.detach()) for a, b in zip(checkpointed, plain, strict=True))
+
+
 @pytest.mark.parametrize(("completion_lengths", "prompt_index"), CASES)
 def test_completion_logprobs_through_flex_attention_are_the_kv_cache_ways(
     tiny_spec, monkeypatch, completion_lengths, prompt_index
@@ -169,21 +182,25 @@ def test_padded_lengths_come_from_few_buckets_and_waste_under_a_quarter():
 def test_flex_training_attention_is_chosen_only_where_it_can_run(tiny_spec):
     backend = make_backend(tiny_spec)
     cpu = torch.device("cpu")
-    assert not trains_with_documents("auto", backend.model, cpu, checkpointing=False)
-    assert not trains_with_documents("mask", backend.model, cpu, checkpointing=False)
+    assert not trains_with_documents("auto", backend.model, cpu)
+    assert not trains_with_documents("mask", backend.model, cpu)
     with pytest.raises(ConfigError, match=r"backend.train_attention=flex needs flex_attention's backward"):
-        trains_with_documents("flex", backend.model, cpu, checkpointing=False)
-    with pytest.raises(ConfigError, match=r"activation checkpointing \(backend.gradient_checkpointing\)"):
-        trains_with_documents("flex", backend.model, cpu, checkpointing=True)
+        trains_with_documents("flex", backend.model, cpu)
     with pytest.raises(ConfigError, match="train_attention=flex"):
         make_backend(tiny_spec, train_attention="flex")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(("completion_lengths", "prompt_index"), CASES)
-def test_on_the_gpu_flex_attention_trains_as_the_kv_cache_way(tiny_spec, monkeypatch, completion_lengths, prompt_index):
-    """flex_attention's backward, compiled by triton: what the CPU cannot run."""
-    backend = make_backend(replace(tiny_spec, dtype="bf16"), devices="gpu:0", train_attention="flex")
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_on_the_gpu_flex_attention_trains_as_the_kv_cache_way(
+    tiny_spec, monkeypatch, completion_lengths, prompt_index, checkpointing
+):
+    """flex_attention's backward, compiled by triton: what the CPU cannot run; checkpointed, recomputed in backward
+    (the KV-cache way then runs each row whole: checkpointed layers keep no cache)."""
+    backend = make_backend(
+        replace(tiny_spec, dtype="bf16"), devices="gpu:0", train_attention="flex", gradient_checkpointing=checkpointing
+    )
     assert backend.documents
     arguments = tuple(
         tensor.to(backend.device) for tensor in arguments_of(backend, tiny_spec, completion_lengths, prompt_index)

@@ -15,7 +15,15 @@ from retrain.model.lean_decoder import causal_lm_logits, causal_lm_of
 from retrain.model.merged_lora import lean_lora, plain_lora_layers
 from retrain.model.rows import positions_from_mask
 from tests.backend.tiny_model import make_backend
-from tests.inference.test_lean_decoder import CONFIGS, SIZES, bf16_with_fp32_adapters, left_padded_batch, lora_model
+from tests.inference.test_lean_decoder import (
+    CONFIGS,
+    SIZES,
+    bf16_with_fp32_adapters,
+    checkpointed_step,
+    left_padded_batch,
+    lora_model,
+    training_step,
+)
 
 LAYERS = SIZES["num_hidden_layers"]
 ON_GPU_TOO = [
@@ -60,22 +68,21 @@ def qwen3_in_bf16(fused: bool, device: str = "cpu") -> torch.nn.Module:
     return model
 
 
-def training_step(model: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    device = model.device
-    ids, mask = (tensor.to(device) for tensor in left_padded_batch())
-    model.zero_grad()
-    with lean_lora(plain_lora_layers(model)):
-        logits = causal_lm_logits(model, ids, mask, positions_from_mask(mask.bool()))
-    (logits.float() * torch.linspace(-1, 1, logits.shape[-1], device=device)).sum().backward()
-    return logits.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
-
-
 @pytest.mark.parametrize("device", ON_GPU_TOO)
 def test_a_fused_bf16_training_forward_gives_the_eager_logits_and_lora_gradients_to_the_bit(device: str) -> None:
     steps = (training_step(qwen3_in_bf16(fused, device)) for fused in (True, False))
     (fused_logits, fused_grads), (logits, grads) = steps
     assert torch.equal(fused_logits, logits)
     assert all(torch.equal(a, b) for a, b in zip(fused_grads, grads, strict=True))
+
+
+def test_checkpointed_the_fused_chains_recompute_to_the_bit() -> None:
+    """Activation checkpointing recomputes each layer in backward, its compiled chains included: the same bits."""
+    model = qwen3_in_bf16(fused=True)
+    (logits, grads, calls), (plain_logits, plain_grads, _) = (checkpointed_step(model, on) for on in (True, False))
+    assert calls == 2  # the layer did recompute
+    assert torch.equal(logits, plain_logits)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
 
 
 def counted_step(fused: bool, grad: bool = True):

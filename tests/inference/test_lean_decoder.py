@@ -247,13 +247,65 @@ def test_models_it_does_not_mirror_keep_transformers_forward(case, config):
         assert torch.equal(lean, transformers_logits(model, ids, mask, positions_from_mask(mask.bool())))
 
 
-def test_eager_attention_and_activation_checkpointing_keep_transformers_forward():
+def test_eager_attention_keeps_transformers_forward():
     eager = lora_model(CONFIGS["llama"](), attention="eager")
     assert LeanForward.of(eager) is None  # its masks are additive floats, not sdpa's booleans
-    checkpointed = lora_model(CONFIGS["llama"]())
-    enable_activation_checkpointing(checkpointed.base_model.model)
-    assert LeanForward.of(checkpointed.eval()) is not None  # nothing is recomputed outside training
-    assert LeanForward.of(checkpointed.train()) is None
+
+
+def checkpointed_step(model: torch.nn.Module, checkpointing: bool) -> tuple[torch.Tensor, list[torch.Tensor], int]:
+    """A training forward and backward with the layers checkpointed or not: logits, gradients, and how many times
+    the first layer's query projection ran (twice a step where backward recomputes the layer)."""
+    causal_lm = model.base_model.model
+    if checkpointing:
+        enable_activation_checkpointing(causal_lm)
+    else:
+        causal_lm.gradient_checkpointing_disable()
+    calls: list[int] = []
+    hook = causal_lm.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        logits, grads = training_step(model.train())
+    finally:
+        hook.remove()
+    return logits, grads, len(calls)
+
+
+def training_step(model: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One training forward through the lean forward and its backward, both with the LoRA linears routed as the
+    trainer routes them (a checkpointed layer recomputes in backward): logits and the adapter's gradients."""
+    device = model.device
+    ids, mask = (tensor.to(device) for tensor in left_padded_batch())
+    model.zero_grad()
+    with lean_lora(plain_lora_layers(model)):
+        logits = causal_lm_logits(model, ids, mask, positions_from_mask(mask.bool()))
+        (logits.float() * torch.linspace(-1, 1, logits.shape[-1], device=device)).sum().backward()
+    return logits.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_under_activation_checkpointing_the_lean_layers_recompute_to_the_bit(model_type):
+    """Checkpointed, each layer runs through transformers' checkpointing function: backward recomputes the lean
+    layer, and the logits and gradients are the unchecked forward's bits."""
+    model = lora_model(CONFIGS[model_type]())
+    enable_activation_checkpointing(model.base_model.model)
+    assert not LeanForward.of(model.eval()).checkpointed  # nothing is recomputed outside training
+    with torch.no_grad():
+        assert not LeanForward.of(model.train()).checkpointed  # nor without autograd (the KL's base forward)
+    assert LeanForward.of(model.train()).checkpointed
+    (logits, grads, calls), (plain_logits, plain_grads, plain_calls) = (
+        checkpointed_step(model, checkpointing) for checkpointing in (True, False)
+    )
+    assert (calls, plain_calls) == (2, 1)
+    assert torch.equal(logits, plain_logits)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
+
+
+def test_a_checkpointed_forward_refuses_to_fill_a_kv_cache():
+    """A recomputed layer would write its keys and values a second time (transformers drops the cache instead)."""
+    model = lora_model(CONFIGS["qwen3"]())
+    enable_activation_checkpointing(model.base_model.model)
+    ids, mask = left_padded_batch()
+    with pytest.raises(ValueError, match="KV cache cannot be filled by layers that recompute"):
+        causal_lm_logits(model.train(), ids, mask, positions_from_mask(mask.bool()), cache=DynamicCache())
 
 
 @pytest.mark.parametrize(("past", "length"), [(0, 5), (4, 1), (4, 3), (0, 1)])

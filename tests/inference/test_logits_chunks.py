@@ -79,7 +79,8 @@ def assert_same(chunked, reference) -> None:
         ("packed", True, 1_000, False),
         ("shared prompt cache", True, 0, False),
         ("one forward per row", False, 0, False),
-        ("one forward under activation checkpointing", False, 0, True),
+        ("packed under activation checkpointing", True, 1_000, True),
+        ("one forward per row under activation checkpointing, which keeps no prompt cache", True, 0, True),
     ],
 )
 def test_chunked_head_gives_the_full_logits_logprobs_and_gradient(
