@@ -2,7 +2,8 @@
 
     python benchmarks/async_learning.py [--workloads quickstart small64_gsm8k] [--seeds 3] [--ks 0 1 2 4]
         [--modes tis mask none] [--jobs 2]
-    python benchmarks/async_learning.py --quick   # quickstart, 1 seed, 20 steps, k = 0 and 1: does it run at all
+    python benchmarks/async_learning.py --quick   # quickstart, 1 seed, 20 steps, 20 held-out questions, k = 0
+                                                   # and 1: does it run at all
 
 Every run is split mode on the CPU (`backend.devices=cpu,cpu`: the engine samples with its own copy of the
 weights, which it swaps at each sync) with `training.max_staleness=k`; a batch of step s is sampled with the
@@ -43,7 +44,7 @@ COMMON = [
 LAST_STEPS = 10  # small64_gsm8k's score: the mean reward of its last steps
 MISMATCH = ("mismatch/kl", "mismatch/ratio_min", "mismatch/ratio_max", "mismatch/truncated_frac")
 HELD_OUT = ("eval/after_greedy_accuracy", "eval/after_sampled_accuracy")
-QUICK = {"workloads": ["quickstart"], "seeds": 1, "ks": [0, 1], "quickstart_steps": 20}
+QUICK = {"workloads": ["quickstart"], "seeds": 1, "ks": [0, 1], "quickstart_steps": 20, "quickstart_eval": 20}
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,13 @@ def scores(run_dir: Path, workload: str) -> dict[str, float]:
 
 
 def run(
-    condition: Condition, seed: int, base: list[str], steps: int, work: Path, env: dict[str, str]
+    condition: Condition, seed: int, base: list[str], steps: int, held_out: int, work: Path, env: dict[str, str]
 ) -> dict[str, float]:
-    """One `python -m retrain` process: the workload's overrides `base`, the condition's, the seed's."""
+    """One `python -m retrain` process: the workload's overrides `base`, the condition's, the seed's; `held_out`
+    questions evaluated before and after training (the quickstart's; small64_gsm8k has none)."""
     extra = [*COMMON, f"training.max_staleness={condition.k}", f"training.mismatch_mode={condition.mode}"]
     extra += [f"training.seed={seed}", f"training.max_steps={steps}"]
-    if condition.workload != "quickstart":
-        extra.append("eval.num_examples=0")
+    extra.append(f"eval.num_examples={held_out if condition.workload == 'quickstart' else 0}")
     run_dir = work / f"{condition.name}_seed{seed}"
     command = [sys.executable, "-m", "retrain", *base, *extra, f"hydra.run.dir={run_dir}"]
     run_logged(command, run_dir.with_suffix(".log"), env, work)
@@ -110,14 +111,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--ks", nargs="+", type=int, default=[0, 1, 2, 4])
     parser.add_argument("--quickstart-steps", type=int, default=150, help="the quickstart's own 150 by default")
+    parser.add_argument("--quickstart-eval", type=int, default=200, help="held-out questions, the quickstart's 200")
     parser.add_argument("--small64-steps", type=int, default=12, help="benchmarks/vs_trl.py's length")
     parser.add_argument("--modes", nargs="+", choices=["tis", "mask", "none"], default=["tis", "mask", "none"])
     parser.add_argument("--jobs", type=int, default=2, help="processes at once, one thread each")
-    parser.add_argument("--quick", action="store_true", help="quickstart, 1 seed, 20 steps, k = 0 and 1")
+    parser.add_argument("--quick", action="store_true", help="quickstart, 1 seed, 20 steps, 20 held out, k = 0, 1")
     args = parser.parse_args()
     if args.quick:
         args.workloads, args.seeds, args.ks = QUICK["workloads"], QUICK["seeds"], QUICK["ks"]
-        args.quickstart_steps = QUICK["quickstart_steps"]
+        args.quickstart_steps, args.quickstart_eval = QUICK["quickstart_steps"], QUICK["quickstart_eval"]
     workloads = args.workloads or ["quickstart", "small64_gsm8k"]
     steps = {"quickstart": args.quickstart_steps, "small64_gsm8k": args.small64_steps}
     env = benchmark_env(1)
@@ -128,7 +130,14 @@ def main() -> None:
         base = {workload: workload_overrides(WORKLOADS[workload], [], work) for workload in workloads}
         futures = {
             (condition, seed): pool.submit(
-                run, condition, seed, base[condition.workload], steps[condition.workload], work, env
+                run,
+                condition,
+                seed,
+                base[condition.workload],
+                steps[condition.workload],
+                args.quickstart_eval,
+                work,
+                env,
             )
             for condition in todo
             for seed in range(args.seeds)

@@ -26,9 +26,24 @@ if os.environ.get("CI"):
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """How many worker processes `-n auto` (pyproject's addopts) starts: two, for the default suite and the slow
     one alike. Most of a default test is one core's imports and Python; most of a slow one is a one-thread CLI run
-    (`run_cli`) or a wait on a server, a SLURM job or a time limit, which the other worker overlaps. A module's
-    tests run on one worker (`--dist loadfile`), so that a module-scoped server or engine starts once."""
+    (`run_cli`) or a wait on a server, a SLURM job or a time limit, which the other worker overlaps."""
     return 2
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (`--dist loadgroup`, pyproject)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How the two workers share the tests. A module's tests run on one worker, so that a module-scoped server or
+    engine starts once; the SLURM modules all run on one worker, as the one-node cluster runs one module's jobs at a
+    time (a second worker would wait for it); the tests of a module marked `independent` go one by one to whichever
+    worker is free: they share nothing and each takes minutes. Slow tests come first (xdist keeps this order:
+    `--no-loadscope-reorder`), so that a run of both kinds ends on short tests and neither worker is left idle.
+    xdist appends the group to each test's id (`...::test_x@test_config`)."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif not item.get_closest_marker("independent"):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.independent  # heavy tests sharing nothing: both workers take them
+
 
 def run_benchmark(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """`python <command>` from the repository root; its output in the failure when it exits non-zero."""
@@ -197,18 +199,19 @@ def test_trl_worker_pushes_every_update_to_its_colocated_vllm(tmp_path: Path) ->
     assert len(gap) == 4 and max(gap) < 0.02, gap
 
 
-@pytest.mark.slow  # six retrain processes of 3 steps, three with a busy loop beside them: ~1-2 min on 2 cores
+@pytest.mark.slow  # four retrain processes of 3 steps, two with a busy loop beside them: ~2 min on 2 cores
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
 def test_threads_times_each_policy_quiet_and_beside_a_cpu_hog() -> None:
-    result = run_benchmark(["benchmarks/threads.py", "--steps", "3"], timeout=900)
+    # Two of the four policies: `before` beside the hog alone takes ~30 s a step, and each policy is only an
+    # environment and an override; what the test proves is each condition's runs, medians and ratio.
+    options = ["--steps", "3", "--policies", "after,one-thread"]
+    result = run_benchmark(["benchmarks/threads.py", *options], timeout=900)
     lines = result.stdout.splitlines()
     timed = [line.split()[2:4] for line in lines if "median step" in line]
-    assert timed == [[c, p] for c in ("quiet", "hog") for p in ("before", "passive", "after", "one-thread")]
-    ratios = [line.split(" ", 3)[2:] for line in lines[-4:]]
-    assert [(c, r.split()[0]) for c, r in ratios] == [
-        (f"{c}:", f"after/{p}") for c in ("quiet", "hog") for p in ("before", "one-thread")
-    ]
-    assert all(float(line.rsplit(" ", 1)[1]) > 0 for line in lines[-4:])
+    assert timed == [[c, p] for c in ("quiet", "hog") for p in ("after", "one-thread")]
+    ratios = [line.split(" ", 3)[2:] for line in lines[-2:]]
+    assert [(c, r.split()[0]) for c, r in ratios] == [(f"{c}:", "after/one-thread") for c in ("quiet", "hog")]
+    assert all(float(line.rsplit(" ", 1)[1]) > 0 for line in lines[-2:])
 
 
 @pytest.mark.slow  # a 2-layer Qwen3-4B-shaped model (~590M parameters, most in the 151,936-entry vocabulary): ~1 min

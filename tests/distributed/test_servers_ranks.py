@@ -14,14 +14,17 @@ from pathlib import Path
 import pytest
 
 from retrain.training.sampled_ahead import SAMPLED_AHEAD_FILE
-from tests.conftest import checked, cli_env, read_metrics, run_cli, without_timing
+from tests.conftest import SMALL_BATCH, checked, cli_env, read_metrics, run_cli, without_timing
 from tests.distributed import TORCHRUN
 from tests.distributed.test_same_as_one_rank import STEPS, assert_first_step_as_one, generations
 from tests.distributed.test_stop import rank_pid
 from tests.inference.fake_servers import ServedModel, sglang_routes
 from tests.inference.loopback import serve
 
-ON_SGLANG = [*STEPS, "inference=sglang"]
+pytestmark = pytest.mark.independent  # heavy tests sharing nothing: both workers take them
+
+# four groups of four a step: the servers' sampling (the tiny model in this process) is most of these runs' time
+ON_SGLANG = [*STEPS, *SMALL_BATCH, "inference=sglang"]
 # sampling one step ahead (the window where a rank's two threads issue collectives at once is opened by
 # tests/distributed/ranks.py: crossed_collectives)
 AHEAD = [*(o for o in ON_SGLANG if not o.startswith("training.max_steps")), "training.max_staleness=1"]

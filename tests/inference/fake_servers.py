@@ -33,33 +33,50 @@ class Sampled:
 
 
 class ServedModel:
-    """The tiny Qwen3 with LoRA adapters loaded by name, sampled and scored without a KV cache."""
+    """The tiny Qwen3 with LoRA adapters loaded by name: sampled with a KV cache, scored without one."""
 
     def __init__(self) -> None:
         self.base = AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR, dtype=torch.float32).eval()
         self.model: Any = None  # the PEFT wrapper, made at the first adapter load (its config comes with it)
-        self.adapters: dict[str, dict[str, torch.Tensor]] = {}
+        self.adapters: dict[str, dict[str, torch.Tensor]] = {}  # what the server has loaded, by name
         self.lock = threading.Lock()
 
     def load(self, name: str, path: str) -> None:
-        weights = load_peft_weights(path)
+        """Each name is an adapter of its own in the PEFT wrapper: a forward switches between them (ranks and
+        versions interleave token by token) instead of copying weights in."""
+        self._add(name, LoraConfig.from_pretrained(path), load_peft_weights(path))
+
+    def alias(self, name: str, source: str) -> None:
+        """`source`'s weights under a second name as well (what a server serving stale weights would do)."""
+        if name not in self.adapters:
+            self._add(name, self.model.peft_config[source], self.adapters[source])
+
+    def _add(self, name: str, config: LoraConfig, weights: dict[str, torch.Tensor]) -> None:
         with self.lock:
             if self.model is None:
-                self.model = get_peft_model(self.base, LoraConfig.from_pretrained(path)).eval()
+                self.model = get_peft_model(self.base, config, adapter_name=name).eval()
+            elif name not in self.model.peft_config:  # else unloaded and loaded again, maybe with other weights
+                self.model.add_adapter(name, config)
+            set_peft_model_state_dict(self.model, weights, adapter_name=name)
             self.adapters[name] = weights
+
+    def _forward(self, adapter: str | None, tokens: list[int], cache: Any = None) -> tuple[torch.Tensor, Any]:
+        """Logits of `tokens` (after the cached prefix, if any) and the cache that now holds them."""
+        with self.lock, torch.no_grad():
+            if adapter is None and self.model is None:
+                output = self.base(input_ids=torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+            elif adapter is None:
+                with self.model.disable_adapter():
+                    output = self.model(input_ids=torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+            else:
+                if self.model.active_adapter != adapter:
+                    self.model.set_adapter(adapter)
+                output = self.model(input_ids=torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+        return output.logits[0], output.past_key_values
 
     def logprobs(self, adapter: str | None, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
         """[len(tokens), V] log_softmax(logits / T) after each prefix (T = 0: T = 1)."""
-        with self.lock, torch.no_grad():
-            if adapter is None:
-                if self.model is None:
-                    logits = self.base(input_ids=torch.tensor([tokens])).logits[0]
-                else:
-                    with self.model.disable_adapter():
-                        logits = self.model(input_ids=torch.tensor([tokens])).logits[0]
-            else:
-                set_peft_model_state_dict(self.model, self.adapters[adapter])
-                logits = self.model(input_ids=torch.tensor([tokens])).logits[0]
+        logits, _ = self._forward(adapter, tokens)
         return torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
 
     def sample(
@@ -73,9 +90,10 @@ class ServedModel:
         stop_ids: list[int],
     ) -> Sampled:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        tokens, logprobs = list(prompt), []
+        tokens, logprobs, cache = list(prompt), [], None
         for _ in range(max_tokens):
-            logp = self.logprobs(adapter, tokens, temperature)[-1]
+            logits, cache = self._forward(adapter, tokens if cache is None else tokens[-1:], cache)
+            logp = torch.log_softmax(logits[-1].float() / (temperature or 1.0), dim=-1)
             if temperature == 0:
                 token = int(logp.argmax())
             else:

@@ -117,7 +117,7 @@ def test_a_server_that_samples_with_old_weights_fails_the_sampling_route_check(s
     def stale_sampler(generate: Route) -> Route:
         def route(body):
             if not is_probe(body):
-                served_model.adapters.setdefault("first", served_model.adapters[body["lora_path"][0]])
+                served_model.alias("first", body["lora_path"][0])
                 body = {**body, "lora_path": ["first"] * len(body["input_ids"])}
             return generate(body)
 
