@@ -11,11 +11,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hypothesis import settings
+
+from tests.scheduling import SharedScheduling
 
 # CI explores the same examples every run (a red CI is then reproducible); locally they vary.
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -30,19 +33,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return 2
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (`--dist loadgroup`, pyproject)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """How the two workers share the tests. A module's tests run on one worker, so that a module-scoped server or
-    engine starts once; the SLURM modules all run on one worker, as the one-node cluster runs one module's jobs at a
-    time (a second worker would wait for it); the tests of a module marked `independent` go one by one to whichever
-    worker is free: they share nothing and each takes minutes. Slow tests come first (xdist keeps this order:
-    `--no-loadscope-reorder`), so that a run of both kinds ends on short tests and neither worker is left idle.
-    xdist appends the group to each test's id (`...::test_x@test_config`)."""
-    for item in items:
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif not item.get_closest_marker("independent"):
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+@pytest.hookimpl(tryfirst=True)  # before xdist's own choice of scheduler
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> SharedScheduling | None:
+    """`--dist loadscope` (pyproject) with this suite's units of work: tests/scheduling.py."""
+    return SharedScheduling(config, log) if config.getvalue("dist") == "loadscope" else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first (xdist keeps the order: `--no-loadscope-reorder`), so that a session of both kinds starts
+    its longest work at once and ends on short tests, with neither worker left idle."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

@@ -13,8 +13,6 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.independent  # heavy tests sharing nothing: both workers take them
-
 
 def run_benchmark(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """`python <command>` from the repository root; its output in the failure when it exits non-zero."""

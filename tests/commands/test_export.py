@@ -168,6 +168,7 @@ def test_vllm_serves_the_merged_model_and_the_adapter(
     for key, value in {**IN_PROCESS_ENV, **CPU_ENV}.items():  # vLLM on this CPU as retrain starts it: a 1 GiB KV cache
         monkeypatch.setenv(key, value)
     from vllm import LLM, SamplingParams
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
     from vllm.lora.request import LoRARequest
 
     run_cli(
@@ -181,8 +182,12 @@ def test_vllm_serves_the_merged_model_and_the_adapter(
     greedy = SamplingParams(max_tokens=6, temperature=0.0)
     prompt = {"prompt_token_ids": ids[0].tolist()}
     served = LLM(model=str(tmp_path / "merged"), dtype="float32", enforce_eager=True)
-    assert list(served.generate([prompt], greedy)[0].outputs[0].token_ids) == expected
-    del served
+    from_merged = list(served.generate([prompt], greedy)[0].outputs[0].token_ids)
+    del served  # each engine shut down with its process groups, as retrain's engine leaves the process (close):
+    cleanup_dist_env_and_memory()  # the next test on this worker may start an engine of its own
     base = LLM(model=str(TINY_MODEL_DIR), dtype="float32", enforce_eager=True, enable_lora=True, max_lora_rank=8)
     lora = LoRARequest("exported", 1, str(tmp_path / "a"))
-    assert list(base.generate([prompt], greedy, lora_request=lora)[0].outputs[0].token_ids) == expected
+    from_adapter = list(base.generate([prompt], greedy, lora_request=lora)[0].outputs[0].token_ids)
+    del base
+    cleanup_dist_env_and_memory()
+    assert from_merged == expected and from_adapter == expected

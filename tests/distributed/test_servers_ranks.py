@@ -21,8 +21,6 @@ from tests.distributed.test_stop import rank_pid
 from tests.inference.fake_servers import ServedModel, sglang_routes
 from tests.inference.loopback import serve
 
-pytestmark = pytest.mark.independent  # heavy tests sharing nothing: both workers take them
-
 # four groups of four a step: the servers' sampling (the tiny model in this process) is most of these runs' time
 ON_SGLANG = [*STEPS, *SMALL_BATCH, "inference=sglang"]
 # sampling one step ahead (the window where a rank's two threads issue collectives at once is opened by
