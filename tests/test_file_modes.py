@@ -15,7 +15,7 @@ from retrain.model.peft_files import ADAPTER_WEIGHTS
 from retrain.model.spec import ModelSpec
 from retrain.types import WeightUpdate
 from tests.backend.tiny_model import make_backend
-from tests.conftest import run_cli
+from tests.conftest import CliHere
 
 
 def modes(root: Path) -> dict[str, str]:
@@ -28,13 +28,13 @@ def modes(root: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])
-def test_a_run_and_its_merged_export_follow_the_umask(tmp_path: Path, umask: int) -> None:
+def test_a_run_and_its_merged_export_follow_the_umask(tmp_path: Path, umask: int, cli_here: CliHere) -> None:
     run_dir, merged = tmp_path / "run", tmp_path / "merged"
     overrides = ["training.max_steps=2", "training.save_every=1", "eval.num_examples=0", "logging.progress_bar=false"]
-    previous = os.umask(umask)  # the commands' processes inherit it
+    previous = os.umask(umask)  # the commands, run in this process, create their files under it
     try:
-        run_cli(["experiment=quickstart", *overrides, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-        run_cli(["export", str(run_dir), "--merged", str(merged)], cwd=tmp_path)
+        cli_here(["experiment=quickstart", *overrides, f"hydra.run.dir={run_dir}"], tmp_path)
+        cli_here(["export", str(run_dir), "--merged", str(merged)], tmp_path)
     finally:
         os.umask(previous)
     found = modes(tmp_path)
